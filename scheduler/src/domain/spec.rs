@@ -1,0 +1,187 @@
+//! Cluster specifications: what a TOML file, a preset or a trace's node list describes,
+//! before it is built into a [`Topology`](crate::domain::Topology).
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{DomainError, GpuModel};
+
+/// Link bandwidths in GB/s per topology level. Defaults describe an HGX-class server
+/// (NVLink 4 through NVSwitch, PCIe Gen5 x16) on a 400 Gb/s InfiniBand rail fabric with a
+/// 2:1 oversubscribed spine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    pub nvlink_gbps: f64,
+    pub pcie_gbps: f64,
+    pub rack_gbps: f64,
+    pub spine_gbps: f64,
+}
+
+impl Default for LinkSpec {
+    fn default() -> Self {
+        LinkSpec {
+            nvlink_gbps: 450.0,
+            pcie_gbps: 64.0,
+            rack_gbps: 50.0,
+            spine_gbps: 25.0,
+        }
+    }
+}
+
+/// `count` identical nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGroupSpec {
+    #[serde(default = "one")]
+    pub count: u32,
+    /// Prefix of node names; nodes are named `<prefix>-<n>`. Ignored when `names` is set.
+    #[serde(default)]
+    pub name_prefix: Option<String>,
+    /// Explicit names, one per node (trace node lists keep their serial numbers).
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// GPU model name; absent for CPU-only nodes.
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    #[serde(default)]
+    pub gpus: u16,
+    /// GPUs per NVLink/NVSwitch island; 0 or 1 means the GPUs talk over PCIe only.
+    #[serde(default)]
+    pub nvlink_domain: u16,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A whole cluster. Nodes fill racks in order, racks fill spines in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub name: String,
+    #[serde(default = "default_nodes_per_rack")]
+    pub nodes_per_rack: u32,
+    #[serde(default = "default_racks_per_spine")]
+    pub racks_per_spine: u32,
+    #[serde(default)]
+    pub links: LinkSpec,
+    /// Models beyond (or overriding) the built-in catalog.
+    #[serde(default)]
+    pub gpu_models: Vec<GpuModel>,
+    #[serde(rename = "nodes")]
+    pub node_groups: Vec<NodeGroupSpec>,
+}
+
+fn default_nodes_per_rack() -> u32 {
+    16
+}
+
+fn default_racks_per_spine() -> u32 {
+    8
+}
+
+impl ClusterSpec {
+    pub fn from_toml(text: &str) -> Result<Self, DomainError> {
+        let spec: ClusterSpec =
+            toml::from_str(text).map_err(|e| DomainError::Invalid(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    pub fn validate(&self) -> Result<(), DomainError> {
+        let invalid = |msg: String| Err(DomainError::Invalid(format!("cluster {}: {msg}", self.name)));
+        if self.nodes_per_rack == 0 || self.racks_per_spine == 0 {
+            return invalid("nodes_per_rack and racks_per_spine must be at least 1".into());
+        }
+        if self.node_groups.is_empty() {
+            return invalid("no nodes".into());
+        }
+        let links = &self.links;
+        for (name, v) in [
+            ("nvlink_gbps", links.nvlink_gbps),
+            ("pcie_gbps", links.pcie_gbps),
+            ("rack_gbps", links.rack_gbps),
+            ("spine_gbps", links.spine_gbps),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return invalid(format!("links.{name} must be a positive number, got {v}"));
+            }
+        }
+        for (i, g) in self.node_groups.iter().enumerate() {
+            if g.count == 0 {
+                return invalid(format!("node group {i}: count must be at least 1"));
+            }
+            if !g.names.is_empty() && g.names.len() != g.count as usize {
+                return invalid(format!(
+                    "node group {i}: {} names for {} nodes",
+                    g.names.len(),
+                    g.count
+                ));
+            }
+            if g.gpus > 0 && g.gpu_model.is_none() {
+                return invalid(format!("node group {i}: {} GPUs but no gpu_model", g.gpus));
+            }
+            if g.gpus > 64 {
+                return invalid(format!("node group {i}: {} GPUs per node (at most 64)", g.gpus));
+            }
+            if g.nvlink_domain > 1 && g.gpus % g.nvlink_domain != 0 {
+                return invalid(format!(
+                    "node group {i}: {} GPUs do not split into NVLink islands of {}",
+                    g.gpus, g.nvlink_domain
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn node_count(&self) -> u64 {
+        self.node_groups.iter().map(|g| g.count as u64).sum()
+    }
+
+    pub fn gpu_count(&self) -> u64 {
+        self.node_groups
+            .iter()
+            .map(|g| g.count as u64 * g.gpus as u64)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DGX: &str = r#"
+name = "two-dgx"
+nodes_per_rack = 1
+
+[[nodes]]
+count = 2
+name_prefix = "dgx"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+    #[test]
+    fn parses_a_toml_cluster() {
+        let spec = ClusterSpec::from_toml(DGX).unwrap();
+        assert_eq!(spec.gpu_count(), 16);
+        assert_eq!(spec.node_count(), 2);
+        assert_eq!(spec.links, LinkSpec::default());
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_inconsistent_groups() {
+        let typo = DGX.replace("gpus = 8", "gpu = 8");
+        assert!(ClusterSpec::from_toml(&typo).is_err());
+        let bad_island = DGX.replace("nvlink_domain = 8", "nvlink_domain = 3");
+        let err = ClusterSpec::from_toml(&bad_island).unwrap_err().to_string();
+        assert!(err.contains("NVLink islands"), "{err}");
+        let no_model = DGX.replace("gpu_model = \"H100\"", "");
+        assert!(ClusterSpec::from_toml(&no_model).is_err());
+    }
+}

@@ -1,0 +1,579 @@
+//! Cluster state: what is free where, kept incrementally so that the scheduler can ask
+//! "how many idle GPUs in this rack" in O(1) and apply or undo a gang atomically.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{
+    DomainError, GpuDemand, GpuId, Job, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, NodeId, TopoLevel,
+    Topology,
+};
+
+/// What one worker holds on one GPU.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuShare {
+    pub gpu: GpuId,
+    /// Thousandths of the GPU (1000 for a whole GPU; a MIG instance counts its SM share).
+    pub milli: u16,
+    /// MIG compute and memory slices; zero for non-MIG shares.
+    pub mig_compute: u8,
+    pub mig_memory: u8,
+}
+
+impl GpuShare {
+    pub fn whole(gpu: GpuId) -> Self {
+        GpuShare {
+            gpu,
+            milli: 1000,
+            mig_compute: 0,
+            mig_memory: 0,
+        }
+    }
+
+    /// The share that `demand` (one GPU's worth) takes of `gpu`.
+    pub fn for_demand(gpu: GpuId, demand: GpuDemand) -> Self {
+        match demand {
+            GpuDemand::Mig { compute, memory } => GpuShare {
+                gpu,
+                milli: (compute as u32 * 1000 / MIG_COMPUTE_SLICES as u32) as u16,
+                mig_compute: compute,
+                mig_memory: memory,
+            },
+            GpuDemand::Milli(m) => GpuShare {
+                gpu,
+                milli: m,
+                mig_compute: 0,
+                mig_memory: 0,
+            },
+            GpuDemand::Whole(_) | GpuDemand::None => GpuShare::whole(gpu),
+        }
+    }
+
+    fn is_mig(&self) -> bool {
+        self.mig_compute > 0
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerPlacement {
+    pub node: NodeId,
+    pub gpus: Vec<GpuShare>,
+}
+
+/// Where every worker of a gang runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub workers: Vec<WorkerPlacement>,
+}
+
+impl Placement {
+    pub fn gpu_ids(&self) -> impl Iterator<Item = GpuId> + '_ {
+        self.workers.iter().flat_map(|w| w.gpus.iter().map(|s| s.gpu))
+    }
+
+    pub fn span(&self, topo: &Topology) -> TopoLevel {
+        topo.span(self.gpu_ids())
+    }
+
+    pub fn node_count(&self) -> usize {
+        let mut nodes: Vec<NodeId> = self.workers.iter().map(|w| w.node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.len()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterState {
+    topo: Arc<Topology>,
+    free_milli: Vec<u16>,
+    mig_compute_free: Vec<u8>,
+    mig_memory_free: Vec<u8>,
+    /// Number of workers holding a share of each GPU (interference is per co-tenant).
+    tenants: Vec<u16>,
+    node_cpu_free: Vec<u32>,
+    node_mem_free: Vec<u64>,
+    node_idle_gpus: Vec<u16>,
+    node_free_milli: Vec<u32>,
+    node_up: Vec<bool>,
+    rack_idle_gpus: Vec<u32>,
+    spine_idle_gpus: Vec<u32>,
+    idle_gpus: u32,
+    allocated_milli: u64,
+    capacity_milli: u64,
+}
+
+impl ClusterState {
+    pub fn new(topo: Arc<Topology>) -> Self {
+        let g = topo.gpu_count() as usize;
+        let mig_slices = |full: u8| -> Vec<u8> {
+            topo.gpus()
+                .iter()
+                .map(|gpu| {
+                    if topo.catalog.get(gpu.model).supports_mig() {
+                        full
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        };
+        let node_idle_gpus: Vec<u16> = topo.nodes().iter().map(|n| n.gpu_count()).collect();
+        let rack_idle_gpus = topo
+            .racks()
+            .iter()
+            .map(|r| r.nodes.clone().map(|n| node_idle_gpus[n as usize] as u32).sum())
+            .collect::<Vec<u32>>();
+        let spine_idle_gpus = topo
+            .spines()
+            .iter()
+            .map(|s| s.racks.clone().map(|r| rack_idle_gpus[r as usize]).sum())
+            .collect();
+        ClusterState {
+            free_milli: vec![1000; g],
+            mig_compute_free: mig_slices(MIG_COMPUTE_SLICES),
+            mig_memory_free: mig_slices(MIG_MEMORY_SLICES),
+            tenants: vec![0; g],
+            node_cpu_free: topo.nodes().iter().map(|n| n.cpu_milli).collect(),
+            node_mem_free: topo.nodes().iter().map(|n| n.memory_mib).collect(),
+            node_free_milli: topo.nodes().iter().map(|n| n.gpu_count() as u32 * 1000).collect(),
+            node_idle_gpus,
+            node_up: vec![true; topo.nodes().len()],
+            rack_idle_gpus,
+            spine_idle_gpus,
+            idle_gpus: g as u32,
+            allocated_milli: 0,
+            capacity_milli: g as u64 * 1000,
+            topo,
+        }
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    pub fn topology_arc(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    pub fn free_milli(&self, gpu: GpuId) -> u16 {
+        self.free_milli[gpu.0 as usize]
+    }
+
+    pub fn tenants(&self, gpu: GpuId) -> u16 {
+        self.tenants[gpu.0 as usize]
+    }
+
+    pub fn mig_free(&self, gpu: GpuId) -> (u8, u8) {
+        (
+            self.mig_compute_free[gpu.0 as usize],
+            self.mig_memory_free[gpu.0 as usize],
+        )
+    }
+
+    pub fn node_cpu_free(&self, node: NodeId) -> u32 {
+        self.node_cpu_free[node.0 as usize]
+    }
+
+    pub fn node_mem_free(&self, node: NodeId) -> u64 {
+        self.node_mem_free[node.0 as usize]
+    }
+
+    pub fn node_idle_gpus(&self, node: NodeId) -> u16 {
+        self.node_idle_gpus[node.0 as usize]
+    }
+
+    pub fn node_free_milli(&self, node: NodeId) -> u32 {
+        self.node_free_milli[node.0 as usize]
+    }
+
+    pub fn node_is_up(&self, node: NodeId) -> bool {
+        self.node_up[node.0 as usize]
+    }
+
+    /// Idle (wholly free) GPUs on healthy nodes inside the domain of `level` that holds `gpu`.
+    pub fn idle_gpus_around(&self, gpu: GpuId, level: TopoLevel) -> u32 {
+        let g = self.topo.gpu(gpu);
+        let node = self.topo.node(g.node);
+        match level {
+            TopoLevel::Gpu => (self.free_milli[gpu.0 as usize] == 1000) as u32,
+            TopoLevel::NvlinkIsland => self
+                .topo
+                .node(g.node)
+                .gpu_ids()
+                .filter(|&o| self.topo.gpu(o).island == g.island && self.is_idle(o))
+                .count() as u32,
+            TopoLevel::Node => self.node_idle_gpus[g.node.0 as usize] as u32,
+            TopoLevel::Rack => self.rack_idle_gpus[node.rack.0 as usize],
+            TopoLevel::Spine => self.spine_idle_gpus[node.spine.0 as usize],
+            TopoLevel::Cluster => self.idle_gpus,
+        }
+    }
+
+    pub fn rack_idle_gpus(&self, rack: crate::domain::RackId) -> u32 {
+        self.rack_idle_gpus[rack.0 as usize]
+    }
+
+    pub fn spine_idle_gpus(&self, spine: crate::domain::SpineId) -> u32 {
+        self.spine_idle_gpus[spine.0 as usize]
+    }
+
+    /// Idle GPUs on healthy nodes.
+    pub fn idle_gpus(&self) -> u32 {
+        self.idle_gpus
+    }
+
+    pub fn is_idle(&self, gpu: GpuId) -> bool {
+        self.free_milli[gpu.0 as usize] == 1000 && self.node_up[self.topo.gpu(gpu).node.0 as usize]
+    }
+
+    pub fn allocated_milli(&self) -> u64 {
+        self.allocated_milli
+    }
+
+    pub fn capacity_milli(&self) -> u64 {
+        self.capacity_milli
+    }
+
+    /// GPUs on nodes that are up.
+    pub fn healthy_gpus(&self) -> u32 {
+        self.topo
+            .nodes()
+            .iter()
+            .zip(&self.node_up)
+            .filter(|(_, up)| **up)
+            .map(|(n, _)| n.gpu_count() as u32)
+            .sum()
+    }
+
+    /// Whether `gpu` can take a share of one GPU for `demand` right now.
+    pub fn gpu_fits(&self, gpu: GpuId, demand: GpuDemand) -> bool {
+        let i = gpu.0 as usize;
+        let mig_untouched = self.mig_compute_free[i] == MIG_COMPUTE_SLICES
+            || !self.topo.catalog.get(self.topo.gpu(gpu).model).supports_mig();
+        match demand {
+            GpuDemand::None => true,
+            GpuDemand::Whole(_) => self.free_milli[i] == 1000,
+            GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched,
+            GpuDemand::Mig { compute, memory } => {
+                let no_milli_tenants = self.free_milli[i] as u32
+                    + (MIG_COMPUTE_SLICES - self.mig_compute_free[i]) as u32 * 1000
+                        / MIG_COMPUTE_SLICES as u32
+                    >= 1000 - MIG_COMPUTE_SLICES as u32;
+                self.mig_compute_free[i] >= compute
+                    && self.mig_memory_free[i] >= memory
+                    && no_milli_tenants
+            }
+        }
+    }
+
+    /// Whether one worker of `job` fits on `node`: health, GPU model, CPU, memory and GPUs.
+    pub fn worker_fits(&self, job: &Job, node: NodeId) -> bool {
+        let n = node.0 as usize;
+        if !self.node_up[n]
+            || self.node_cpu_free[n] < job.cpu_milli
+            || self.node_mem_free[n] < job.memory_mib
+        {
+            return false;
+        }
+        let topo_node = self.topo.node(node);
+        if job.gpu == GpuDemand::None {
+            return true;
+        }
+        match topo_node.model {
+            Some(model) if job.gpu_models.allows(model) => {}
+            _ => return false,
+        }
+        match job.gpu {
+            GpuDemand::Whole(k) => self.node_idle_gpus[n] >= k,
+            GpuDemand::Milli(m) => {
+                self.node_free_milli[n] >= m as u32
+                    && topo_node.gpu_ids().any(|g| self.gpu_fits(g, job.gpu))
+            }
+            GpuDemand::Mig { .. } => topo_node.gpu_ids().any(|g| self.gpu_fits(g, job.gpu)),
+            GpuDemand::None => true,
+        }
+    }
+
+    /// Applies a placement for `job` atomically: all workers or none.
+    pub fn allocate(&mut self, job: &Job, placement: &Placement) -> Result<(), DomainError> {
+        if placement.workers.len() != job.workers as usize {
+            return Err(DomainError::Allocation(format!(
+                "job {}: placement has {} workers, the gang has {}",
+                job.name,
+                placement.workers.len(),
+                job.workers
+            )));
+        }
+        for (done, worker) in placement.workers.iter().enumerate() {
+            if let Err(e) = self.apply_worker(job, worker) {
+                for undo in placement.workers[..done].iter().rev() {
+                    self.release_worker(job, undo);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns a placement's resources. The placement must have been allocated.
+    pub fn release(&mut self, job: &Job, placement: &Placement) {
+        for worker in placement.workers.iter().rev() {
+            self.release_worker(job, worker);
+        }
+    }
+
+    fn apply_worker(&mut self, job: &Job, worker: &WorkerPlacement) -> Result<(), DomainError> {
+        let fail = |why: String| {
+            Err(DomainError::Allocation(format!(
+                "job {}: node {}: {why}",
+                job.name, worker.node.0
+            )))
+        };
+        let n = worker.node.0 as usize;
+        if n >= self.node_up.len() {
+            return fail("no such node".into());
+        }
+        if !self.node_up[n] {
+            return fail("node is down".into());
+        }
+        if self.node_cpu_free[n] < job.cpu_milli || self.node_mem_free[n] < job.memory_mib {
+            return fail("not enough CPU or memory".into());
+        }
+        let node = self.topo.node(worker.node);
+        if worker.gpus.len() != job.gpu.gpu_count() as usize {
+            return fail(format!(
+                "{} GPU shares for a demand of {:?}",
+                worker.gpus.len(),
+                job.gpu
+            ));
+        }
+        for (i, share) in worker.gpus.iter().enumerate() {
+            if !node.gpus.contains(&share.gpu.0) {
+                return fail(format!("GPU {} is not on this node", share.gpu.0));
+            }
+            if worker.gpus[..i].iter().any(|s| s.gpu == share.gpu) {
+                return fail(format!("GPU {} listed twice", share.gpu.0));
+            }
+            if *share != GpuShare::for_demand(share.gpu, job.gpu) {
+                return fail(format!("share {share:?} does not match demand {:?}", job.gpu));
+            }
+            if !job.gpu_models.allows(self.topo.gpu(share.gpu).model) {
+                return fail(format!("GPU {} is of a model the job does not allow", share.gpu.0));
+            }
+            if !self.gpu_fits(share.gpu, job.gpu) {
+                return fail(format!("GPU {} lacks capacity", share.gpu.0));
+            }
+        }
+        self.node_cpu_free[n] -= job.cpu_milli;
+        self.node_mem_free[n] -= job.memory_mib;
+        for share in &worker.gpus {
+            self.take(share);
+        }
+        Ok(())
+    }
+
+    fn release_worker(&mut self, job: &Job, worker: &WorkerPlacement) {
+        let n = worker.node.0 as usize;
+        self.node_cpu_free[n] += job.cpu_milli;
+        self.node_mem_free[n] += job.memory_mib;
+        for share in &worker.gpus {
+            self.give_back(share);
+        }
+    }
+
+    fn take(&mut self, share: &GpuShare) {
+        let g = share.gpu.0 as usize;
+        let node = self.topo.gpu(share.gpu).node;
+        if self.free_milli[g] == 1000 {
+            self.adjust_idle(node, -1);
+        }
+        self.free_milli[g] -= share.milli;
+        if share.is_mig() {
+            self.mig_compute_free[g] -= share.mig_compute;
+            self.mig_memory_free[g] -= share.mig_memory;
+        }
+        self.tenants[g] += 1;
+        self.node_free_milli[node.0 as usize] -= share.milli as u32;
+        self.allocated_milli += share.milli as u64;
+    }
+
+    fn give_back(&mut self, share: &GpuShare) {
+        let g = share.gpu.0 as usize;
+        let node = self.topo.gpu(share.gpu).node;
+        self.free_milli[g] += share.milli;
+        assert!(self.free_milli[g] <= 1000, "released more than was allocated");
+        if share.is_mig() {
+            self.mig_compute_free[g] += share.mig_compute;
+            self.mig_memory_free[g] += share.mig_memory;
+        }
+        self.tenants[g] -= 1;
+        self.node_free_milli[node.0 as usize] += share.milli as u32;
+        self.allocated_milli -= share.milli as u64;
+        if self.free_milli[g] == 1000 {
+            self.adjust_idle(node, 1);
+        }
+    }
+
+    fn adjust_idle(&mut self, node: NodeId, delta: i32) {
+        let n = node.0 as usize;
+        self.node_idle_gpus[n] = (self.node_idle_gpus[n] as i32 + delta) as u16;
+        if self.node_up[n] {
+            self.adjust_domains(node, delta);
+        }
+    }
+
+    fn adjust_domains(&mut self, node: NodeId, delta: i32) {
+        let topo_node = self.topo.node(node);
+        let (rack, spine) = (topo_node.rack.0 as usize, topo_node.spine.0 as usize);
+        self.rack_idle_gpus[rack] = (self.rack_idle_gpus[rack] as i32 + delta) as u32;
+        self.spine_idle_gpus[spine] = (self.spine_idle_gpus[spine] as i32 + delta) as u32;
+        self.idle_gpus = (self.idle_gpus as i32 + delta) as u32;
+    }
+
+    /// Marks a node failed or repaired. Its idle GPUs leave (or rejoin) the domain counts;
+    /// the caller evicts the workers that ran there.
+    pub fn set_node_up(&mut self, node: NodeId, up: bool) {
+        let n = node.0 as usize;
+        if self.node_up[n] == up {
+            return;
+        }
+        let idle = self.node_idle_gpus[n] as i32;
+        if up {
+            self.node_up[n] = true;
+            self.adjust_domains(node, idle);
+        } else {
+            self.adjust_domains(node, -idle);
+            self.node_up[n] = false;
+        }
+    }
+
+    /// Checks every counter against a recount from per-GPU state; used by property tests.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let topo = &self.topo;
+        let mut total_idle = 0;
+        let mut allocated = 0u64;
+        for node in topo.node_ids() {
+            let n = node.0 as usize;
+            let gpus: Vec<GpuId> = topo.node(node).gpu_ids().collect();
+            let idle = gpus.iter().filter(|g| self.free_milli[g.0 as usize] == 1000).count();
+            let free: u32 = gpus.iter().map(|g| self.free_milli[g.0 as usize] as u32).sum();
+            if idle != self.node_idle_gpus[n] as usize || free != self.node_free_milli[n] {
+                return Err(format!("node {n}: counters disagree with GPUs"));
+            }
+            if self.node_cpu_free[n] > topo.node(node).cpu_milli
+                || self.node_mem_free[n] > topo.node(node).memory_mib
+            {
+                return Err(format!("node {n}: more CPU or memory free than exists"));
+            }
+            if self.node_up[n] {
+                total_idle += idle as u32;
+            }
+            allocated += gpus
+                .iter()
+                .map(|g| 1000 - self.free_milli[g.0 as usize] as u64)
+                .sum::<u64>();
+        }
+        if total_idle != self.idle_gpus || allocated != self.allocated_milli {
+            return Err("cluster counters disagree with GPUs".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ClusterSpec, JobId};
+
+    fn cluster() -> ClusterState {
+        let spec = ClusterSpec::from_toml(
+            "name='c'\nnodes_per_rack=2\n[[nodes]]\ncount=4\ngpu_model='A100-40'\ngpus=4\n\
+             nvlink_domain=4\ncpu_milli=32000\nmemory_mib=262144\n",
+        )
+        .unwrap();
+        ClusterState::new(Arc::new(Topology::build(&spec).unwrap()))
+    }
+
+    fn worker(node: u32, gpus: &[u32], demand: GpuDemand) -> WorkerPlacement {
+        WorkerPlacement {
+            node: NodeId(node),
+            gpus: gpus.iter().map(|&g| GpuShare::for_demand(GpuId(g), demand)).collect(),
+        }
+    }
+
+    #[test]
+    fn gang_allocation_updates_every_level_and_releases_cleanly() {
+        let mut s = cluster();
+        let mut job = Job::whole_gpus(JobId(1), 2, 0.0, 1.0);
+        job.gpu = GpuDemand::Whole(2);
+        let p = Placement {
+            workers: vec![
+                worker(0, &[0, 1], job.gpu),
+                worker(2, &[8, 9], job.gpu),
+            ],
+        };
+        s.allocate(&job, &p).unwrap();
+        assert_eq!(s.idle_gpus(), 12);
+        assert_eq!(s.idle_gpus_around(GpuId(0), TopoLevel::Rack), 6);
+        assert_eq!(s.idle_gpus_around(GpuId(0), TopoLevel::NvlinkIsland), 2);
+        assert_eq!(p.span(s.topology()), TopoLevel::Spine);
+        s.check_consistency().unwrap();
+        s.release(&job, &p);
+        assert_eq!(s.idle_gpus(), 16);
+        s.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn a_failing_worker_rolls_back_the_whole_gang() {
+        let mut s = cluster();
+        let mut job = Job::whole_gpus(JobId(1), 2, 0.0, 1.0);
+        job.gpu = GpuDemand::Whole(1);
+        let bad = Placement {
+            workers: vec![worker(0, &[0], job.gpu), worker(0, &[9], job.gpu)],
+        };
+        let err = s.allocate(&job, &bad).unwrap_err().to_string();
+        assert!(err.contains("not on this node"), "{err}");
+        assert_eq!(s.idle_gpus(), 16);
+        s.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn shares_never_exceed_a_gpu_and_mig_excludes_milli() {
+        let mut s = cluster();
+        let mut a = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        a.gpu = GpuDemand::Milli(600);
+        let on_gpu0 = Placement { workers: vec![worker(0, &[0], a.gpu)] };
+        s.allocate(&a, &on_gpu0).unwrap();
+        assert!(s.allocate(&a, &on_gpu0).is_err(), "600 + 600 > 1000");
+        let mut b = a.clone();
+        b.gpu = GpuDemand::Milli(400);
+        s.allocate(&b, &Placement { workers: vec![worker(0, &[0], b.gpu)] }).unwrap();
+        assert_eq!(s.free_milli(GpuId(0)), 0);
+        assert_eq!(s.tenants(GpuId(0)), 2);
+        let mut m = a.clone();
+        m.gpu = GpuDemand::Mig { compute: 3, memory: 4 };
+        assert!(!s.gpu_fits(GpuId(0), m.gpu));
+        assert!(!s.gpu_fits(GpuId(1), GpuDemand::Mig { compute: 7, memory: 9 }));
+        let on_gpu1 = Placement { workers: vec![worker(0, &[1], m.gpu)] };
+        s.allocate(&m, &on_gpu1).unwrap();
+        s.allocate(&m, &on_gpu1).unwrap();
+        assert!(s.allocate(&m, &on_gpu1).is_err(), "only 7 compute slices");
+        assert!(!s.gpu_fits(GpuId(1), GpuDemand::Milli(100)), "MIG GPU takes no milli shares");
+        s.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn a_down_node_leaves_the_free_counts() {
+        let mut s = cluster();
+        s.set_node_up(NodeId(1), false);
+        assert_eq!(s.idle_gpus(), 12);
+        assert_eq!(s.healthy_gpus(), 12);
+        let job = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        assert!(!s.worker_fits(&job, NodeId(1)));
+        s.set_node_up(NodeId(1), true);
+        assert_eq!(s.idle_gpus(), 16);
+        s.check_consistency().unwrap();
+    }
+}

@@ -1,0 +1,376 @@
+//! The topology tree: cluster → spine → rack → node → NVLink island → GPU.
+//!
+//! Nodes, racks and spines are stored in flat arrays in tree order, so every domain is a
+//! contiguous range of its children; "distance" between two GPUs is the level of their
+//! lowest common ancestor, computed from ids without walking the tree.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{ClusterSpec, DomainError, GpuCatalog, GpuModelId, LinkSpec};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GpuId(pub u32);
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RackId(pub u32);
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SpineId(pub u32);
+
+/// Levels of the tree, tightest first. The distance between two GPUs is the level of
+/// their lowest common ancestor.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TopoLevel {
+    Gpu = 0,
+    NvlinkIsland = 1,
+    Node = 2,
+    Rack = 3,
+    Spine = 4,
+    Cluster = 5,
+}
+
+impl TopoLevel {
+    pub const ALL: [TopoLevel; 6] = [
+        TopoLevel::Gpu,
+        TopoLevel::NvlinkIsland,
+        TopoLevel::Node,
+        TopoLevel::Rack,
+        TopoLevel::Spine,
+        TopoLevel::Cluster,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TopoLevel::Gpu => "gpu",
+            TopoLevel::NvlinkIsland => "nvlink",
+            TopoLevel::Node => "node",
+            TopoLevel::Rack => "rack",
+            TopoLevel::Spine => "spine",
+            TopoLevel::Cluster => "cluster",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: String,
+    pub rack: RackId,
+    pub spine: SpineId,
+    pub gpus: Range<u32>,
+    pub model: Option<GpuModelId>,
+    /// GPUs per NVLink island (1 = PCIe only).
+    pub island_size: u16,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+}
+
+impl Node {
+    pub fn gpu_count(&self) -> u16 {
+        (self.gpus.end - self.gpus.start) as u16
+    }
+
+    pub fn gpu_ids(&self) -> impl Iterator<Item = GpuId> + use<> {
+        self.gpus.clone().map(GpuId)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Gpu {
+    pub node: NodeId,
+    /// Index within its node (what CUDA_VISIBLE_DEVICES names).
+    pub index: u16,
+    /// Global id of its NVLink island.
+    pub island: u32,
+    pub model: GpuModelId,
+}
+
+#[derive(Clone, Debug)]
+pub struct Rack {
+    pub spine: SpineId,
+    pub nodes: Range<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Spine {
+    pub racks: Range<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub name: String,
+    pub catalog: GpuCatalog,
+    pub links: LinkSpec,
+    nodes: Vec<Node>,
+    gpus: Vec<Gpu>,
+    racks: Vec<Rack>,
+    spines: Vec<Spine>,
+}
+
+impl Topology {
+    pub fn build(spec: &ClusterSpec) -> Result<Topology, DomainError> {
+        spec.validate()?;
+        let mut catalog = GpuCatalog::default();
+        for m in &spec.gpu_models {
+            catalog.add(m.clone())?;
+        }
+        let mut nodes = Vec::with_capacity(spec.node_count() as usize);
+        let mut gpus = Vec::with_capacity(spec.gpu_count() as usize);
+        let mut racks: Vec<Rack> = Vec::new();
+        let mut spines: Vec<Spine> = Vec::new();
+        let mut islands = 0u32;
+        for group in &spec.node_groups {
+            let model = group
+                .gpu_model
+                .as_deref()
+                .filter(|_| group.gpus > 0)
+                .map(|name| catalog.require(name))
+                .transpose()?;
+            let island_size = group.nvlink_domain.max(1);
+            for n in 0..group.count {
+                let id = nodes.len() as u32;
+                if id % spec.nodes_per_rack == 0 {
+                    let rack_id = racks.len() as u32;
+                    if rack_id % spec.racks_per_spine == 0 {
+                        spines.push(Spine {
+                            racks: rack_id..rack_id,
+                        });
+                    }
+                    let spine = SpineId(spines.len() as u32 - 1);
+                    spines[spine.0 as usize].racks.end = rack_id + 1;
+                    racks.push(Rack {
+                        spine,
+                        nodes: id..id,
+                    });
+                }
+                let rack = RackId(racks.len() as u32 - 1);
+                racks[rack.0 as usize].nodes.end = id + 1;
+                let name = match (group.names.get(n as usize), &group.name_prefix) {
+                    (Some(name), _) => name.clone(),
+                    (None, Some(prefix)) => format!("{prefix}-{n}"),
+                    (None, None) => format!("node-{id}"),
+                };
+                let first_gpu = gpus.len() as u32;
+                for index in 0..group.gpus {
+                    if index % island_size == 0 {
+                        islands += 1;
+                    }
+                    gpus.push(Gpu {
+                        node: NodeId(id),
+                        index,
+                        island: islands - 1,
+                        model: model.expect("validated: GPUs imply a model"),
+                    });
+                }
+                nodes.push(Node {
+                    name,
+                    rack,
+                    spine: racks[rack.0 as usize].spine,
+                    gpus: first_gpu..gpus.len() as u32,
+                    model,
+                    island_size,
+                    cpu_milli: group.cpu_milli,
+                    memory_mib: group.memory_mib,
+                });
+            }
+        }
+        Ok(Topology {
+            name: spec.name.clone(),
+            catalog,
+            links: spec.links.clone(),
+            nodes,
+            gpus,
+            racks,
+            spines,
+        })
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    pub fn gpu(&self, id: GpuId) -> &Gpu {
+        &self.gpus[id.0 as usize]
+    }
+
+    pub fn racks(&self) -> &[Rack] {
+        &self.racks
+    }
+
+    pub fn spines(&self) -> &[Spine] {
+        &self.spines
+    }
+
+    pub fn gpu_count(&self) -> u32 {
+        self.gpus.len() as u32
+    }
+
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        (0..self.nodes.len() as u32).map(NodeId)
+    }
+
+    /// Level of the lowest common ancestor of two GPUs.
+    pub fn distance(&self, a: GpuId, b: GpuId) -> TopoLevel {
+        if a == b {
+            return TopoLevel::Gpu;
+        }
+        let (ga, gb) = (self.gpu(a), self.gpu(b));
+        if ga.island == gb.island && self.node(ga.node).island_size > 1 {
+            return TopoLevel::NvlinkIsland;
+        }
+        if ga.node == gb.node {
+            return TopoLevel::Node;
+        }
+        let (na, nb) = (self.node(ga.node), self.node(gb.node));
+        if na.rack == nb.rack {
+            TopoLevel::Rack
+        } else if na.spine == nb.spine {
+            TopoLevel::Spine
+        } else {
+            TopoLevel::Cluster
+        }
+    }
+
+    /// Smallest domain that holds all of `gpus` (the level of their common ancestor).
+    pub fn span(&self, gpus: impl IntoIterator<Item = GpuId>) -> TopoLevel {
+        let mut iter = gpus.into_iter();
+        let Some(first) = iter.next() else {
+            return TopoLevel::Gpu;
+        };
+        iter.map(|g| self.distance(first, g))
+            .max()
+            .unwrap_or(TopoLevel::Gpu)
+    }
+
+    /// Bandwidth, in GB/s, of the slowest link crossed at `level`.
+    pub fn bandwidth(&self, level: TopoLevel) -> f64 {
+        let l = &self.links;
+        match level {
+            TopoLevel::Gpu | TopoLevel::NvlinkIsland => l.nvlink_gbps,
+            TopoLevel::Node => l.pcie_gbps,
+            TopoLevel::Rack => l.rack_gbps,
+            TopoLevel::Spine | TopoLevel::Cluster => l.spine_gbps,
+        }
+    }
+
+    /// Largest number of GPUs in any single domain of `level`; used to tell whether a
+    /// placement is as tight as the hardware allows.
+    pub fn max_gpus_within(&self, level: TopoLevel) -> u32 {
+        let node_gpus = |r: &Range<u32>| -> u32 {
+            self.nodes[r.start as usize..r.end as usize]
+                .iter()
+                .map(|n| n.gpu_count() as u32)
+                .sum()
+        };
+        match level {
+            TopoLevel::Gpu => 1,
+            TopoLevel::NvlinkIsland => self
+                .nodes
+                .iter()
+                .map(|n| n.island_size.min(n.gpu_count()) as u32)
+                .max()
+                .unwrap_or(0),
+            TopoLevel::Node => self.nodes.iter().map(|n| n.gpu_count() as u32).max().unwrap_or(0),
+            TopoLevel::Rack => self.racks.iter().map(|r| node_gpus(&r.nodes)).max().unwrap_or(0),
+            TopoLevel::Spine => self
+                .spines
+                .iter()
+                .map(|s| {
+                    self.racks[s.racks.start as usize..s.racks.end as usize]
+                        .iter()
+                        .map(|r| node_gpus(&r.nodes))
+                        .sum::<u32>()
+                })
+                .max()
+                .unwrap_or(0),
+            TopoLevel::Cluster => self.gpu_count(),
+        }
+    }
+
+    /// Tightest level whose largest domain could hold `gpus` GPUs on an empty cluster.
+    pub fn tightest_level_for(&self, gpus: u32) -> TopoLevel {
+        TopoLevel::ALL[1..]
+            .iter()
+            .copied()
+            .find(|&l| self.max_gpus_within(l) >= gpus)
+            .unwrap_or(TopoLevel::Cluster)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::NodeGroupSpec;
+
+    pub(crate) fn two_racks() -> Topology {
+        let group = |count, gpus, island| NodeGroupSpec {
+            count,
+            name_prefix: None,
+            names: vec![],
+            gpu_model: Some("H100".into()),
+            gpus,
+            nvlink_domain: island,
+            cpu_milli: 64_000,
+            memory_mib: 512 * 1024,
+        };
+        let spec = ClusterSpec {
+            name: "t".into(),
+            nodes_per_rack: 2,
+            racks_per_spine: 1,
+            links: LinkSpec::default(),
+            gpu_models: vec![],
+            node_groups: vec![group(3, 8, 4), group(1, 2, 0)],
+        };
+        Topology::build(&spec).unwrap()
+    }
+
+    #[test]
+    fn distance_is_the_level_of_the_lowest_common_ancestor() {
+        let t = two_racks();
+        assert_eq!(t.gpu_count(), 26);
+        assert_eq!(t.racks().len(), 2);
+        assert_eq!(t.spines().len(), 2);
+        assert_eq!(t.distance(GpuId(0), GpuId(0)), TopoLevel::Gpu);
+        assert_eq!(t.distance(GpuId(0), GpuId(3)), TopoLevel::NvlinkIsland);
+        assert_eq!(t.distance(GpuId(0), GpuId(4)), TopoLevel::Node);
+        assert_eq!(t.distance(GpuId(0), GpuId(8)), TopoLevel::Rack);
+        assert_eq!(t.distance(GpuId(0), GpuId(16)), TopoLevel::Cluster);
+        // PCIe-only node: GPUs share a node but no island.
+        assert_eq!(t.distance(GpuId(24), GpuId(25)), TopoLevel::Node);
+        assert_eq!(t.span([GpuId(1), GpuId(2), GpuId(9)]), TopoLevel::Rack);
+    }
+
+    #[test]
+    fn domain_capacities_follow_the_tree() {
+        let t = two_racks();
+        assert_eq!(t.max_gpus_within(TopoLevel::NvlinkIsland), 4);
+        assert_eq!(t.max_gpus_within(TopoLevel::Node), 8);
+        assert_eq!(t.max_gpus_within(TopoLevel::Rack), 16);
+        assert_eq!(t.tightest_level_for(4), TopoLevel::NvlinkIsland);
+        assert_eq!(t.tightest_level_for(12), TopoLevel::Rack);
+        assert_eq!(t.tightest_level_for(20), TopoLevel::Cluster);
+    }
+
+    #[test]
+    fn unknown_gpu_model_is_a_clear_error() {
+        let mut spec = ClusterSpec::from_toml(
+            "name='x'\n[[nodes]]\ngpu_model='Z9'\ngpus=1\ncpu_milli=1\nmemory_mib=1\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            Topology::build(&spec),
+            Err(DomainError::UnknownGpuModel(m)) if m == "Z9"
+        ));
+        spec.node_groups[0].gpu_model = Some("T4".into());
+        assert!(Topology::build(&spec).is_ok());
+    }
+}

@@ -1,0 +1,4 @@
+//! Marshal's scheduler core.
+//!
+//! - [`domain`]: GPU models, topology, cluster state, jobs and placements.
+pub mod domain;
