@@ -2,3 +2,5 @@
 //!
 //! - [`domain`]: GPU models, topology, cluster state, jobs and placements.
 pub mod domain;
+pub mod framework;
+pub mod policies;

@@ -84,6 +84,20 @@ impl Placement {
     }
 }
 
+/// Number of distinct [`worker_kind`]s.
+pub const WORKER_KINDS: usize = 11;
+
+/// Class of a GPU worker by what it holds: 0 for a shared GPU (milli or MIG), `k` for
+/// `k` whole GPUs (10 for ten or more). CPU-only workers have no kind. Affinity-based
+/// scorers (gpu-clustering) group workers of a kind on the same nodes.
+pub fn worker_kind(demand: GpuDemand) -> Option<usize> {
+    match demand {
+        GpuDemand::None => None,
+        GpuDemand::Milli(_) | GpuDemand::Mig { .. } => Some(0),
+        GpuDemand::Whole(k) => Some((k as usize).min(WORKER_KINDS - 1)),
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ClusterState {
     topo: Arc<Topology>,
@@ -97,6 +111,7 @@ pub struct ClusterState {
     node_idle_gpus: Vec<u16>,
     node_free_milli: Vec<u32>,
     node_up: Vec<bool>,
+    node_worker_kinds: Vec<[u16; WORKER_KINDS]>,
     rack_idle_gpus: Vec<u32>,
     spine_idle_gpus: Vec<u32>,
     idle_gpus: u32,
@@ -140,6 +155,7 @@ impl ClusterState {
             node_free_milli: topo.nodes().iter().map(|n| n.gpu_count() as u32 * 1000).collect(),
             node_idle_gpus,
             node_up: vec![true; topo.nodes().len()],
+            node_worker_kinds: vec![[0; WORKER_KINDS]; topo.nodes().len()],
             rack_idle_gpus,
             spine_idle_gpus,
             idle_gpus: g as u32,
@@ -186,6 +202,11 @@ impl ClusterState {
 
     pub fn node_free_milli(&self, node: NodeId) -> u32 {
         self.node_free_milli[node.0 as usize]
+    }
+
+    /// How many GPU workers of each [`worker_kind`] run on `node`.
+    pub fn node_worker_kinds(&self, node: NodeId) -> &[u16; WORKER_KINDS] {
+        &self.node_worker_kinds[node.0 as usize]
     }
 
     pub fn node_is_up(&self, node: NodeId) -> bool {
@@ -368,6 +389,9 @@ impl ClusterState {
         }
         self.node_cpu_free[n] -= job.cpu_milli;
         self.node_mem_free[n] -= job.memory_mib;
+        if let Some(kind) = worker_kind(job.gpu) {
+            self.node_worker_kinds[n][kind] += 1;
+        }
         for share in &worker.gpus {
             self.take(share);
         }
@@ -378,6 +402,9 @@ impl ClusterState {
         let n = worker.node.0 as usize;
         self.node_cpu_free[n] += job.cpu_milli;
         self.node_mem_free[n] += job.memory_mib;
+        if let Some(kind) = worker_kind(job.gpu) {
+            self.node_worker_kinds[n][kind] -= 1;
+        }
         for share in &worker.gpus {
             self.give_back(share);
         }

@@ -106,6 +106,8 @@ pub struct Topology {
     gpus: Vec<Gpu>,
     racks: Vec<Rack>,
     spines: Vec<Spine>,
+    max_node_cpu_milli: u32,
+    max_node_gpus: u16,
 }
 
 impl Topology {
@@ -176,6 +178,8 @@ impl Topology {
             }
         }
         Ok(Topology {
+            max_node_cpu_milli: nodes.iter().map(|n| n.cpu_milli).max().unwrap_or(0),
+            max_node_gpus: nodes.iter().map(|n| n.gpu_count()).max().unwrap_or(0),
             name: spec.name.clone(),
             catalog,
             links: spec.links.clone(),
@@ -208,6 +212,16 @@ impl Topology {
 
     pub fn spines(&self) -> &[Spine] {
         &self.spines
+    }
+
+    /// CPU of the largest node, in milli-cores.
+    pub fn max_node_cpu_milli(&self) -> u32 {
+        self.max_node_cpu_milli
+    }
+
+    /// GPUs of the largest node.
+    pub fn max_node_gpus(&self) -> u16 {
+        self.max_node_gpus
     }
 
     pub fn gpu_count(&self) -> u32 {

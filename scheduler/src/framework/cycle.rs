@@ -1,0 +1,149 @@
+//! One scheduling cycle: order the queue, place what fits, preempt where a policy allows.
+
+use crate::domain::{ClusterState, GpuDemand, Job, Placement, Topology};
+use crate::framework::{Context, JobStats, Policy, Rank, Status};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Pending<'a> {
+    pub job: &'a Job,
+    pub stats: JobStats,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Running<'a> {
+    pub job: &'a Job,
+    pub placement: &'a Placement,
+    pub stats: JobStats,
+    /// When the current run started.
+    pub started_at: f64,
+    /// Seconds of progress that preempting it now would throw away.
+    pub lost_work_s: f64,
+}
+
+/// What a cycle decided. Indices refer to the `pending` and `running` slices it was given.
+#[derive(Debug, Default)]
+pub struct CycleDecisions {
+    pub placed: Vec<(usize, Placement)>,
+    pub preempted: Vec<usize>,
+    /// Jobs that can never run on this cluster, with the reason.
+    pub rejected: Vec<(usize, String)>,
+    /// Jobs whose placement failed with an error (they stay queued).
+    pub errors: Vec<(usize, String)>,
+}
+
+/// Runs one cycle of `policy`. `state` is updated in place: placed gangs are allocated
+/// and victims released; the caller applies the same decisions to its own job records.
+pub fn run_cycle(
+    policy: &Policy,
+    state: &mut ClusterState,
+    pending: &[Pending<'_>],
+    running: &[Running<'_>],
+    ctx: &mut Context,
+) -> CycleDecisions {
+    let mut decisions = CycleDecisions::default();
+    let mut order: Vec<(Rank, usize)> = pending
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (policy.order.rank(p.job, &p.stats, ctx.now), i))
+        .collect();
+    order.sort_by(|(ra, ia), (rb, ib)| {
+        let (a, b) = (pending[*ia].job, pending[*ib].job);
+        ra.0.cmp(&rb.0)
+            .then(ra.1.total_cmp(&rb.1))
+            .then(a.submit_time.total_cmp(&b.submit_time))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut evicted = vec![false; running.len()];
+    for (rank, i) in order {
+        let job = pending[i].job;
+        match policy.placer.place(job, state, ctx) {
+            Ok(placement) => match state.allocate(job, &placement) {
+                Ok(()) => decisions.placed.push((i, placement)),
+                Err(e) => decisions.errors.push((i, e.to_string())),
+            },
+            Err(Status::Unschedulable(_)) => {
+                let victims = policy.preemptor.as_ref().and_then(|p| {
+                    let candidates: Vec<Running> = running
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| !evicted[*k])
+                        .map(|(_, r)| *r)
+                        .collect();
+                    let index: Vec<usize> = (0..running.len()).filter(|k| !evicted[*k]).collect();
+                    let ranks: Vec<Rank> = candidates
+                        .iter()
+                        .map(|r| policy.order.rank(r.job, &r.stats, ctx.now))
+                        .collect();
+                    p.select_victims(job, rank, &candidates, &ranks, state, policy.placer.as_ref(), ctx)
+                        .map(|(v, placement)| (v.into_iter().map(|k| index[k]).collect::<Vec<_>>(), placement))
+                });
+                match victims {
+                    Some((victims, placement)) => {
+                        for &k in &victims {
+                            state.release(running[k].job, running[k].placement);
+                            evicted[k] = true;
+                            decisions.preempted.push(k);
+                        }
+                        match state.allocate(job, &placement) {
+                            Ok(()) => decisions.placed.push((i, placement)),
+                            Err(e) => decisions.errors.push((i, e.to_string())),
+                        }
+                    }
+                    None if policy.blocking => break,
+                    None => {}
+                }
+            }
+            Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
+            Err(Status::Error(e)) => decisions.errors.push((i, e.to_string())),
+        }
+    }
+    decisions
+}
+
+/// Whether `job` could run on an empty, healthy `topo` at all. Callers check this once,
+/// at admission, and reject a job that fails it with the reason instead of letting it
+/// wait forever.
+pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
+    let per_worker_gpus = job.gpu.gpu_count();
+    let mut nodes_fit = 0u64;
+    let mut workers_fit = 0u64;
+    for node in topo.nodes() {
+        if node.cpu_milli < job.cpu_milli || node.memory_mib < job.memory_mib {
+            continue;
+        }
+        if job.gpu != GpuDemand::None {
+            let Some(model) = node.model else { continue };
+            if !job.gpu_models.allows(model) || node.gpu_count() < per_worker_gpus {
+                continue;
+            }
+            if matches!(job.gpu, GpuDemand::Mig { .. }) && !topo.catalog.get(model).supports_mig() {
+                continue;
+            }
+        }
+        nodes_fit += 1;
+        workers_fit += match job.gpu {
+            GpuDemand::Whole(k) => (node.gpu_count() / k) as u64,
+            GpuDemand::None => u64::MAX / 2,
+            GpuDemand::Milli(m) => node.gpu_count() as u64 * (1000 / m as u64),
+            GpuDemand::Mig { compute, .. } => {
+                node.gpu_count() as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
+            }
+        };
+    }
+    if nodes_fit == 0 {
+        return Err(format!(
+            "no node can hold one worker ({:?}, {} mCPU, {} MiB, models {:?})",
+            job.gpu,
+            job.cpu_milli,
+            job.memory_mib,
+            job.gpu_models.ids().map(|id| topo.catalog.get(id).name.clone()).collect::<Vec<_>>()
+        ));
+    }
+    if workers_fit < job.workers as u64 {
+        return Err(format!(
+            "{} workers of {:?} exceed what the cluster can ever hold ({workers_fit})",
+            job.workers, job.gpu
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! The scheduling framework: DESIGN.md's cycle as one small trait per extension point.
+//!
+//! A [`Policy`] is a composition of plugins: a [`QueueOrder`] ranks pending jobs, a
+//! [`Placer`] turns one job into a [`Placement`] (filtering nodes and scoring them
+//! through [`NodeScorer`]s, or searching topology domains), and an optional [`Preemptor`]
+//! picks victims when a job ranked above them cannot fit. [`run_cycle`] drives them over a
+//! [`ClusterState`]; the simulator and the online service call the same function, so
+//! the same policy code decides in both.
+//!
+//! Failure is two-sided, as in the Kubernetes framework: [`Status::Unschedulable`] says
+//! "not now" (the job waits), [`Status::Error`] says something is wrong with the inputs or
+//! the code and is reported, never silently retried.
+
+mod cycle;
+mod placer;
+
+pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
+pub use placer::{ScoredPlacer, TieBreak, pick_gpus_best_fit};
+
+use rand_chacha::ChaCha8Rng;
+
+use crate::domain::{ClusterState, DomainError, GpuShare, Job, NodeId, Placement};
+
+/// What the scheduler knows about a job beyond its spec.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct JobStats {
+    /// GPU-seconds of service received so far (Tiresias' attained service).
+    pub attained_gpu_s: f64,
+    /// Work left, in seconds at speed 1.0 (known only to clairvoyant policies).
+    pub remaining_work: f64,
+    /// When the job last entered the pending queue.
+    pub queued_since: f64,
+    /// Seconds it ran in its last run (for starvation promotion).
+    pub last_run_s: f64,
+}
+
+/// Mutable context of one scheduling cycle.
+#[derive(Debug)]
+pub struct Context<'a> {
+    pub now: f64,
+    pub rng: &'a mut ChaCha8Rng,
+}
+
+/// Rank of a job in the queue; smaller goes first. The first component is the priority
+/// class (preemption only crosses classes), the second orders within a class.
+pub type Rank = (i64, f64);
+
+pub trait QueueOrder: Send + Sync + std::fmt::Debug {
+    fn rank(&self, job: &Job, stats: &JobStats, now: f64) -> Rank;
+
+    /// Seconds until a job running on `gpus` GPUs changes rank by itself (Tiresias'
+    /// demotions), so that an event-driven caller knows when to run a cycle.
+    fn rank_changes_in(&self, job: &Job, stats: &JobStats, gpus: u32) -> Option<f64> {
+        let _ = (job, stats, gpus);
+        None
+    }
+}
+
+/// Scores one feasible node for one worker; higher is better.
+pub trait NodeScorer: Send + Sync + std::fmt::Debug {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64;
+
+    /// The GPUs on `node` that the worker takes. The default takes, for a share, the
+    /// fullest GPU it fits on, and for whole GPUs the lowest-indexed idle ones.
+    fn pick_gpus(
+        &self,
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        ctx: &mut Context,
+    ) -> Option<Vec<GpuShare>> {
+        let _ = ctx;
+        pick_gpus_best_fit(job, node, state)
+    }
+}
+
+/// Turns a job into a placement on the current state, or says why it cannot.
+pub trait Placer: Send + Sync + std::fmt::Debug {
+    fn place(&self, job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status>;
+}
+
+/// Picks running jobs to evict so that `job` fits. Works on a scratch copy of the state
+/// (checkpoint and rollback); returns the victims and the placement that then fits.
+pub trait Preemptor: Send + Sync + std::fmt::Debug {
+    fn select_victims(
+        &self,
+        job: &Job,
+        rank: Rank,
+        running: &[Running<'_>],
+        running_ranks: &[Rank],
+        state: &ClusterState,
+        placer: &dyn Placer,
+        ctx: &mut Context,
+    ) -> Option<(Vec<usize>, Placement)>;
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Status {
+    /// Fits the cluster in principle, not in its current state.
+    #[error("unschedulable now: {0}")]
+    Unschedulable(String),
+    /// Can never fit this cluster (too large, no GPU of an allowed model).
+    #[error("unschedulable on this cluster: {0}")]
+    Unresolvable(String),
+    #[error("scheduling error: {0}")]
+    Error(#[from] DomainError),
+}
+
+/// A named composition of plugins.
+#[derive(Debug)]
+pub struct Policy {
+    pub name: String,
+    pub order: Box<dyn QueueOrder>,
+    pub placer: Box<dyn Placer>,
+    pub preemptor: Option<Box<dyn Preemptor>>,
+    /// Strict queue: stop at the first job that does not fit (no backfilling).
+    pub blocking: bool,
+}

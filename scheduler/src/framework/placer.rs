@@ -1,0 +1,118 @@
+//! The filter → score → pick placer that Kubernetes-style policies share.
+
+use crate::domain::{ClusterState, GpuDemand, GpuShare, Job, NodeId, Placement, WorkerPlacement};
+use crate::framework::{Context, NodeScorer, Placer, Status};
+
+/// How to choose among nodes of equal score.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum TieBreak {
+    /// Lowest node id: deterministic without randomness.
+    First,
+    /// Uniformly among the best, as the Kubernetes scheduler's `selectHost` does.
+    Random,
+}
+
+/// Places a gang worker by worker: each worker goes to the best-scoring feasible node,
+/// with the earlier workers already applied (as Kubernetes co-scheduling does); the gang
+/// is released again before returning so that reserving it stays atomic.
+#[derive(Debug)]
+pub struct ScoredPlacer<S> {
+    pub scorer: S,
+    pub tie_break: TieBreak,
+}
+
+impl<S: NodeScorer> ScoredPlacer<S> {
+    pub fn new(scorer: S, tie_break: TieBreak) -> Self {
+        ScoredPlacer { scorer, tie_break }
+    }
+
+    fn best_node(&self, job: &Job, state: &ClusterState, ctx: &mut Context) -> Option<NodeId> {
+        let mut best: Option<(f64, NodeId)> = None;
+        let mut ties = 0u32;
+        for node in state.topology().node_ids() {
+            if !state.worker_fits(job, node) {
+                continue;
+            }
+            let score = self.scorer.score(job, node, state, ctx);
+            match best {
+                Some((b, _)) if score < b => {}
+                Some((b, _)) if score == b => {
+                    ties += 1;
+                    if self.tie_break == TieBreak::Random
+                        && rand::Rng::random_range(ctx.rng, 0..ties + 1) == 0
+                    {
+                        best = Some((score, node));
+                    }
+                }
+                _ => {
+                    best = Some((score, node));
+                    ties = 0;
+                }
+            }
+        }
+        best.map(|(_, n)| n)
+    }
+}
+
+impl<S: NodeScorer> Placer for ScoredPlacer<S> {
+    fn place(&self, job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status> {
+        let mut placement = Placement::default();
+        let single = Job {
+            workers: 1,
+            ..job.clone()
+        };
+        let mut outcome = Ok(());
+        for _ in 0..job.workers {
+            let Some(node) = self.best_node(job, state, ctx) else {
+                outcome = Err(Status::Unschedulable(format!(
+                    "no node fits worker {} of {}",
+                    placement.workers.len() + 1,
+                    job.workers
+                )));
+                break;
+            };
+            let Some(gpus) = self.scorer.pick_gpus(job, node, state, ctx) else {
+                outcome = Err(Status::Unschedulable(format!("node {} has no GPU that fits", node.0)));
+                break;
+            };
+            let worker = Placement {
+                workers: vec![WorkerPlacement { node, gpus }],
+            };
+            if let Err(e) = state.allocate(&single, &worker) {
+                outcome = Err(Status::Error(e));
+                break;
+            }
+            placement.workers.extend(worker.workers);
+        }
+        for w in placement.workers.iter().rev() {
+            state.release(
+                &single,
+                &Placement {
+                    workers: vec![w.clone()],
+                },
+            );
+        }
+        outcome.map(|()| placement)
+    }
+}
+
+/// For a share: the GPU with the least free capacity that still fits (best fit), lowest
+/// index on ties. For whole GPUs: the lowest-indexed idle GPUs.
+pub fn pick_gpus_best_fit(job: &Job, node: NodeId, state: &ClusterState) -> Option<Vec<GpuShare>> {
+    let gpus = state.topology().node(node).gpu_ids();
+    match job.gpu {
+        GpuDemand::None => Some(Vec::new()),
+        GpuDemand::Whole(k) => {
+            let idle: Vec<GpuShare> = gpus
+                .filter(|&g| state.free_milli(g) == 1000)
+                .take(k as usize)
+                .map(GpuShare::whole)
+                .collect();
+            (idle.len() == k as usize).then_some(idle)
+        }
+        GpuDemand::Milli(_) | GpuDemand::Mig { .. } => gpus
+            .filter(|&g| state.gpu_fits(g, job.gpu))
+            .min_by_key(|&g| state.free_milli(g))
+            .map(|g| vec![GpuShare::for_demand(g, job.gpu)]),
+    }
+}

@@ -1,0 +1,321 @@
+//! Fragmentation gradient descent (Weng et al., "Beware of Fragmentation: Scheduling
+//! GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23, §4; code:
+//! hkust-adsl/kubernetes-scheduler-simulator `pkg/simulator/plugin/fgd_score.go` and
+//! `pkg/utils/frag.go`).
+//!
+//! A node's fragmentation is the GPU capacity that the *target workload* (the most common
+//! task shapes of the trace, weighted by popularity) could not use there; FGD places a
+//! task where fragmentation grows least. The score is `sigmoid(Δfrag / 1000) × 100`,
+//! truncated like the original, and ties go to a random node.
+//!
+//! Fragmentation depends only on a node's model, free CPU and the multiset of its GPUs'
+//! free capacity, so results are memoised on that signature: most nodes of a cluster share
+//! a handful of states, and the memo turns a per-task cost of nodes × GPUs × task types
+//! into a hash lookup per node.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use rustc_hash::FxHashMap;
+
+use crate::domain::{ClusterState, GpuModelId, GpuModelSet, GpuShare, Job, NodeId};
+use crate::framework::{Context, NodeScorer, pick_gpus_best_fit};
+use crate::policies::scorers::per_gpu_milli;
+
+/// Share of the trace's tasks the target workload covers (`podPopularityThreshold`).
+const POPULARITY_THRESHOLD: f64 = 0.95;
+/// Nodes with more GPUs than this are scored without the memo.
+const MEMO_GPUS: usize = 8;
+/// The memo is cleared when it grows past this many entries.
+const MEMO_CAPACITY: usize = 1 << 20;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct TaskShape {
+    cpu_milli: u32,
+    milli: u32,
+    count: u32,
+    models: u64,
+}
+
+impl TaskShape {
+    fn of(job: &Job) -> Self {
+        let (milli, count) = per_gpu_milli(job.gpu);
+        TaskShape {
+            cpu_milli: job.cpu_milli,
+            milli,
+            count,
+            models: models_bits(job.gpu_models),
+        }
+    }
+}
+
+fn models_bits(set: GpuModelSet) -> u64 {
+    set.ids().fold(0, |b, id| b | 1 << id.0)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct TypicalTask {
+    shape: TaskShape,
+    models: GpuModelSet,
+    popularity: f64,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+struct MemoKey {
+    model: u8,
+    gpus: u8,
+    cpu_left: u32,
+    lefts: [u16; MEMO_GPUS],
+    task: TaskShape,
+}
+
+#[derive(Debug)]
+pub struct Fgd {
+    typical: Vec<TypicalTask>,
+    memo: Mutex<FxHashMap<MemoKey, i64>>,
+}
+
+impl Fgd {
+    /// Builds the target workload from the tasks of `workload` (one count per job), as
+    /// `GetTypicalPods` does: most frequent shapes first until 95 % of tasks are covered,
+    /// popularity renormalised over the kept shapes.
+    pub fn from_workload(workload: &[Job]) -> Fgd {
+        let mut counts: HashMap<TaskShape, (u64, GpuModelSet)> = HashMap::new();
+        for job in workload {
+            counts.entry(TaskShape::of(job)).or_insert((0, job.gpu_models)).0 += 1;
+        }
+        let total = workload.len() as f64;
+        let mut shapes: Vec<(u64, TaskShape, GpuModelSet)> =
+            counts.into_iter().map(|(s, (c, m))| (c, s, m)).collect();
+        shapes.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        let mut kept = Vec::new();
+        let mut cumulative = 0u64;
+        for (count, shape, models) in shapes {
+            if total > 0.0 && cumulative as f64 >= POPULARITY_THRESHOLD * total {
+                break;
+            }
+            cumulative += count;
+            kept.push((count, shape, models));
+        }
+        let covered = cumulative as f64 / total;
+        let typical = kept
+            .into_iter()
+            .map(|(count, shape, models)| TypicalTask {
+                shape,
+                models,
+                popularity: (count as f64 / total) / covered,
+            })
+            .collect();
+        Fgd {
+            typical,
+            memo: Mutex::new(FxHashMap::default()),
+        }
+    }
+
+    /// Number of task shapes in the target workload.
+    pub fn target_shapes(&self) -> usize {
+        self.typical.len()
+    }
+
+    /// Fragmentation of a node state (`NodeGpuShareFragAmountScore`): per target task,
+    /// the free GPU capacity it could not use, weighted by popularity.
+    pub fn fragmentation(&self, model: Option<GpuModelId>, cpu_left: u32, lefts: &[u16]) -> f64 {
+        const Q1_LACK_BOTH: usize = 0;
+        const Q2_LACK_GPU: usize = 1;
+        const Q3_SATISFIED: usize = 2;
+        const Q4_LACK_CPU: usize = 3;
+        const XL_SATISFIED: usize = 4;
+        const XR_LACK_CPU: usize = 5;
+        const NO_ACCESS: usize = 6;
+        let free: u32 = lefts.iter().map(|&l| l as u32).sum();
+        let mut data = [0.0f64; 7];
+        for t in &self.typical {
+            let s = &t.shape;
+            let p = t.popularity;
+            let cpu_ok = cpu_left >= s.cpu_milli;
+            if s.milli == 0 {
+                data[if cpu_ok { XL_SATISFIED } else { XR_LACK_CPU }] += p * free as f64;
+                continue;
+            }
+            if !model.is_some_and(|m| t.models.allows(m)) {
+                data[NO_ACCESS] += p * free as f64;
+                continue;
+            }
+            let hosts = lefts.iter().filter(|&&l| l as u32 >= s.milli).count() as u32 >= s.count;
+            match (hosts, cpu_ok) {
+                (true, true) => {
+                    let unusable: u32 = lefts.iter().map(|&l| l as u32).filter(|&l| l < s.milli).sum();
+                    data[Q2_LACK_GPU] += p * unusable as f64;
+                    data[Q3_SATISFIED] += p * (free - unusable) as f64;
+                }
+                (true, false) => data[Q4_LACK_CPU] += p * free as f64,
+                (false, true) => data[Q2_LACK_GPU] += p * free as f64,
+                (false, false) => data[Q1_LACK_BOTH] += p * free as f64,
+            }
+        }
+        data[Q1_LACK_BOTH]
+            + data[Q2_LACK_GPU]
+            + data[Q4_LACK_CPU]
+            + data[XL_SATISFIED]
+            + data[XR_LACK_CPU]
+            + data[NO_ACCESS]
+    }
+
+    fn delta_score(&self, before: f64, after: f64) -> i64 {
+        let sigmoid = 1.0 / (1.0 + (-(before - after) / 1000.0).exp());
+        (sigmoid * 100.0) as i64
+    }
+
+    /// Best score over the GPUs a shared task could take, or the score of the exclusive
+    /// placement, on a node given by its free CPU and GPU capacities.
+    fn score_state(&self, job: &Job, model: Option<GpuModelId>, cpu_left: u32, lefts: &[u16]) -> i64 {
+        let before = self.fragmentation(model, cpu_left, lefts);
+        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
+        let (milli, count) = per_gpu_milli(job.gpu);
+        let mut after = lefts.to_vec();
+        if job.gpu.is_shared() {
+            let mut best: Option<i64> = None;
+            for i in 0..lefts.len() {
+                if (lefts[i] as u32) < milli || lefts[..i].contains(&lefts[i]) {
+                    continue;
+                }
+                after[i] -= milli as u16;
+                let s = self.delta_score(before, self.fragmentation(model, cpu_after, &after));
+                after[i] = lefts[i];
+                best = Some(best.map_or(s, |b| b.max(s)));
+            }
+            return best.unwrap_or(0);
+        }
+        let mut order: Vec<usize> = (0..after.len()).collect();
+        order.sort_by_key(|&i| after[i]);
+        let mut taken = 0;
+        for i in order {
+            if taken < count && after[i] as u32 >= milli {
+                after[i] -= milli as u16;
+                taken += 1;
+            }
+        }
+        self.delta_score(before, self.fragmentation(model, cpu_after, &after))
+    }
+
+    fn node_lefts(state: &ClusterState, node: NodeId) -> Vec<u16> {
+        state.topology().node(node).gpu_ids().map(|g| state.free_milli(g)).collect()
+    }
+}
+
+impl NodeScorer for Fgd {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+        let topo_node = state.topology().node(node);
+        let model = topo_node.model;
+        let cpu_left = state.node_cpu_free(node);
+        let gpus = topo_node.gpu_count() as usize;
+        if gpus > MEMO_GPUS {
+            return self.score_state(job, model, cpu_left, &Self::node_lefts(state, node)) as f64;
+        }
+        let mut lefts = [0u16; MEMO_GPUS];
+        for (slot, g) in lefts.iter_mut().zip(topo_node.gpu_ids()) {
+            *slot = state.free_milli(g);
+        }
+        lefts[..gpus].sort_unstable();
+        let key = MemoKey {
+            model: model.map_or(u8::MAX, |m| m.0),
+            gpus: gpus as u8,
+            cpu_left,
+            lefts,
+            task: TaskShape::of(job),
+        };
+        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&s) = memo.get(&key) {
+            return s as f64;
+        }
+        let s = self.score_state(job, model, cpu_left, &lefts[..gpus]);
+        if memo.len() >= MEMO_CAPACITY {
+            memo.clear();
+        }
+        memo.insert(key, s);
+        s as f64
+    }
+
+    /// A shared task takes the GPU whose use raises fragmentation least, lowest index on
+    /// ties (`allocateGpuIdBasedOnFGDScore`); exclusive tasks take the lowest free GPUs.
+    fn pick_gpus(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> Option<Vec<GpuShare>> {
+        if !job.gpu.is_shared() {
+            return pick_gpus_best_fit(job, node, state);
+        }
+        let topo_node = state.topology().node(node);
+        let lefts = Self::node_lefts(state, node);
+        let cpu_left = state.node_cpu_free(node);
+        let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
+        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
+        let mut best: Option<(i64, usize)> = None;
+        let mut after = lefts.clone();
+        for (i, gpu) in topo_node.gpu_ids().enumerate() {
+            if !state.gpu_fits(gpu, job.gpu) {
+                continue;
+            }
+            after[i] -= job.gpu.milli() as u16;
+            let s = self.delta_score(before, self.fragmentation(topo_node.model, cpu_after, &after));
+            after[i] = lefts[i];
+            if best.is_none_or(|(b, _)| s > b) {
+                best = Some((s, i));
+            }
+        }
+        best.map(|(_, i)| {
+            vec![GpuShare::for_demand(
+                crate::domain::GpuId(topo_node.gpus.start + i as u32),
+                job.gpu,
+            )]
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{GpuDemand, JobId};
+
+    fn task(cpu: u32, gpu: GpuDemand) -> Job {
+        let mut j = Job::whole_gpus(JobId(0), 1, 0.0, 1.0);
+        j.cpu_milli = cpu;
+        j.gpu = gpu;
+        j
+    }
+
+    #[test]
+    fn target_workload_keeps_the_popular_shapes_and_renormalises() {
+        let mut workload: Vec<Job> = (0..60).map(|_| task(4000, GpuDemand::Milli(500))).collect();
+        workload.extend((0..38).map(|_| task(8000, GpuDemand::Whole(1))));
+        workload.extend((0..2).map(|_| task(1000, GpuDemand::Whole(8))));
+        let fgd = Fgd::from_workload(&workload);
+        assert_eq!(fgd.target_shapes(), 2, "98 % covered by two shapes");
+        let total: f64 = fgd.typical.iter().map(|t| t.popularity).sum();
+        assert!((total - 1.0).abs() < 1e-12);
+        assert!((fgd.typical[0].popularity - 60.0 / 98.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fragmentation_counts_capacity_the_target_tasks_cannot_use() {
+        // Target: only half-GPU tasks needing 4 cores.
+        let fgd = Fgd::from_workload(&[task(4000, GpuDemand::Milli(500))]);
+        let m = Some(GpuModelId(0));
+        // 300 milli free on one GPU cannot host a 500 task: all 300 are fragment.
+        assert_eq!(fgd.fragmentation(m, 64_000, &[300, 0]), 300.0);
+        // A free GPU can host it: nothing is fragmented but the 300 sliver.
+        assert_eq!(fgd.fragmentation(m, 64_000, &[300, 1000]), 300.0);
+        assert_eq!(fgd.fragmentation(m, 64_000, &[1000, 1000]), 0.0);
+        // Without CPU nothing fits: every free milli is fragmented.
+        assert_eq!(fgd.fragmentation(m, 1_000, &[1000, 1000]), 2000.0);
+    }
+
+    #[test]
+    fn fgd_prefers_the_gpu_that_leaves_no_sliver() {
+        let target = [task(1000, GpuDemand::Milli(500))];
+        let fgd = Fgd::from_workload(&target);
+        let m = Some(GpuModelId(0));
+        let job = task(1000, GpuDemand::Milli(500));
+        // Taking 500 from a 500-free GPU fragments nothing; from 700 leaves a 200 sliver.
+        let exact = fgd.score_state(&job, m, 64_000, &[500, 1000]);
+        let sliver = fgd.score_state(&job, m, 64_000, &[700, 1000]);
+        assert!(exact >= 50 && sliver < exact, "exact {exact}, sliver {sliver}");
+    }
+}

@@ -1,0 +1,174 @@
+//! Node scorers of the Kubernetes GPU-sharing scheduler simulator that published the
+//! FGD results (Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads
+//! with Fragmentation Gradient Descent", USENIX ATC'23; code: hkust-adsl/
+//! kubernetes-scheduler-simulator, `pkg/simulator/plugin/*_score.go`).
+//!
+//! Each keeps that code's integer arithmetic: scores are truncated to 0..=100 and ties
+//! are broken uniformly at random by the placer, as Kubernetes' `selectHost` does. The
+//! truncation creates the ties, so it is part of the policy, not a rounding detail.
+//! CPU and GPU are normalised by the largest node of the cluster (128 cores and 8 GPUs on
+//! openb, the constants `MaxSpecCpu`/`MaxSpecGpu` of the original).
+
+use rand::Rng;
+
+use crate::domain::{ClusterState, GpuDemand, GpuShare, Job, NodeId, worker_kind};
+use crate::framework::{Context, NodeScorer, pick_gpus_best_fit};
+
+/// Largest per-node CPU and GPU capacity: the normalisers of the original's scores.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct NodeSpecMax {
+    pub cpu_milli: f64,
+    pub gpu_milli: f64,
+}
+
+impl NodeSpecMax {
+    pub fn of(state: &ClusterState) -> Self {
+        let topo = state.topology();
+        NodeSpecMax {
+            cpu_milli: topo.max_node_cpu_milli().max(1) as f64,
+            gpu_milli: (topo.max_node_gpus().max(1) as u32 * 1000) as f64,
+        }
+    }
+}
+
+/// GPU milli per GPU the worker asks for, and the number of GPUs.
+pub(crate) fn per_gpu_milli(demand: GpuDemand) -> (u32, u32) {
+    match demand {
+        GpuDemand::None => (0, 0),
+        GpuDemand::Whole(k) => (1000, k as u32),
+        d => (d.milli(), 1),
+    }
+}
+
+/// Uniform random among feasible nodes; a random fitting GPU inside the node.
+/// (`random_score.go`, GPU choice `allocateGpuIdBasedOnRandomFit`.)
+#[derive(Debug, Default)]
+pub struct RandomScore;
+
+impl NodeScorer for RandomScore {
+    fn score(&self, _: &Job, _: NodeId, _: &ClusterState, _: &mut Context) -> f64 {
+        0.0
+    }
+
+    fn pick_gpus(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> Option<Vec<GpuShare>> {
+        if !job.gpu.is_shared() {
+            return pick_gpus_best_fit(job, node, state);
+        }
+        let fits: Vec<_> = state
+            .topology()
+            .node(node)
+            .gpu_ids()
+            .filter(|&g| state.gpu_fits(g, job.gpu))
+            .collect();
+        if fits.is_empty() {
+            return None;
+        }
+        let g = fits[ctx.rng.random_range(0..fits.len())];
+        Some(vec![GpuShare::for_demand(g, job.gpu)])
+    }
+}
+
+/// First fit: every feasible node scores the same and the lowest id wins.
+#[derive(Debug, Default)]
+pub struct FirstFit;
+
+impl NodeScorer for FirstFit {
+    fn score(&self, _: &Job, _: NodeId, _: &ClusterState, _: &mut Context) -> f64 {
+        0.0
+    }
+}
+
+/// Least resources left after placement, CPU and GPU weighted equally (`best_fit_score.go`;
+/// its min-max normalisation preserves order and ties on 0..=100, so it is omitted).
+#[derive(Debug, Default)]
+pub struct BestFit;
+
+impl NodeScorer for BestFit {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+        let max = NodeSpecMax::of(state);
+        let cpu_left = state.node_cpu_free(node) as f64 - job.cpu_milli as f64;
+        let gpu_left = state.node_free_milli(node) as f64 - job.gpu.milli() as f64;
+        let raw = 0.5 * cpu_left / max.cpu_milli + 0.5 * gpu_left / max.gpu_milli;
+        ((1.0 - raw) * 100.0).trunc()
+    }
+}
+
+/// Dot product of the node's free vector and the pod's request, smaller is better
+/// (`dot_product_score.go` with `merge` GPU dimension and `max` normalisation).
+#[derive(Debug, Default)]
+pub struct DotProduct;
+
+impl NodeScorer for DotProduct {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+        let max = NodeSpecMax::of(state);
+        let node_vec = [
+            state.node_cpu_free(node) as f64 / max.cpu_milli,
+            state.node_free_milli(node) as f64 / max.gpu_milli,
+        ];
+        let pod_vec = [
+            job.cpu_milli as f64 / max.cpu_milli,
+            job.gpu.milli() as f64 / max.gpu_milli,
+        ];
+        let x = (node_vec[0] * pod_vec[0] + node_vec[1] * pod_vec[1]) / 2.0;
+        (100.0 * (1.0 - x)).trunc()
+    }
+}
+
+/// Pack workers of the same kind (shared, 1-GPU, 2-GPU …) on the same nodes
+/// (`gpu_clustering_score.go`).
+#[derive(Debug, Default)]
+pub struct GpuClustering;
+
+impl NodeScorer for GpuClustering {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+        let Some(kind) = worker_kind(job.gpu) else {
+            return 0.0;
+        };
+        let max_gpu = NodeSpecMax::of(state).gpu_milli as i64;
+        let left = state.node_free_milli(node) as i64;
+        let x = (25 * (max_gpu - left)) / max_gpu;
+        let kinds = state.node_worker_kinds(node);
+        let present = kinds.iter().filter(|&&c| c > 0).count();
+        let score = if kinds[kind] > 0 {
+            if present == 1 { x + 75 } else { x + 50 }
+        } else if present == 0 {
+            x + 25
+        } else {
+            x
+        };
+        score as f64
+    }
+}
+
+/// Prefer partly used GPUs, then partly used nodes, then idle nodes
+/// (`gpu_packing_score.go`).
+#[derive(Debug, Default)]
+pub struct GpuPacking;
+
+impl NodeScorer for GpuPacking {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+        let (milli, count) = per_gpu_milli(job.gpu);
+        if milli == 0 {
+            return 0.0;
+        }
+        let gpus: Vec<u32> = state
+            .topology()
+            .node(node)
+            .gpu_ids()
+            .map(|g| state.free_milli(g) as u32)
+            .collect();
+        let free = gpus.iter().filter(|&&l| l == 1000).count() as i64;
+        if free == gpus.len() as i64 {
+            return (33 - free).max(free) as f64;
+        }
+        let mut sorted = gpus.clone();
+        sorted.sort_unstable();
+        let picked: Vec<u32> = sorted.into_iter().filter(|&l| l >= milli).take(count as usize).collect();
+        let fully_free = picked.iter().filter(|&&l| l == 1000).count() as i64;
+        if fully_free > 0 {
+            return (50 - fully_free).max(33) as f64;
+        }
+        let s: i64 = picked.iter().map(|&l| (l * 100 / 1000) as i64).sum();
+        (100 - s / 10).max(50) as f64
+    }
+}

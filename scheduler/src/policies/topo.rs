@@ -1,0 +1,144 @@
+//! `topo-pack`: the tightest topology domain first, like Slurm's topology/tree plugin
+//! (SchedMD, "Topology Guide": choose the lowest-level switch whose subtree satisfies
+//! the request, best fit among such switches), refined to NVLink islands inside a node.
+
+use crate::domain::{
+    ClusterState, GpuDemand, GpuId, GpuShare, Job, NodeId, Placement, TopoLevel, WorkerPlacement,
+};
+use crate::framework::{Context, Placer, ScoredPlacer, Status, TieBreak};
+use crate::policies::scorers::BestFit;
+
+/// Domains tried per level before moving to a looser level; bounds decision time on
+/// large clusters, and the best-fit order puts the likeliest first.
+const DOMAINS_PER_LEVEL: usize = 16;
+
+#[derive(Debug, Default)]
+pub struct TopoPack;
+
+impl Placer for TopoPack {
+    fn place(&self, job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status> {
+        if job.gpu.is_shared() || job.gpu == GpuDemand::None {
+            return place_single_best_fit(job, state, ctx);
+        }
+        let need = job.gpu_count();
+        let topo = state.topology_arc().clone();
+        for level in [TopoLevel::Node, TopoLevel::Rack, TopoLevel::Spine, TopoLevel::Cluster] {
+            let mut domains: Vec<(u32, u32, std::ops::Range<u32>)> = match level {
+                TopoLevel::Node => topo
+                    .node_ids()
+                    .filter(|&n| state.node_is_up(n) && state.node_idle_gpus(n) as u32 >= need)
+                    .map(|n| (state.node_idle_gpus(n) as u32, n.0, n.0..n.0 + 1))
+                    .collect(),
+                TopoLevel::Rack => topo
+                    .racks()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (state.rack_idle_gpus(crate::domain::RackId(i as u32)), i as u32, r.nodes.clone()))
+                    .filter(|(idle, _, _)| *idle >= need)
+                    .collect(),
+                TopoLevel::Spine => topo
+                    .spines()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let racks = &topo.racks()[s.racks.start as usize..s.racks.end as usize];
+                        let nodes = racks.first().map_or(0, |r| r.nodes.start)..racks.last().map_or(0, |r| r.nodes.end);
+                        (state.spine_idle_gpus(crate::domain::SpineId(i as u32)), i as u32, nodes)
+                    })
+                    .filter(|(idle, _, _)| *idle >= need)
+                    .collect(),
+                _ => {
+                    if state.idle_gpus() >= need {
+                        vec![(state.idle_gpus(), 0, 0..topo.nodes().len() as u32)]
+                    } else {
+                        vec![]
+                    }
+                }
+            };
+            domains.sort_unstable_by_key(|&(idle, id, _)| (idle, id));
+            for (_, _, nodes) in domains.into_iter().take(DOMAINS_PER_LEVEL) {
+                if let Some(p) = fill_domain(job, state, nodes) {
+                    return Ok(p);
+                }
+            }
+        }
+        Err(Status::Unschedulable(format!("no domain has {need} idle GPUs that fit")))
+    }
+}
+
+/// Places the gang inside one domain using as few nodes as possible: while no single
+/// node can take the rest, take the node with the most idle GPUs; then the node that fits
+/// the rest most tightly.
+fn fill_domain(job: &Job, state: &mut ClusterState, nodes: std::ops::Range<u32>) -> Option<Placement> {
+    let GpuDemand::Whole(per_worker) = job.gpu else {
+        return None;
+    };
+    let single = Job {
+        workers: 1,
+        ..job.clone()
+    };
+    let mut placement = Placement::default();
+    let mut ok = true;
+    while placement.workers.len() < job.workers as usize {
+        let remaining_gpus = (job.workers as usize - placement.workers.len()) as u32 * per_worker as u32;
+        let candidates = nodes.clone().map(NodeId).filter(|&n| state.worker_fits(job, n));
+        let tight = candidates
+            .clone()
+            .filter(|&n| state.node_idle_gpus(n) as u32 >= remaining_gpus)
+            .min_by_key(|&n| (state.node_idle_gpus(n), n));
+        let Some(node) = tight.or_else(|| candidates.max_by_key(|&n| (state.node_idle_gpus(n), std::cmp::Reverse(n))))
+        else {
+            ok = false;
+            break;
+        };
+        let worker = Placement {
+            workers: vec![WorkerPlacement {
+                node,
+                gpus: pick_island_gpus(state, node, per_worker)?,
+            }],
+        };
+        if state.allocate(&single, &worker).is_err() {
+            ok = false;
+            break;
+        }
+        placement.workers.extend(worker.workers);
+    }
+    for w in placement.workers.iter().rev() {
+        state.release(&single, &Placement { workers: vec![w.clone()] });
+    }
+    ok.then_some(placement)
+}
+
+/// `count` idle GPUs on `node`, inside one NVLink island when one has room (the island
+/// with the fewest idle GPUs that suffices), else from the emptiest islands first.
+fn pick_island_gpus(state: &ClusterState, node: NodeId, count: u16) -> Option<Vec<GpuShare>> {
+    let topo = state.topology();
+    let mut islands: Vec<(u32, Vec<GpuId>)> = Vec::new();
+    for g in topo.node(node).gpu_ids().filter(|&g| state.free_milli(g) == 1000) {
+        let island = topo.gpu(g).island;
+        match islands.last_mut() {
+            Some((i, gpus)) if *i == island => gpus.push(g),
+            _ => islands.push((island, vec![g])),
+        }
+    }
+    if let Some((_, gpus)) = islands
+        .iter()
+        .filter(|(_, gpus)| gpus.len() >= count as usize)
+        .min_by_key(|(i, gpus)| (gpus.len(), *i))
+    {
+        return Some(gpus[..count as usize].iter().map(|&g| GpuShare::whole(g)).collect());
+    }
+    islands.sort_by_key(|(i, gpus)| (std::cmp::Reverse(gpus.len()), *i));
+    let picked: Vec<GpuShare> = islands
+        .iter()
+        .flat_map(|(_, gpus)| gpus.iter())
+        .take(count as usize)
+        .map(|&g| GpuShare::whole(g))
+        .collect();
+    (picked.len() == count as usize).then_some(picked)
+}
+
+/// Shared-GPU and CPU-only workers have no topology to exploit: best fit by node.
+fn place_single_best_fit(job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status> {
+    ScoredPlacer::new(BestFit, TieBreak::First).place(job, state, ctx)
+}
