@@ -314,8 +314,10 @@ mod tests {
         let m = Some(GpuModelId(0));
         let job = task(1000, GpuDemand::Milli(500));
         // Taking 500 from a 500-free GPU fragments nothing; from 700 leaves a 200 sliver.
-        let exact = fgd.score_state(&job, m, 64_000, &[500, 1000]);
-        let sliver = fgd.score_state(&job, m, 64_000, &[700, 1000]);
-        assert!(exact >= 50 && sliver < exact, "exact {exact}, sliver {sliver}");
+        let exact = fgd.score_state(&job, m, 64_000, &[500]);
+        let sliver = fgd.score_state(&job, m, 64_000, &[700]);
+        assert!(exact == 50 && sliver < exact, "exact {exact}, sliver {sliver}");
+        // With a second GPU, the sliver is avoided by using it instead.
+        assert_eq!(fgd.score_state(&job, m, 64_000, &[700, 1000]), 50);
     }
 }
