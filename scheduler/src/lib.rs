@@ -4,3 +4,4 @@
 pub mod domain;
 pub mod framework;
 pub mod policies;
+pub mod sim;

@@ -150,7 +150,8 @@ impl GpuCatalog {
     }
 
     pub fn require(&self, name: &str) -> Result<GpuModelId, DomainError> {
-        self.id(name).ok_or_else(|| DomainError::UnknownGpuModel(name.to_string()))
+        self.id(name)
+            .ok_or_else(|| DomainError::UnknownGpuModel(name.to_string()))
     }
 
     pub fn get(&self, id: GpuModelId) -> &GpuModel {

@@ -131,14 +131,22 @@ impl Job {
             _ => {}
         }
         if !(self.total_work.is_finite() && self.total_work >= 0.0) {
-            return bad(format!("total work {} is not a finite non-negative number", self.total_work));
+            return bad(format!(
+                "total work {} is not a finite non-negative number",
+                self.total_work
+            ));
         }
         if !(self.submit_time.is_finite() && self.submit_time >= 0.0) {
-            return bad(format!("submit time {} is not a finite non-negative number", self.submit_time));
+            return bad(format!(
+                "submit time {} is not a finite non-negative number",
+                self.submit_time
+            ));
         }
         let c = &self.checkpoint;
         if !(c.interval_s > 0.0 && c.cost_s >= 0.0 && c.restart_s >= 0.0)
-            || ![c.interval_s, c.cost_s, c.restart_s].iter().all(|v| v.is_finite())
+            || ![c.interval_s, c.cost_s, c.restart_s]
+                .iter()
+                .all(|v| v.is_finite())
         {
             return bad("checkpoint interval must be positive, costs non-negative".into());
         }
@@ -198,7 +206,14 @@ mod tests {
     fn demand_counts_milli_and_gpus() {
         assert_eq!(GpuDemand::Whole(4).milli(), 4000);
         assert_eq!(GpuDemand::Milli(460).milli(), 460);
-        assert_eq!(GpuDemand::Mig { compute: 7, memory: 8 }.milli(), 1000);
+        assert_eq!(
+            GpuDemand::Mig {
+                compute: 7,
+                memory: 8
+            }
+            .milli(),
+            1000
+        );
         assert_eq!(GpuDemand::Milli(460).gpu_count(), 1);
         let job = Job::whole_gpus(JobId(1), 16, 0.0, 10.0);
         assert_eq!(job.gpu_count(), 16);
@@ -211,12 +226,25 @@ mod tests {
         let mut job = Job::whole_gpus(JobId(1), 2, 0.0, 10.0);
         assert!(job.validate().is_ok());
         job.gpu = GpuDemand::Milli(1000);
-        assert!(job.validate().unwrap_err().to_string().contains("1000 milli"));
+        assert!(
+            job.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("1000 milli")
+        );
         job.gpu = GpuDemand::Whole(1);
         job.total_work = f64::NAN;
-        assert!(job.validate().unwrap_err().to_string().contains("total work"));
+        assert!(
+            job.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("total work")
+        );
         job.total_work = 1.0;
-        job.elastic = Some(Elastic { min_workers: 3, max_workers: 4 });
+        job.elastic = Some(Elastic {
+            min_workers: 3,
+            max_workers: 4,
+        });
         assert!(job.validate().unwrap_err().to_string().contains("elastic"));
     }
 }

@@ -91,7 +91,12 @@ impl ClusterSpec {
     }
 
     pub fn validate(&self) -> Result<(), DomainError> {
-        let invalid = |msg: String| Err(DomainError::Invalid(format!("cluster {}: {msg}", self.name)));
+        let invalid = |msg: String| {
+            Err(DomainError::Invalid(format!(
+                "cluster {}: {msg}",
+                self.name
+            )))
+        };
         if self.nodes_per_rack == 0 || self.racks_per_spine == 0 {
             return invalid("nodes_per_rack and racks_per_spine must be at least 1".into());
         }
@@ -124,7 +129,10 @@ impl ClusterSpec {
                 return invalid(format!("node group {i}: {} GPUs but no gpu_model", g.gpus));
             }
             if g.gpus > 64 {
-                return invalid(format!("node group {i}: {} GPUs per node (at most 64)", g.gpus));
+                return invalid(format!(
+                    "node group {i}: {} GPUs per node (at most 64)",
+                    g.gpus
+                ));
             }
             if g.nvlink_domain > 1 && g.gpus % g.nvlink_domain != 0 {
                 return invalid(format!(

@@ -69,7 +69,9 @@ pub struct Placement {
 
 impl Placement {
     pub fn gpu_ids(&self) -> impl Iterator<Item = GpuId> + '_ {
-        self.workers.iter().flat_map(|w| w.gpus.iter().map(|s| s.gpu))
+        self.workers
+            .iter()
+            .flat_map(|w| w.gpus.iter().map(|s| s.gpu))
     }
 
     pub fn span(&self, topo: &Topology) -> TopoLevel {
@@ -138,7 +140,12 @@ impl ClusterState {
         let rack_idle_gpus = topo
             .racks()
             .iter()
-            .map(|r| r.nodes.clone().map(|n| node_idle_gpus[n as usize] as u32).sum())
+            .map(|r| {
+                r.nodes
+                    .clone()
+                    .map(|n| node_idle_gpus[n as usize] as u32)
+                    .sum()
+            })
             .collect::<Vec<u32>>();
         let spine_idle_gpus = topo
             .spines()
@@ -152,7 +159,11 @@ impl ClusterState {
             tenants: vec![0; g],
             node_cpu_free: topo.nodes().iter().map(|n| n.cpu_milli).collect(),
             node_mem_free: topo.nodes().iter().map(|n| n.memory_mib).collect(),
-            node_free_milli: topo.nodes().iter().map(|n| n.gpu_count() as u32 * 1000).collect(),
+            node_free_milli: topo
+                .nodes()
+                .iter()
+                .map(|n| n.gpu_count() as u32 * 1000)
+                .collect(),
             node_idle_gpus,
             node_up: vec![true; topo.nodes().len()],
             node_worker_kinds: vec![[0; WORKER_KINDS]; topo.nodes().len()],
@@ -272,7 +283,11 @@ impl ClusterState {
     pub fn gpu_fits(&self, gpu: GpuId, demand: GpuDemand) -> bool {
         let i = gpu.0 as usize;
         let mig_untouched = self.mig_compute_free[i] == MIG_COMPUTE_SLICES
-            || !self.topo.catalog.get(self.topo.gpu(gpu).model).supports_mig();
+            || !self
+                .topo
+                .catalog
+                .get(self.topo.gpu(gpu).model)
+                .supports_mig();
         match demand {
             GpuDemand::None => true,
             GpuDemand::Whole(_) => self.free_milli[i] == 1000,
@@ -378,10 +393,16 @@ impl ClusterState {
                 return fail(format!("GPU {} listed twice", share.gpu.0));
             }
             if *share != GpuShare::for_demand(share.gpu, job.gpu) {
-                return fail(format!("share {share:?} does not match demand {:?}", job.gpu));
+                return fail(format!(
+                    "share {share:?} does not match demand {:?}",
+                    job.gpu
+                ));
             }
             if !job.gpu_models.allows(self.topo.gpu(share.gpu).model) {
-                return fail(format!("GPU {} is of a model the job does not allow", share.gpu.0));
+                return fail(format!(
+                    "GPU {} is of a model the job does not allow",
+                    share.gpu.0
+                ));
             }
             if !self.gpu_fits(share.gpu, job.gpu) {
                 return fail(format!("GPU {} lacks capacity", share.gpu.0));
@@ -430,7 +451,10 @@ impl ClusterState {
         let g = share.gpu.0 as usize;
         let node = self.topo.gpu(share.gpu).node;
         self.free_milli[g] += share.milli;
-        assert!(self.free_milli[g] <= 1000, "released more than was allocated");
+        assert!(
+            self.free_milli[g] <= 1000,
+            "released more than was allocated"
+        );
         if share.is_mig() {
             self.mig_compute_free[g] += share.mig_compute;
             self.mig_memory_free[g] += share.mig_memory;
@@ -484,8 +508,14 @@ impl ClusterState {
         for node in topo.node_ids() {
             let n = node.0 as usize;
             let gpus: Vec<GpuId> = topo.node(node).gpu_ids().collect();
-            let idle = gpus.iter().filter(|g| self.free_milli[g.0 as usize] == 1000).count();
-            let free: u32 = gpus.iter().map(|g| self.free_milli[g.0 as usize] as u32).sum();
+            let idle = gpus
+                .iter()
+                .filter(|g| self.free_milli[g.0 as usize] == 1000)
+                .count();
+            let free: u32 = gpus
+                .iter()
+                .map(|g| self.free_milli[g.0 as usize] as u32)
+                .sum();
             if idle != self.node_idle_gpus[n] as usize || free != self.node_free_milli[n] {
                 return Err(format!("node {n}: counters disagree with GPUs"));
             }
@@ -526,7 +556,10 @@ mod tests {
     fn worker(node: u32, gpus: &[u32], demand: GpuDemand) -> WorkerPlacement {
         WorkerPlacement {
             node: NodeId(node),
-            gpus: gpus.iter().map(|&g| GpuShare::for_demand(GpuId(g), demand)).collect(),
+            gpus: gpus
+                .iter()
+                .map(|&g| GpuShare::for_demand(GpuId(g), demand))
+                .collect(),
         }
     }
 
@@ -536,10 +569,7 @@ mod tests {
         let mut job = Job::whole_gpus(JobId(1), 2, 0.0, 1.0);
         job.gpu = GpuDemand::Whole(2);
         let p = Placement {
-            workers: vec![
-                worker(0, &[0, 1], job.gpu),
-                worker(2, &[8, 9], job.gpu),
-            ],
+            workers: vec![worker(0, &[0, 1], job.gpu), worker(2, &[8, 9], job.gpu)],
         };
         s.allocate(&job, &p).unwrap();
         assert_eq!(s.idle_gpus(), 12);
@@ -571,23 +601,45 @@ mod tests {
         let mut s = cluster();
         let mut a = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
         a.gpu = GpuDemand::Milli(600);
-        let on_gpu0 = Placement { workers: vec![worker(0, &[0], a.gpu)] };
+        let on_gpu0 = Placement {
+            workers: vec![worker(0, &[0], a.gpu)],
+        };
         s.allocate(&a, &on_gpu0).unwrap();
         assert!(s.allocate(&a, &on_gpu0).is_err(), "600 + 600 > 1000");
         let mut b = a.clone();
         b.gpu = GpuDemand::Milli(400);
-        s.allocate(&b, &Placement { workers: vec![worker(0, &[0], b.gpu)] }).unwrap();
+        s.allocate(
+            &b,
+            &Placement {
+                workers: vec![worker(0, &[0], b.gpu)],
+            },
+        )
+        .unwrap();
         assert_eq!(s.free_milli(GpuId(0)), 0);
         assert_eq!(s.tenants(GpuId(0)), 2);
         let mut m = a.clone();
-        m.gpu = GpuDemand::Mig { compute: 3, memory: 4 };
+        m.gpu = GpuDemand::Mig {
+            compute: 3,
+            memory: 4,
+        };
         assert!(!s.gpu_fits(GpuId(0), m.gpu));
-        assert!(!s.gpu_fits(GpuId(1), GpuDemand::Mig { compute: 7, memory: 9 }));
-        let on_gpu1 = Placement { workers: vec![worker(0, &[1], m.gpu)] };
+        assert!(!s.gpu_fits(
+            GpuId(1),
+            GpuDemand::Mig {
+                compute: 7,
+                memory: 9
+            }
+        ));
+        let on_gpu1 = Placement {
+            workers: vec![worker(0, &[1], m.gpu)],
+        };
         s.allocate(&m, &on_gpu1).unwrap();
         s.allocate(&m, &on_gpu1).unwrap();
         assert!(s.allocate(&m, &on_gpu1).is_err(), "only 7 compute slices");
-        assert!(!s.gpu_fits(GpuId(1), GpuDemand::Milli(100)), "MIG GPU takes no milli shares");
+        assert!(
+            !s.gpu_fits(GpuId(1), GpuDemand::Milli(100)),
+            "MIG GPU takes no milli shares"
+        );
         s.check_consistency().unwrap();
     }
 

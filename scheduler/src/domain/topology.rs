@@ -108,6 +108,7 @@ pub struct Topology {
     spines: Vec<Spine>,
     max_node_cpu_milli: u32,
     max_node_gpus: u16,
+    level_capacity: [u32; 6],
 }
 
 impl Topology {
@@ -177,7 +178,8 @@ impl Topology {
                 });
             }
         }
-        Ok(Topology {
+        let mut topo = Topology {
+            level_capacity: [0; 6],
             max_node_cpu_milli: nodes.iter().map(|n| n.cpu_milli).max().unwrap_or(0),
             max_node_gpus: nodes.iter().map(|n| n.gpu_count()).max().unwrap_or(0),
             name: spec.name.clone(),
@@ -187,7 +189,9 @@ impl Topology {
             gpus,
             racks,
             spines,
-        })
+        };
+        topo.level_capacity = TopoLevel::ALL.map(|l| topo.count_max_gpus_within(l));
+        Ok(topo)
     }
 
     pub fn nodes(&self) -> &[Node] {
@@ -279,6 +283,10 @@ impl Topology {
     /// Largest number of GPUs in any single domain of `level`; used to tell whether a
     /// placement is as tight as the hardware allows.
     pub fn max_gpus_within(&self, level: TopoLevel) -> u32 {
+        self.level_capacity[level as usize]
+    }
+
+    fn count_max_gpus_within(&self, level: TopoLevel) -> u32 {
         let node_gpus = |r: &Range<u32>| -> u32 {
             self.nodes[r.start as usize..r.end as usize]
                 .iter()
@@ -293,8 +301,18 @@ impl Topology {
                 .map(|n| n.island_size.min(n.gpu_count()) as u32)
                 .max()
                 .unwrap_or(0),
-            TopoLevel::Node => self.nodes.iter().map(|n| n.gpu_count() as u32).max().unwrap_or(0),
-            TopoLevel::Rack => self.racks.iter().map(|r| node_gpus(&r.nodes)).max().unwrap_or(0),
+            TopoLevel::Node => self
+                .nodes
+                .iter()
+                .map(|n| n.gpu_count() as u32)
+                .max()
+                .unwrap_or(0),
+            TopoLevel::Rack => self
+                .racks
+                .iter()
+                .map(|r| node_gpus(&r.nodes))
+                .max()
+                .unwrap_or(0),
             TopoLevel::Spine => self
                 .spines
                 .iter()

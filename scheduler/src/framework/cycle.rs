@@ -74,8 +74,21 @@ pub fn run_cycle(
                         .iter()
                         .map(|r| policy.order.rank(r.job, &r.stats, ctx.now))
                         .collect();
-                    p.select_victims(job, rank, &candidates, &ranks, state, policy.placer.as_ref(), ctx)
-                        .map(|(v, placement)| (v.into_iter().map(|k| index[k]).collect::<Vec<_>>(), placement))
+                    p.select_victims(
+                        job,
+                        rank,
+                        &candidates,
+                        &ranks,
+                        state,
+                        policy.placer.as_ref(),
+                        ctx,
+                    )
+                    .map(|(v, placement)| {
+                        (
+                            v.into_iter().map(|k| index[k]).collect::<Vec<_>>(),
+                            placement,
+                        )
+                    })
                 });
                 match victims {
                     Some((victims, placement)) => {
@@ -121,14 +134,23 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
             }
         }
         nodes_fit += 1;
-        workers_fit += match job.gpu {
+        let by_gpu = match job.gpu {
             GpuDemand::Whole(k) => (node.gpu_count() / k) as u64,
-            GpuDemand::None => u64::MAX / 2,
+            GpuDemand::None => u64::MAX,
             GpuDemand::Milli(m) => node.gpu_count() as u64 * (1000 / m as u64),
             GpuDemand::Mig { compute, .. } => {
                 node.gpu_count() as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
             }
         };
+        let by_cpu = node
+            .cpu_milli
+            .checked_div(job.cpu_milli)
+            .map_or(u64::MAX, u64::from);
+        let by_memory = node
+            .memory_mib
+            .checked_div(job.memory_mib)
+            .unwrap_or(u64::MAX);
+        workers_fit = workers_fit.saturating_add(by_gpu.min(by_cpu).min(by_memory));
     }
     if nodes_fit == 0 {
         return Err(format!(
@@ -136,7 +158,10 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
             job.gpu,
             job.cpu_milli,
             job.memory_mib,
-            job.gpu_models.ids().map(|id| topo.catalog.get(id).name.clone()).collect::<Vec<_>>()
+            job.gpu_models
+                .ids()
+                .map(|id| topo.catalog.get(id).name.clone())
+                .collect::<Vec<_>>()
         ));
     }
     if workers_fit < job.workers as u64 {

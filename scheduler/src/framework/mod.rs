@@ -76,7 +76,12 @@ pub trait NodeScorer: Send + Sync + std::fmt::Debug {
 
 /// Turns a job into a placement on the current state, or says why it cannot.
 pub trait Placer: Send + Sync + std::fmt::Debug {
-    fn place(&self, job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status>;
+    fn place(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status>;
 }
 
 /// Picks running jobs to evict so that `job` fits. Works on a scratch copy of the state

@@ -55,7 +55,12 @@ impl<S: NodeScorer> ScoredPlacer<S> {
 }
 
 impl<S: NodeScorer> Placer for ScoredPlacer<S> {
-    fn place(&self, job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status> {
+    fn place(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status> {
         let mut placement = Placement::default();
         let single = Job {
             workers: 1,
@@ -72,7 +77,10 @@ impl<S: NodeScorer> Placer for ScoredPlacer<S> {
                 break;
             };
             let Some(gpus) = self.scorer.pick_gpus(job, node, state, ctx) else {
-                outcome = Err(Status::Unschedulable(format!("node {} has no GPU that fits", node.0)));
+                outcome = Err(Status::Unschedulable(format!(
+                    "node {} has no GPU that fits",
+                    node.0
+                )));
                 break;
             };
             let worker = Placement {

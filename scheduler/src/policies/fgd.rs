@@ -82,7 +82,10 @@ impl Fgd {
     pub fn from_workload(workload: &[Job]) -> Fgd {
         let mut counts: HashMap<TaskShape, (u64, GpuModelSet)> = HashMap::new();
         for job in workload {
-            counts.entry(TaskShape::of(job)).or_insert((0, job.gpu_models)).0 += 1;
+            counts
+                .entry(TaskShape::of(job))
+                .or_insert((0, job.gpu_models))
+                .0 += 1;
         }
         let total = workload.len() as f64;
         let mut shapes: Vec<(u64, TaskShape, GpuModelSet)> =
@@ -144,7 +147,11 @@ impl Fgd {
             let hosts = lefts.iter().filter(|&&l| l as u32 >= s.milli).count() as u32 >= s.count;
             match (hosts, cpu_ok) {
                 (true, true) => {
-                    let unusable: u32 = lefts.iter().map(|&l| l as u32).filter(|&l| l < s.milli).sum();
+                    let unusable: u32 = lefts
+                        .iter()
+                        .map(|&l| l as u32)
+                        .filter(|&l| l < s.milli)
+                        .sum();
                     data[Q2_LACK_GPU] += p * unusable as f64;
                     data[Q3_SATISFIED] += p * (free - unusable) as f64;
                 }
@@ -168,7 +175,13 @@ impl Fgd {
 
     /// Best score over the GPUs a shared task could take, or the score of the exclusive
     /// placement, on a node given by its free CPU and GPU capacities.
-    fn score_state(&self, job: &Job, model: Option<GpuModelId>, cpu_left: u32, lefts: &[u16]) -> i64 {
+    fn score_state(
+        &self,
+        job: &Job,
+        model: Option<GpuModelId>,
+        cpu_left: u32,
+        lefts: &[u16],
+    ) -> i64 {
         let before = self.fragmentation(model, cpu_left, lefts);
         let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
         let (milli, count) = per_gpu_milli(job.gpu);
@@ -199,7 +212,12 @@ impl Fgd {
     }
 
     fn node_lefts(state: &ClusterState, node: NodeId) -> Vec<u16> {
-        state.topology().node(node).gpu_ids().map(|g| state.free_milli(g)).collect()
+        state
+            .topology()
+            .node(node)
+            .gpu_ids()
+            .map(|g| state.free_milli(g))
+            .collect()
     }
 }
 
@@ -238,7 +256,13 @@ impl NodeScorer for Fgd {
 
     /// A shared task takes the GPU whose use raises fragmentation least, lowest index on
     /// ties (`allocateGpuIdBasedOnFGDScore`); exclusive tasks take the lowest free GPUs.
-    fn pick_gpus(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> Option<Vec<GpuShare>> {
+    fn pick_gpus(
+        &self,
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        _: &mut Context,
+    ) -> Option<Vec<GpuShare>> {
         if !job.gpu.is_shared() {
             return pick_gpus_best_fit(job, node, state);
         }
@@ -254,7 +278,10 @@ impl NodeScorer for Fgd {
                 continue;
             }
             after[i] -= job.gpu.milli() as u16;
-            let s = self.delta_score(before, self.fragmentation(topo_node.model, cpu_after, &after));
+            let s = self.delta_score(
+                before,
+                self.fragmentation(topo_node.model, cpu_after, &after),
+            );
             after[i] = lefts[i];
             if best.is_none_or(|(b, _)| s > b) {
                 best = Some((s, i));
@@ -316,7 +343,10 @@ mod tests {
         // Taking 500 from a 500-free GPU fragments nothing; from 700 leaves a 200 sliver.
         let exact = fgd.score_state(&job, m, 64_000, &[500]);
         let sliver = fgd.score_state(&job, m, 64_000, &[700]);
-        assert!(exact == 50 && sliver < exact, "exact {exact}, sliver {sliver}");
+        assert!(
+            exact == 50 && sliver < exact,
+            "exact {exact}, sliver {sliver}"
+        );
         // With a second GPU, the sliver is avoided by using it instead.
         assert_eq!(fgd.score_state(&job, m, 64_000, &[700, 1000]), 50);
     }

@@ -23,7 +23,9 @@ mod topo;
 pub use fgd::Fgd;
 pub use order::{DiscretizedLas, Fifo, PriorityAge, ShortestRemaining};
 pub use preempt::PreemptLowerRank;
-pub use scorers::{BestFit, DotProduct, FirstFit, GpuClustering, GpuPacking, NodeSpecMax, RandomScore};
+pub use scorers::{
+    BestFit, DotProduct, FirstFit, GpuClustering, GpuPacking, NodeSpecMax, RandomScore,
+};
 pub use topo::TopoPack;
 
 use crate::domain::Job;
@@ -65,7 +67,10 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
         "dot-product" => scored(Box::new(ScoredPlacer::new(DotProduct, TieBreak::Random))),
         "gpu-packing" => scored(Box::new(ScoredPlacer::new(GpuPacking, TieBreak::Random))),
         "gpu-clustering" => scored(Box::new(ScoredPlacer::new(GpuClustering, TieBreak::Random))),
-        "fgd" => scored(Box::new(ScoredPlacer::new(Fgd::from_workload(workload), TieBreak::Random))),
+        "fgd" => scored(Box::new(ScoredPlacer::new(
+            Fgd::from_workload(workload),
+            TieBreak::Random,
+        ))),
         "topo-pack" => scored(Box::new(TopoPack)),
         "tiresias" => (Box::new(DiscretizedLas::default()), Box::new(TopoPack)),
         "priority" => (Box::new(PriorityAge), Box::new(TopoPack)),
@@ -107,6 +112,9 @@ mod tests {
             assert_eq!(build(name, &[]).unwrap().name, *name);
         }
         let err = build("bestfit", &[]).unwrap_err().to_string();
-        assert!(err.contains("best-fit") && err.contains("\"bestfit\""), "{err}");
+        assert!(
+            err.contains("best-fit") && err.contains("\"bestfit\""),
+            "{err}"
+        );
     }
 }

@@ -68,7 +68,10 @@ impl DiscretizedLas {
 
     /// GPU-seconds of service at which a job at `attained_gpu_s` moves down a queue.
     pub fn next_threshold(&self, attained_gpu_s: f64) -> Option<f64> {
-        self.thresholds.iter().copied().find(|&t| attained_gpu_s < t)
+        self.thresholds
+            .iter()
+            .copied()
+            .find(|&t| attained_gpu_s < t)
     }
 }
 
@@ -112,7 +115,11 @@ mod tests {
         assert_eq!(las.rank(&job, &stats(0.0, 0.0, 0.0), 10.0), (0, 5.0));
         assert_eq!(las.rank(&job, &stats(100.0, 0.0, 0.0), 10.0).0, 1);
         assert_eq!(las.rank(&job, &stats(5000.0, 9.0, 10.0), 10.0).0, 2);
-        assert_eq!(las.rank(&job, &stats(5000.0, 0.0, 10.0), 20.0).0, 0, "waited 2x its run");
+        assert_eq!(
+            las.rank(&job, &stats(5000.0, 0.0, 10.0), 20.0).0,
+            0,
+            "waited 2x its run"
+        );
         assert_eq!(las.next_threshold(150.0), Some(1000.0));
         assert_eq!(las.next_threshold(1000.0), None);
     }

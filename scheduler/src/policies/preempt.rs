@@ -39,7 +39,10 @@ impl Preemptor for PreemptLowerRank {
             crate::domain::GpuDemand::Whole(_) => job.gpu_count(),
             _ => 0,
         };
-        let reclaimable: u32 = candidates.iter().map(|&(_, i)| running[i].job.gpu_count()).sum();
+        let reclaimable: u32 = candidates
+            .iter()
+            .map(|&(_, i)| running[i].job.gpu_count())
+            .sum();
         if state.idle_gpus() + reclaimable < need {
             return None;
         }

@@ -50,7 +50,13 @@ impl NodeScorer for RandomScore {
         0.0
     }
 
-    fn pick_gpus(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> Option<Vec<GpuShare>> {
+    fn pick_gpus(
+        &self,
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        ctx: &mut Context,
+    ) -> Option<Vec<GpuShare>> {
         if !job.gpu.is_shared() {
             return pick_gpus_best_fit(job, node, state);
         }
@@ -163,7 +169,11 @@ impl NodeScorer for GpuPacking {
         }
         let mut sorted = gpus.clone();
         sorted.sort_unstable();
-        let picked: Vec<u32> = sorted.into_iter().filter(|&l| l >= milli).take(count as usize).collect();
+        let picked: Vec<u32> = sorted
+            .into_iter()
+            .filter(|&l| l >= milli)
+            .take(count as usize)
+            .collect();
         let fully_free = picked.iter().filter(|&&l| l == 1000).count() as i64;
         if fully_free > 0 {
             return (50 - fully_free).max(33) as f64;

@@ -16,13 +16,23 @@ const DOMAINS_PER_LEVEL: usize = 16;
 pub struct TopoPack;
 
 impl Placer for TopoPack {
-    fn place(&self, job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status> {
+    fn place(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status> {
         if job.gpu.is_shared() || job.gpu == GpuDemand::None {
             return place_single_best_fit(job, state, ctx);
         }
         let need = job.gpu_count();
         let topo = state.topology_arc().clone();
-        for level in [TopoLevel::Node, TopoLevel::Rack, TopoLevel::Spine, TopoLevel::Cluster] {
+        for level in [
+            TopoLevel::Node,
+            TopoLevel::Rack,
+            TopoLevel::Spine,
+            TopoLevel::Cluster,
+        ] {
             let mut domains: Vec<(u32, u32, std::ops::Range<u32>)> = match level {
                 TopoLevel::Node => topo
                     .node_ids()
@@ -33,7 +43,13 @@ impl Placer for TopoPack {
                     .racks()
                     .iter()
                     .enumerate()
-                    .map(|(i, r)| (state.rack_idle_gpus(crate::domain::RackId(i as u32)), i as u32, r.nodes.clone()))
+                    .map(|(i, r)| {
+                        (
+                            state.rack_idle_gpus(crate::domain::RackId(i as u32)),
+                            i as u32,
+                            r.nodes.clone(),
+                        )
+                    })
                     .filter(|(idle, _, _)| *idle >= need)
                     .collect(),
                 TopoLevel::Spine => topo
@@ -42,8 +58,13 @@ impl Placer for TopoPack {
                     .enumerate()
                     .map(|(i, s)| {
                         let racks = &topo.racks()[s.racks.start as usize..s.racks.end as usize];
-                        let nodes = racks.first().map_or(0, |r| r.nodes.start)..racks.last().map_or(0, |r| r.nodes.end);
-                        (state.spine_idle_gpus(crate::domain::SpineId(i as u32)), i as u32, nodes)
+                        let nodes = racks.first().map_or(0, |r| r.nodes.start)
+                            ..racks.last().map_or(0, |r| r.nodes.end);
+                        (
+                            state.spine_idle_gpus(crate::domain::SpineId(i as u32)),
+                            i as u32,
+                            nodes,
+                        )
                     })
                     .filter(|(idle, _, _)| *idle >= need)
                     .collect(),
@@ -62,14 +83,20 @@ impl Placer for TopoPack {
                 }
             }
         }
-        Err(Status::Unschedulable(format!("no domain has {need} idle GPUs that fit")))
+        Err(Status::Unschedulable(format!(
+            "no domain has {need} idle GPUs that fit"
+        )))
     }
 }
 
 /// Places the gang inside one domain using as few nodes as possible: while no single
 /// node can take the rest, take the node with the most idle GPUs; then the node that fits
 /// the rest most tightly.
-fn fill_domain(job: &Job, state: &mut ClusterState, nodes: std::ops::Range<u32>) -> Option<Placement> {
+fn fill_domain(
+    job: &Job,
+    state: &mut ClusterState,
+    nodes: std::ops::Range<u32>,
+) -> Option<Placement> {
     let GpuDemand::Whole(per_worker) = job.gpu else {
         return None;
     };
@@ -80,14 +107,19 @@ fn fill_domain(job: &Job, state: &mut ClusterState, nodes: std::ops::Range<u32>)
     let mut placement = Placement::default();
     let mut ok = true;
     while placement.workers.len() < job.workers as usize {
-        let remaining_gpus = (job.workers as usize - placement.workers.len()) as u32 * per_worker as u32;
-        let candidates = nodes.clone().map(NodeId).filter(|&n| state.worker_fits(job, n));
+        let remaining_gpus =
+            (job.workers as usize - placement.workers.len()) as u32 * per_worker as u32;
+        let candidates = nodes
+            .clone()
+            .map(NodeId)
+            .filter(|&n| state.worker_fits(job, n));
         let tight = candidates
             .clone()
             .filter(|&n| state.node_idle_gpus(n) as u32 >= remaining_gpus)
             .min_by_key(|&n| (state.node_idle_gpus(n), n));
-        let Some(node) = tight.or_else(|| candidates.max_by_key(|&n| (state.node_idle_gpus(n), std::cmp::Reverse(n))))
-        else {
+        let Some(node) = tight.or_else(|| {
+            candidates.max_by_key(|&n| (state.node_idle_gpus(n), std::cmp::Reverse(n)))
+        }) else {
             ok = false;
             break;
         };
@@ -104,7 +136,12 @@ fn fill_domain(job: &Job, state: &mut ClusterState, nodes: std::ops::Range<u32>)
         placement.workers.extend(worker.workers);
     }
     for w in placement.workers.iter().rev() {
-        state.release(&single, &Placement { workers: vec![w.clone()] });
+        state.release(
+            &single,
+            &Placement {
+                workers: vec![w.clone()],
+            },
+        );
     }
     ok.then_some(placement)
 }
@@ -114,7 +151,11 @@ fn fill_domain(job: &Job, state: &mut ClusterState, nodes: std::ops::Range<u32>)
 fn pick_island_gpus(state: &ClusterState, node: NodeId, count: u16) -> Option<Vec<GpuShare>> {
     let topo = state.topology();
     let mut islands: Vec<(u32, Vec<GpuId>)> = Vec::new();
-    for g in topo.node(node).gpu_ids().filter(|&g| state.free_milli(g) == 1000) {
+    for g in topo
+        .node(node)
+        .gpu_ids()
+        .filter(|&g| state.free_milli(g) == 1000)
+    {
         let island = topo.gpu(g).island;
         match islands.last_mut() {
             Some((i, gpus)) if *i == island => gpus.push(g),
@@ -126,7 +167,12 @@ fn pick_island_gpus(state: &ClusterState, node: NodeId, count: u16) -> Option<Ve
         .filter(|(_, gpus)| gpus.len() >= count as usize)
         .min_by_key(|(i, gpus)| (gpus.len(), *i))
     {
-        return Some(gpus[..count as usize].iter().map(|&g| GpuShare::whole(g)).collect());
+        return Some(
+            gpus[..count as usize]
+                .iter()
+                .map(|&g| GpuShare::whole(g))
+                .collect(),
+        );
     }
     islands.sort_by_key(|(i, gpus)| (std::cmp::Reverse(gpus.len()), *i));
     let picked: Vec<GpuShare> = islands
@@ -139,6 +185,10 @@ fn pick_island_gpus(state: &ClusterState, node: NodeId, count: u16) -> Option<Ve
 }
 
 /// Shared-GPU and CPU-only workers have no topology to exploit: best fit by node.
-fn place_single_best_fit(job: &Job, state: &mut ClusterState, ctx: &mut Context) -> Result<Placement, Status> {
+fn place_single_best_fit(
+    job: &Job,
+    state: &mut ClusterState,
+    ctx: &mut Context,
+) -> Result<Placement, Status> {
     ScoredPlacer::new(BestFit, TieBreak::First).place(job, state, ctx)
 }

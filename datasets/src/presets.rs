@@ -1,0 +1,89 @@
+//! Named clusters: the two trace clusters as published, and two reference clusters.
+
+use marshal_scheduler::domain::{ClusterSpec, LinkSpec, NodeGroupSpec};
+
+use crate::bundled::{Bundled, OPENB_ALL_NODES, OPENB_GPU_NODES};
+use crate::{DatasetError, links, parse_openb_nodes, philly_cluster};
+
+/// The names [`cluster_preset`] knows.
+pub const CLUSTER_PRESETS: &[&str] = &["openb", "openb-all", "dgx-h100-64", "philly", "pollux-64"];
+
+/// A named cluster:
+/// - `openb`: openb's 1,213 GPU nodes (6,212 GPUs), from `openb_node_list_gpu_node.csv`;
+/// - `openb-all`: all 1,523 openb nodes, CPU-only ones included;
+/// - `dgx-h100-64`: 8 DGX H100 (8 GPUs on one NVSwitch island, 224 cores, 2 TiB) in
+///   2 racks of 4 on one spine, with NVLink 4, PCIe Gen5 and 400 Gb/s InfiniBand;
+/// - `philly`: Microsoft Philly's machines ([`philly_cluster`]);
+/// - `pollux-64`: Pollux's testbed, 16 AWS g4dn.12xlarge (4 T4 on PCIe, 48 vCPUs,
+///   192 GiB) in racks of 4, for the Pollux/Sia workloads.
+pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
+    match name {
+        "openb" => openb(OPENB_GPU_NODES, "openb"),
+        "openb-all" => openb(OPENB_ALL_NODES, "openb-all"),
+        "dgx-h100-64" => Ok(dgx_h100_64()),
+        "philly" => philly_cluster(),
+        "pollux-64" => Ok(pollux_64()),
+        _ => Err(DatasetError::UnknownCluster {
+            name: name.to_string(),
+            known: CLUSTER_PRESETS.iter().map(ToString::to_string).collect(),
+        }),
+    }
+}
+
+fn openb(file: Bundled, name: &str) -> Result<ClusterSpec, DatasetError> {
+    let (mut spec, _) = parse_openb_nodes(file.name, file.text)?;
+    spec.name = name.to_string();
+    Ok(spec)
+}
+
+fn uniform(name: &str, nodes_per_rack: u32, links: LinkSpec, group: NodeGroupSpec) -> ClusterSpec {
+    ClusterSpec {
+        name: name.to_string(),
+        nodes_per_rack,
+        racks_per_spine: 8,
+        links,
+        gpu_models: Vec::new(),
+        node_groups: vec![group],
+    }
+}
+
+fn dgx_h100_64() -> ClusterSpec {
+    uniform(
+        "dgx-h100-64",
+        4,
+        LinkSpec {
+            nvlink_gbps: 450.0,
+            pcie_gbps: 64.0,
+            rack_gbps: 50.0,
+            spine_gbps: 25.0,
+        },
+        NodeGroupSpec {
+            count: 8,
+            name_prefix: Some("dgx".to_string()),
+            names: Vec::new(),
+            gpu_model: Some("H100".to_string()),
+            gpus: 8,
+            nvlink_domain: 8,
+            cpu_milli: 224_000,
+            memory_mib: 2 * 1024 * 1024,
+        },
+    )
+}
+
+fn pollux_64() -> ClusterSpec {
+    uniform(
+        "pollux-64",
+        4,
+        links::g4dn(),
+        NodeGroupSpec {
+            count: 16,
+            name_prefix: Some("g4dn".to_string()),
+            names: Vec::new(),
+            gpu_model: Some("T4".to_string()),
+            gpus: 4,
+            nvlink_domain: 0,
+            cpu_milli: 48_000,
+            memory_mib: 192 * 1024,
+        },
+    )
+}

@@ -1,0 +1,178 @@
+//! Names, paths and bad input through the public entry points.
+
+use std::path::PathBuf;
+
+use marshal_datasets::{DatasetError, load_cluster, load_trace};
+use marshal_scheduler::domain::{GpuCatalog, GpuDemand};
+
+/// A file in the system temp directory, unique to this process and name, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir); // only once empty
+        }
+    }
+}
+
+fn temp_file(name: &str, contents: &str) -> TempFile {
+    let dir = std::env::temp_dir().join(format!("marshal-datasets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    TempFile(path)
+}
+
+#[test]
+fn unknown_trace_lists_the_known_names() {
+    let catalog = GpuCatalog::default();
+    for name in ["nope", "philly-week16", "philly-weekx", "openb-"] {
+        let err = load_trace(name, &catalog).unwrap_err();
+        let DatasetError::UnknownTrace { name: got, known } = &err else {
+            panic!("{name}: {err}");
+        };
+        assert_eq!(got, name);
+        assert!(known.iter().any(|k| k == "openb-default"));
+        assert!(known.iter().any(|k| k == "philly-week15"));
+        let text = err.to_string();
+        assert!(
+            text.contains("openb-multigpu20") && text.contains("openb-<variant>"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn unknown_cluster_lists_the_presets() {
+    let err = load_cluster("dgx-h100-65").unwrap_err();
+    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 5));
+    let text = err.to_string();
+    for preset in ["openb", "openb-all", "dgx-h100-64", "philly", "pollux-64"] {
+        assert!(text.contains(preset), "{text}");
+    }
+}
+
+#[test]
+fn missing_files_are_io_errors_naming_the_path() {
+    let catalog = GpuCatalog::default();
+    let err = load_trace("/nonexistent/pods.csv", &catalog).unwrap_err();
+    assert!(matches!(&err, DatasetError::Io { path, .. } if path.ends_with("pods.csv")));
+    assert!(err.to_string().contains("/nonexistent/pods.csv"), "{err}");
+    for arg in ["/nonexistent/nodes.csv", "missing-cluster.toml"] {
+        let err = load_cluster(arg).unwrap_err();
+        assert!(matches!(err, DatasetError::Io { .. }), "{err}");
+        assert!(err.to_string().contains(arg), "{err}");
+    }
+}
+
+#[test]
+fn trace_files_are_recognised_by_header() {
+    let catalog = GpuCatalog::default();
+    let short = temp_file(
+        "short.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\np1,1000,1024,nan,0\n",
+    );
+    let (jobs, report) = load_trace(short.arg(), &catalog).unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].gpu, GpuDemand::Milli(500));
+    assert_eq!(
+        (report.skipped[0].line, report.skipped[0].field.as_str()),
+        (3, "num_gpu")
+    );
+
+    let philly = temp_file(
+        "philly.csv",
+        "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,NaN,1,1,a\n2017-10-01 00:00:10,5,4,20,a\n\n",
+    );
+    let (jobs, report) = load_trace(philly.arg(), &catalog).unwrap();
+    assert_eq!(
+        (jobs.len(), report.rows_read, report.rows_skipped),
+        (1, 2, 1)
+    );
+    assert_eq!(
+        (report.skipped[0].line, report.skipped[0].field.as_str()),
+        (2, "duration")
+    );
+
+    let nodes = temp_file(
+        "nodes-as-trace.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,1,T4\n",
+    );
+    let err = load_trace(nodes.arg(), &catalog).unwrap_err();
+    assert!(err.to_string().contains("node list"), "{err}");
+
+    let odd = temp_file("odd.csv", "a,b,c\n1,2,3\n");
+    let err = load_trace(odd.arg(), &catalog).unwrap_err();
+    assert!(
+        matches!(&err, DatasetError::Malformed { file, line: 1, .. } if file.ends_with("odd.csv")),
+        "{err}"
+    );
+
+    let empty = temp_file("empty.csv", "");
+    let err = load_trace(empty.arg(), &catalog).unwrap_err();
+    assert!(err.to_string().contains("empty.csv") && err.to_string().contains("empty file"));
+}
+
+#[test]
+fn cluster_files_load_from_toml_and_node_lists() {
+    let toml = temp_file(
+        "two.toml",
+        "name = \"two\"\n[[nodes]]\ncount = 2\ngpu_model = \"A100-80\"\ngpus = 8\nnvlink_domain = 8\ncpu_milli = 1000\nmemory_mib = 1024\n",
+    );
+    let spec = load_cluster(toml.arg()).unwrap();
+    assert_eq!((spec.name.as_str(), spec.gpu_count()), ("two", 16));
+
+    let bad = temp_file("bad.toml", "name = \"bad\"\n[[nodes]]\ngpus = 8\n");
+    let err = load_cluster(bad.arg()).unwrap_err();
+    assert!(
+        matches!(&err, DatasetError::InvalidCluster { file, .. } if file.ends_with("bad.toml")),
+        "{err}"
+    );
+
+    let csv = temp_file(
+        "mini.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\na,1000,1024,4,T4\nb,1000,1024,4,T4\n",
+    );
+    let spec = load_cluster(csv.arg()).unwrap();
+    assert_eq!(
+        (spec.name.as_str(), spec.node_count(), spec.gpu_count()),
+        ("mini", 2, 8)
+    );
+
+    let unknown_model = temp_file(
+        "z.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\na,1000,1024,4,Z9\n",
+    );
+    let err = load_cluster(unknown_model.arg()).unwrap_err();
+    assert!(
+        err.to_string().contains("Z9") && err.to_string().contains("z.csv"),
+        "{err}"
+    );
+}
+
+/// Unbundled openb variants come from ../shared/traces when it is there.
+#[test]
+fn openb_variants_are_read_from_the_traces_directory() {
+    let catalog = GpuCatalog::default();
+    match load_trace("openb-gpushare40", &catalog) {
+        Ok((jobs, report)) => {
+            assert_eq!(jobs.len(), 8_152);
+            assert_eq!(report.rows_skipped, 0);
+            assert!(report.source.ends_with("openb_pod_list_gpushare40.csv"));
+        }
+        Err(DatasetError::TraceNotFound { searched, .. }) => {
+            eprintln!("skipped: openb variants not found in {searched:?}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+    let err = load_trace("openb-nosuchvariant", &catalog).unwrap_err();
+    assert!(matches!(err, DatasetError::TraceNotFound { .. }), "{err}");
+}

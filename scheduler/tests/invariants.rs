@@ -1,0 +1,213 @@
+//! DESIGN.md's invariants, property-tested for every policy: no GPU, MIG slice or share
+//! is allocated beyond capacity; gangs are placed whole; hard constraints hold; the same
+//! seed gives the same schedule.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use marshal_scheduler::domain::{
+    ClusterSpec, GpuDemand, GpuModelSet, Job, JobId, NodeGroupSpec, Topology,
+};
+use marshal_scheduler::policies::{self, POLICY_NAMES};
+use marshal_scheduler::sim::{
+    FailureModel, LogEntry, LogKind, SimConfig, run_inflation, run_replay,
+};
+use proptest::prelude::*;
+
+const MODELS: [&str; 3] = ["T4", "V100M32", "A100-40"];
+
+fn cluster_strategy() -> impl Strategy<Value = Arc<Topology>> {
+    prop::collection::vec(
+        (
+            1u32..4,
+            prop::sample::select(vec![1u16, 2, 4, 8]),
+            0usize..3,
+        ),
+        1..4,
+    )
+    .prop_map(|groups| {
+        let node_groups = groups
+            .into_iter()
+            .map(|(count, gpus, model)| NodeGroupSpec {
+                count,
+                name_prefix: None,
+                names: vec![],
+                gpu_model: Some(MODELS[model].into()),
+                gpus,
+                nvlink_domain: if gpus >= 4 { gpus / 2 } else { 0 },
+                cpu_milli: 32_000,
+                memory_mib: 131_072,
+            })
+            .collect();
+        let spec = ClusterSpec {
+            name: "prop".into(),
+            nodes_per_rack: 2,
+            racks_per_spine: 2,
+            links: Default::default(),
+            gpu_models: vec![],
+            node_groups,
+        };
+        Arc::new(Topology::build(&spec).expect("valid spec"))
+    })
+}
+
+fn demand_strategy() -> impl Strategy<Value = GpuDemand> {
+    prop_oneof![
+        Just(GpuDemand::None),
+        (1u16..5).prop_map(GpuDemand::Whole),
+        (1u16..1000).prop_map(GpuDemand::Milli),
+        prop::sample::select(vec![(1u8, 1u8), (2, 2), (3, 4), (7, 8)])
+            .prop_map(|(compute, memory)| GpuDemand::Mig { compute, memory }),
+    ]
+}
+
+fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
+    prop::collection::vec(
+        (
+            1u32..4,
+            demand_strategy(),
+            0u32..20_000,
+            0.0f64..5_000.0,
+            1.0f64..20_000.0,
+            0usize..4,
+            -1i32..2,
+            any::<bool>(),
+        ),
+        1..25,
+    )
+    .prop_map(|specs| {
+        specs
+            .into_iter()
+            .enumerate()
+            .map(
+                |(i, (workers, gpu, cpu, submit, work, model, priority, preemptible))| {
+                    let mut job = Job::whole_gpus(JobId(i as u32), workers, submit, work);
+                    job.workers = workers;
+                    job.gpu = gpu;
+                    job.cpu_milli = cpu;
+                    job.memory_mib = cpu as u64;
+                    job.priority = priority;
+                    job.preemptible = preemptible;
+                    job.checkpoint.interval_s = 600.0;
+                    // Model constraints are resolved against the default catalog, which every
+                    // test cluster uses.
+                    if model < 3 {
+                        let catalog = marshal_scheduler::domain::GpuCatalog::default();
+                        job.gpu_models = GpuModelSet::of([catalog.id(MODELS[model]).unwrap()]);
+                    }
+                    job
+                },
+            )
+            .collect()
+    })
+}
+
+/// Replays the log against an independent ledger of capacity and checks every start.
+fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), String> {
+    let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
+    let mut gpu_milli = vec![0u32; topo.gpu_count() as usize];
+    let mut gpu_mig = vec![(0u32, 0u32); topo.gpu_count() as usize];
+    let mut node_cpu = vec![0u64; topo.nodes().len()];
+    let mut node_mem = vec![0u64; topo.nodes().len()];
+    let mut live: HashMap<JobId, marshal_scheduler::domain::Placement> = HashMap::new();
+    for entry in log {
+        let job = by_id[&entry.job];
+        match &entry.what {
+            LogKind::Start(p) => {
+                if p.workers.len() != job.workers as usize {
+                    return Err(format!(
+                        "job {:?}: {} of {} workers placed",
+                        job.id,
+                        p.workers.len(),
+                        job.workers
+                    ));
+                }
+                for w in &p.workers {
+                    let node = topo.node(w.node);
+                    if w.gpus.len() != job.gpu.gpu_count() as usize {
+                        return Err(format!("job {:?}: wrong GPU count on a worker", job.id));
+                    }
+                    node_cpu[w.node.0 as usize] += job.cpu_milli as u64;
+                    node_mem[w.node.0 as usize] += job.memory_mib;
+                    if node_cpu[w.node.0 as usize] > node.cpu_milli as u64
+                        || node_mem[w.node.0 as usize] > node.memory_mib
+                    {
+                        return Err(format!("node {} over CPU or memory", w.node.0));
+                    }
+                    for s in &w.gpus {
+                        if topo.gpu(s.gpu).node != w.node {
+                            return Err("GPU not on the worker's node".into());
+                        }
+                        if !job.gpu_models.allows(topo.gpu(s.gpu).model) {
+                            return Err(format!("job {:?} on a disallowed model", job.id));
+                        }
+                        let g = s.gpu.0 as usize;
+                        gpu_milli[g] += s.milli as u32;
+                        gpu_mig[g].0 += s.mig_compute as u32;
+                        gpu_mig[g].1 += s.mig_memory as u32;
+                        if gpu_milli[g] > 1000 || gpu_mig[g].0 > 7 || gpu_mig[g].1 > 8 {
+                            return Err(format!("GPU {g} over capacity"));
+                        }
+                    }
+                }
+                if live.insert(job.id, p.clone()).is_some() {
+                    return Err(format!("job {:?} started twice", job.id));
+                }
+            }
+            LogKind::Preempt | LogKind::Fail | LogKind::Finish => {
+                let p = live
+                    .remove(&job.id)
+                    .ok_or_else(|| format!("job {:?} stopped but not running", job.id))?;
+                for w in &p.workers {
+                    node_cpu[w.node.0 as usize] -= job.cpu_milli as u64;
+                    node_mem[w.node.0 as usize] -= job.memory_mib;
+                    for s in &w.gpus {
+                        let g = s.gpu.0 as usize;
+                        gpu_milli[g] -= s.milli as u32;
+                        gpu_mig[g].0 -= s.mig_compute as u32;
+                        gpu_mig[g].1 -= s.mig_memory as u32;
+                    }
+                }
+            }
+            LogKind::Reject(_) => {}
+        }
+    }
+    if !live.is_empty() {
+        return Err(format!("{} jobs never finished", live.len()));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn every_policy_keeps_the_invariants_in_replay(topo in cluster_strategy(), jobs in jobs_strategy(), seed in 0u64..1000, failures in any::<bool>()) {
+        for name in POLICY_NAMES {
+            let policy = policies::build(name, &jobs).unwrap();
+            let mut config = SimConfig::replay(seed);
+            if failures {
+                config.failures = Some(FailureModel { mtbf_s: 20_000.0, repair_s: 2_000.0 });
+            }
+            let (result, log) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
+            prop_assert_eq!(result.completed + result.rejected, jobs.len() as u64, "{}: every job ends", name);
+            if let Err(e) = check_log(&topo, &jobs, &log) {
+                prop_assert!(false, "{}: {}", name, e);
+            }
+            let (_, again) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
+            prop_assert_eq!(&log, &again, "{}: same seed, same schedule", name);
+        }
+    }
+
+    #[test]
+    fn every_policy_keeps_allocation_within_capacity_in_inflation(topo in cluster_strategy(), jobs in jobs_strategy(), seed in 0u64..1000) {
+        for name in POLICY_NAMES {
+            let policy = policies::build(name, &jobs).unwrap();
+            let (result, curve) = run_inflation(&policy, topo.clone(), &jobs, "prop", &SimConfig::inflation(seed)).unwrap();
+            prop_assert!(result.gpu_alloc_pct <= 100.0 + 1e-9);
+            for (arrived, alloc) in curve.points {
+                prop_assert!(alloc <= arrived + 1e-9, "{}: allocated more than arrived", name);
+            }
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Subcommands.
+
+mod demo;
+mod output;
+mod sim;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "marshal",
+    version,
+    about = "A learning, topology-aware scheduler for GPU clusters"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Simulate policies on a trace and a cluster.
+    Sim(sim::SimArgs),
+    /// Run the baselines side by side on the bundled traces and print the comparison.
+    Demo(demo::DemoArgs),
+    /// List policies, bundled traces and cluster presets.
+    List,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Sim(args) => sim::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::List => {
+            println!(
+                "policies: {}",
+                marshal_scheduler::policies::POLICY_NAMES.join(", ")
+            );
+            println!("traces:   {}", marshal_datasets::TRACE_NAMES.join(", "));
+            println!("clusters: {}", marshal_datasets::CLUSTER_PRESETS.join(", "));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! `marshal sim`.
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use marshal_scheduler::domain::{Job, Topology};
+use marshal_scheduler::policies;
+use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult};
+
+use crate::cli::output::{self, Format};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Replay,
+    Inflation,
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Cluster: a preset name (see `marshal list`), a TOML spec or an openb-style node CSV.
+    /// Defaults to the trace's own cluster (openb traces: `openb`, Philly: `philly`).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// An openb-style node list CSV to use as the cluster (instead of --cluster).
+    #[arg(long, conflicts_with = "cluster")]
+    pub nodes: Option<String>,
+    /// Trace: a bundled name (see `marshal list`) or a path to an openb or Philly CSV.
+    #[arg(long)]
+    pub trace: String,
+    /// Policies, comma-separated (see `marshal list`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub policy: Vec<String>,
+    #[arg(long, value_enum, default_value_t = ModeArg::Replay)]
+    pub mode: ModeArg,
+    /// Seed of the (first) run.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Number of seeds, from --seed upwards; prints the mean over seeds and each run.
+    #[arg(long, default_value_t = 1)]
+    pub seeds: u64,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Inflation mode: stop arriving tasks at this % of GPU capacity.
+    #[arg(long, default_value_t = 130.0)]
+    pub max_arrived_pct: f64,
+    /// Replay mode: mean time between failures of each node, in hours (off when absent).
+    #[arg(long)]
+    pub mtbf_hours: Option<f64>,
+    /// Replay mode: mean repair time of a failed node, in hours.
+    #[arg(long, default_value_t = 4.0)]
+    pub repair_hours: f64,
+}
+
+pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    let experiment = Experiment::load(&args)?;
+    let groups = experiment.run_all(&args.policy, args.seed, args.seeds)?;
+    output::print(&groups, args.format, &mut std::io::stdout().lock())?;
+    Ok(())
+}
+
+/// A trace on a cluster under one configuration, ready to run policies on.
+#[derive(Debug)]
+pub struct Experiment {
+    pub trace: String,
+    pub topo: Arc<Topology>,
+    pub jobs: Vec<Job>,
+    pub config: SimConfig,
+}
+
+impl Experiment {
+    pub fn load(args: &SimArgs) -> anyhow::Result<Experiment> {
+        let cluster_arg = args
+            .nodes
+            .clone()
+            .or_else(|| args.cluster.clone())
+            .unwrap_or_else(|| default_cluster_for(&args.trace).to_string());
+        let spec = marshal_datasets::load_cluster(&cluster_arg)
+            .with_context(|| format!("loading cluster {cluster_arg}"))?;
+        let topo = Arc::new(
+            Topology::build(&spec).with_context(|| format!("building cluster {cluster_arg}"))?,
+        );
+        let (jobs, report) = marshal_datasets::load_trace(&args.trace, &topo.catalog)
+            .with_context(|| format!("loading trace {}", args.trace))?;
+        if report.rows_skipped > 0 {
+            eprintln!("{report}");
+        }
+        if jobs.is_empty() {
+            bail!("trace {} has no jobs", args.trace);
+        }
+        let mode = match args.mode {
+            ModeArg::Replay => Mode::Replay,
+            ModeArg::Inflation => Mode::Inflation {
+                max_arrived_pct: args.max_arrived_pct,
+            },
+        };
+        let failures = args.mtbf_hours.map(|h| FailureModel {
+            mtbf_s: h * 3600.0,
+            repair_s: args.repair_hours * 3600.0,
+        });
+        let config = SimConfig {
+            mode,
+            failures,
+            ..SimConfig::replay(args.seed)
+        };
+        config.validate()?;
+        Ok(Experiment {
+            trace: args.trace.clone(),
+            topo,
+            jobs,
+            config,
+        })
+    }
+
+    pub fn run_one(&self, policy: &str, seed: u64) -> anyhow::Result<SimResult> {
+        let policy = policies::build(policy, &self.jobs)?;
+        let config = SimConfig {
+            seed,
+            ..self.config.clone()
+        };
+        Ok(match config.mode {
+            Mode::Replay => {
+                sim::run_replay(&policy, self.topo.clone(), &self.jobs, &self.trace, &config)?.0
+            }
+            Mode::Inflation { .. } => {
+                sim::run_inflation(&policy, self.topo.clone(), &self.jobs, &self.trace, &config)?.0
+            }
+        })
+    }
+
+    /// Runs every (policy, seed) pair, spread over the machine's cores, and groups the
+    /// results by policy in the order given.
+    pub fn run_all(
+        &self,
+        policies: &[String],
+        seed: u64,
+        seeds: u64,
+    ) -> anyhow::Result<Vec<Vec<SimResult>>> {
+        for p in policies {
+            policies::build(p, &[])?;
+        }
+        let tasks: Vec<(usize, u64)> = (0..policies.len())
+            .flat_map(|p| (seed..seed + seeds.max(1)).map(move |s| (p, s)))
+            .collect();
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(tasks.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: std::sync::Mutex<Vec<Option<anyhow::Result<SimResult>>>> =
+            std::sync::Mutex::new((0..tasks.len()).map(|_| None).collect());
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(p, s)) = tasks.get(i) else { break };
+                        let r = self.run_one(&policies[p], s);
+                        results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                    }
+                });
+            }
+        });
+        let mut groups: Vec<Vec<SimResult>> = vec![Vec::new(); policies.len()];
+        for (&(p, _), r) in tasks
+            .iter()
+            .zip(results.into_inner().unwrap_or_else(|e| e.into_inner()))
+        {
+            groups[p].push(r.expect("every task ran")?);
+        }
+        Ok(groups)
+    }
+}
+
+fn default_cluster_for(trace: &str) -> &'static str {
+    if trace.starts_with("philly") {
+        "philly"
+    } else {
+        "openb"
+    }
+}
