@@ -39,6 +39,20 @@ pub struct JobStats {
 pub struct Context<'a> {
     pub now: f64,
     pub rng: &'a mut ChaCha8Rng,
+    /// The order in which placers consider nodes (and so break score ties); `None` is
+    /// node-id order. The FGD experiment lists nodes in a seeded random order, as the
+    /// published simulator does by prefixing node names with a random permutation.
+    pub node_order: Option<&'a [NodeId]>,
+}
+
+impl<'a> Context<'a> {
+    pub fn new(now: f64, rng: &'a mut ChaCha8Rng) -> Self {
+        Context {
+            now,
+            rng,
+            node_order: None,
+        }
+    }
 }
 
 /// Rank of a job in the queue; smaller goes first. The first component is the priority

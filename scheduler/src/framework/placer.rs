@@ -29,7 +29,15 @@ impl<S: NodeScorer> ScoredPlacer<S> {
     fn best_node(&self, job: &Job, state: &ClusterState, ctx: &mut Context) -> Option<NodeId> {
         let mut best: Option<(f64, NodeId)> = None;
         let mut ties = 0u32;
-        for node in state.topology().node_ids() {
+        let natural: Vec<NodeId>;
+        let order = match ctx.node_order {
+            Some(order) => order,
+            None => {
+                natural = state.topology().node_ids().collect();
+                &natural
+            }
+        };
+        for &node in order {
             if !state.worker_fits(job, node) {
                 continue;
             }

@@ -63,13 +63,14 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
     let (order, placer): (Box<dyn QueueOrder>, Box<dyn Placer>) = match name {
         "random" => scored(Box::new(ScoredPlacer::new(RandomScore, TieBreak::Random))),
         "fifo" => scored(Box::new(ScoredPlacer::new(FirstFit, TieBreak::First))),
-        "best-fit" => scored(Box::new(ScoredPlacer::new(BestFit, TieBreak::Random))),
-        "dot-product" => scored(Box::new(ScoredPlacer::new(DotProduct, TieBreak::Random))),
-        "gpu-packing" => scored(Box::new(ScoredPlacer::new(GpuPacking, TieBreak::Random))),
-        "gpu-clustering" => scored(Box::new(ScoredPlacer::new(GpuClustering, TieBreak::Random))),
+        // Ties go to the first node listed; see `scorers` for why.
+        "best-fit" => scored(Box::new(ScoredPlacer::new(BestFit, TieBreak::First))),
+        "dot-product" => scored(Box::new(ScoredPlacer::new(DotProduct, TieBreak::First))),
+        "gpu-packing" => scored(Box::new(ScoredPlacer::new(GpuPacking, TieBreak::First))),
+        "gpu-clustering" => scored(Box::new(ScoredPlacer::new(GpuClustering, TieBreak::First))),
         "fgd" => scored(Box::new(ScoredPlacer::new(
             Fgd::from_workload(workload),
-            TieBreak::Random,
+            TieBreak::First,
         ))),
         "topo-pack" => scored(Box::new(TopoPack)),
         "tiresias" => (Box::new(DiscretizedLas::default()), Box::new(TopoPack)),

@@ -18,10 +18,10 @@ use std::time::Instant;
 use rand::Rng;
 use rand::seq::SliceRandom;
 
-use crate::domain::{ClusterState, DomainError, GpuDemand, Job, Topology};
+use crate::domain::{ClusterState, DomainError, GpuDemand, Job, NodeId, Topology};
 use crate::framework::{Context, Policy};
 use crate::sim::metrics::round_to;
-use crate::sim::{Mode, POLICY_STREAM, SimConfig, SimResult, WORKLOAD_STREAM};
+use crate::sim::{Mode, NODE_ORDER_STREAM, POLICY_STREAM, SimConfig, SimResult, WORKLOAD_STREAM};
 
 /// Allocation after each arrival: (arrived %, allocated %) of GPU capacity.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -104,6 +104,8 @@ pub fn run_inflation(
     let capacity = state.capacity_milli();
     let tasks = inflation_arrivals(workload, capacity, max_arrived_pct, config);
     let mut rng = config.rng(POLICY_STREAM);
+    let mut node_order: Vec<NodeId> = topo.node_ids().collect();
+    node_order.shuffle(&mut config.rng(NODE_ORDER_STREAM));
     let mut arrived = 0u64;
     let mut failed = 0u64;
     let mut curve = ArrivalCurve::default();
@@ -111,8 +113,8 @@ pub fn run_inflation(
     for task in &tasks {
         arrived += task.gpu_milli();
         let mut ctx = Context {
-            now: 0.0,
-            rng: &mut rng,
+            node_order: Some(&node_order),
+            ..Context::new(0.0, &mut rng)
         };
         let placed = policy
             .placer

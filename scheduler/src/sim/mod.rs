@@ -9,7 +9,8 @@
 //!   allocation ratio against arrived load.
 //!
 //! Every random choice draws from ChaCha8 streams seeded by the run's seed: stream 0 for
-//! the policy, stream 1 for failures, stream 2 for workload sampling, so that policies
+//! the policy, stream 1 for failures, stream 2 for workload sampling, stream 3 for the
+//! order in which nodes are listed, so that policies
 //! compared on one seed see the same failures and the same workload.
 
 mod inflation;
@@ -105,6 +106,7 @@ impl SimConfig {
 pub(crate) const POLICY_STREAM: u64 = 0;
 pub(crate) const FAILURE_STREAM: u64 = 1;
 pub(crate) const WORKLOAD_STREAM: u64 = 2;
+pub(crate) const NODE_ORDER_STREAM: u64 = 3;
 
 /// One run's measures. Keys are stable: tools parse them. Measures that a mode does not
 /// produce are `null`.

@@ -408,10 +408,7 @@ impl Replay<'_> {
                     }
                 })
                 .collect();
-            let mut ctx = Context {
-                now: self.now,
-                rng: &mut self.policy_rng,
-            };
+            let mut ctx = Context::new(self.now, &mut self.policy_rng);
             let d = run_cycle(self.policy, &mut self.state, &pending, &running, &mut ctx);
             let preempted: Vec<u32> = d.preempted.iter().map(|&k| self.running[k]).collect();
             let placed: Vec<(u32, Placement)> = d
