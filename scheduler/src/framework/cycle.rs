@@ -1,6 +1,6 @@
 //! One scheduling cycle: order the queue, place what fits, preempt where a policy allows.
 
-use crate::domain::{ClusterState, GpuDemand, Job, Placement, Topology};
+use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Placement, Topology};
 use crate::framework::{Context, JobStats, Policy, Rank, Status};
 
 #[derive(Debug, Clone, Copy)]
@@ -54,42 +54,72 @@ pub fn run_cycle(
             .then(a.id.cmp(&b.id))
     });
     let mut evicted = vec![false; running.len()];
+    let running_ranks: Vec<Rank> = running
+        .iter()
+        .map(|r| policy.order.rank(r.job, &r.stats, ctx.now))
+        .collect();
+    let lowest_victim_class = |evicted: &[bool]| {
+        running
+            .iter()
+            .zip(&running_ranks)
+            .zip(evicted)
+            .filter(|((r, _), gone)| r.job.preemptible && !**gone)
+            .map(|((_, rank), _)| rank.0)
+            .max()
+    };
+    let mut victim_class = lowest_victim_class(&evicted);
+    // Within a cycle the state only fills up (until a preemption frees something), so a
+    // job shape that found no room once finds none again: later jobs of that shape and
+    // priority class are skipped. This keeps deep queues cheap.
+    let mut no_room: Vec<(JobShape, i64)> = Vec::new();
     for (rank, i) in order {
         let job = pending[i].job;
-        match policy.placer.place(job, state, ctx) {
+        let shape = JobShape::of(job);
+        if no_room.contains(&(shape, rank.0)) {
+            if policy.blocking {
+                break;
+            }
+            continue;
+        }
+        let whole_gpus_short =
+            matches!(job.gpu, GpuDemand::Whole(_)) && state.idle_gpus() < job.gpu_count();
+        let attempt = if whole_gpus_short {
+            Err(Status::Unschedulable("not enough idle GPUs".into()))
+        } else {
+            policy.placer.place(job, state, ctx)
+        };
+        match attempt {
             Ok(placement) => match state.allocate(job, &placement) {
                 Ok(()) => decisions.placed.push((i, placement)),
                 Err(e) => decisions.errors.push((i, e.to_string())),
             },
             Err(Status::Unschedulable(_)) => {
-                let victims = policy.preemptor.as_ref().and_then(|p| {
-                    let candidates: Vec<Running> = running
-                        .iter()
-                        .enumerate()
-                        .filter(|(k, _)| !evicted[*k])
-                        .map(|(_, r)| *r)
-                        .collect();
-                    let index: Vec<usize> = (0..running.len()).filter(|k| !evicted[*k]).collect();
-                    let ranks: Vec<Rank> = candidates
-                        .iter()
-                        .map(|r| policy.order.rank(r.job, &r.stats, ctx.now))
-                        .collect();
-                    p.select_victims(
-                        job,
-                        rank,
-                        &candidates,
-                        &ranks,
-                        state,
-                        policy.placer.as_ref(),
-                        ctx,
-                    )
-                    .map(|(v, placement)| {
-                        (
-                            v.into_iter().map(|k| index[k]).collect::<Vec<_>>(),
-                            placement,
+                let may_preempt = victim_class.is_some_and(|c| c > rank.0);
+                let victims = policy
+                    .preemptor
+                    .as_ref()
+                    .filter(|_| may_preempt)
+                    .and_then(|p| {
+                        let index: Vec<usize> =
+                            (0..running.len()).filter(|k| !evicted[*k]).collect();
+                        let candidates: Vec<Running> = index.iter().map(|&k| running[k]).collect();
+                        let ranks: Vec<Rank> = index.iter().map(|&k| running_ranks[k]).collect();
+                        p.select_victims(
+                            job,
+                            rank,
+                            &candidates,
+                            &ranks,
+                            state,
+                            policy.placer.as_ref(),
+                            ctx,
                         )
-                    })
-                });
+                        .map(|(v, placement)| {
+                            (
+                                v.into_iter().map(|k| index[k]).collect::<Vec<_>>(),
+                                placement,
+                            )
+                        })
+                    });
                 match victims {
                     Some((victims, placement)) => {
                         for &k in &victims {
@@ -97,13 +127,15 @@ pub fn run_cycle(
                             evicted[k] = true;
                             decisions.preempted.push(k);
                         }
+                        victim_class = lowest_victim_class(&evicted);
+                        no_room.clear();
                         match state.allocate(job, &placement) {
                             Ok(()) => decisions.placed.push((i, placement)),
                             Err(e) => decisions.errors.push((i, e.to_string())),
                         }
                     }
                     None if policy.blocking => break,
-                    None => {}
+                    None => no_room.push((shape, rank.0)),
                 }
             }
             Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
@@ -171,4 +203,26 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// What decides whether a job fits: two jobs of one shape fit in exactly the same places.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct JobShape {
+    workers: u32,
+    gpu: GpuDemand,
+    cpu_milli: u32,
+    memory_mib: u64,
+    gpu_models: GpuModelSet,
+}
+
+impl JobShape {
+    fn of(job: &Job) -> Self {
+        JobShape {
+            workers: job.workers,
+            gpu: job.gpu,
+            cpu_milli: job.cpu_milli,
+            memory_mib: job.memory_mib,
+            gpu_models: job.gpu_models,
+        }
+    }
 }
