@@ -101,6 +101,12 @@ pub trait Placer: Send + Sync + std::fmt::Debug {
 /// Picks running jobs to evict so that `job` fits. Works on a scratch copy of the state
 /// (checkpoint and rollback); returns the victims and the placement that then fits.
 pub trait Preemptor: Send + Sync + std::fmt::Debug {
+    /// Seconds a job must have run before it may be evicted. An event-driven caller wakes
+    /// up when a protection ends, since that alone can change the decision.
+    fn min_runtime_s(&self) -> f64 {
+        0.0
+    }
+
     fn select_victims(
         &self,
         job: &Job,

@@ -15,6 +15,10 @@ pub struct PreemptLowerRank {
 }
 
 impl Preemptor for PreemptLowerRank {
+    fn min_runtime_s(&self) -> f64 {
+        self.min_runtime_s
+    }
+
     fn select_victims(
         &self,
         job: &Job,

@@ -18,8 +18,16 @@ use crate::sim::{FAILURE_STREAM, POLICY_STREAM, SimConfig, SimResult};
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum EventKind {
     Arrival(u32),
-    Finish { job: u32, epoch: u32 },
-    RankChange { job: u32, epoch: u32 },
+    Finish {
+        job: u32,
+        epoch: u32,
+    },
+    RankChange {
+        job: u32,
+        epoch: u32,
+    },
+    /// A preemption protection ends; the decision may change.
+    Wake,
     NodeDown(u32),
     NodeUp(u32),
 }
@@ -122,6 +130,7 @@ struct Replay<'a> {
     finished: usize,
     rejected: usize,
     arrivals_left: usize,
+    next_wake: Option<f64>,
 }
 
 /// Runs `workload` on `topo` under `policy`, returning the measures and the schedule.
@@ -178,6 +187,7 @@ pub fn run_replay(
         finished: 0,
         rejected: 0,
         arrivals_left: workload.len(),
+        next_wake: None,
     };
     let mut order: Vec<u32> = (0..workload.len() as u32).collect();
     order.sort_by(|&a, &b| {
@@ -232,6 +242,7 @@ impl Replay<'_> {
             if dirty {
                 self.cycle();
                 self.reject_stuck();
+                self.wake_when_protection_ends();
             }
             if self.finished + self.rejected == total {
                 break;
@@ -288,6 +299,10 @@ impl Replay<'_> {
                 self.schedule_rank_change(job);
                 true
             }
+            EventKind::Wake => {
+                self.next_wake = None;
+                true
+            }
             EventKind::NodeDown(n) => {
                 let node = NodeId(n);
                 self.state.set_node_up(node, false);
@@ -323,6 +338,28 @@ impl Replay<'_> {
                 self.push(t, EventKind::NodeDown(n));
                 true
             }
+        }
+    }
+
+    /// Pending jobs may be waiting for a running job's preemption protection to end:
+    /// make sure a cycle runs then.
+    fn wake_when_protection_ends(&mut self) {
+        let Some(min_runtime) = self.policy.preemptor.as_ref().map(|p| p.min_runtime_s()) else {
+            return;
+        };
+        if min_runtime <= 0.0 || self.pending.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let next = self
+            .running
+            .iter()
+            .map(|&j| self.runs[j as usize].run_start + min_runtime)
+            .filter(|&t| t > now)
+            .fold(f64::INFINITY, f64::min);
+        if next.is_finite() && self.next_wake.is_none_or(|w| next < w) {
+            self.next_wake = Some(next);
+            self.push(next, EventKind::Wake);
         }
     }
 
