@@ -83,7 +83,19 @@ impl Experiment {
         let (jobs, report) = marshal_datasets::load_trace(&args.trace, &topo.catalog)
             .with_context(|| format!("loading trace {}", args.trace))?;
         if report.rows_skipped > 0 {
-            eprintln!("{report}");
+            eprintln!(
+                "warning: {}: {} rows read, {} skipped:",
+                report.source, report.rows_read, report.rows_skipped
+            );
+            for row in &report.skipped {
+                eprintln!("  {}: {row}", report.source);
+            }
+            if report.skipped.len() < report.rows_skipped {
+                eprintln!(
+                    "  … and {} more",
+                    report.rows_skipped - report.skipped.len()
+                );
+            }
         }
         if jobs.is_empty() {
             bail!("trace {} has no jobs", args.trace);

@@ -1,0 +1,266 @@
+//! End-to-end tests of the `marshal` binary on small bundled fixtures.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn marshal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args(args)
+        .output()
+        .expect("marshal runs")
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = marshal(args);
+    assert!(
+        out.status.success(),
+        "marshal {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+const RUN_KEYS: [&str; 16] = [
+    "policy",
+    "trace",
+    "cluster",
+    "seed",
+    "jobs",
+    "gpus",
+    "jct_mean_s",
+    "jct_p50_s",
+    "jct_p99_s",
+    "queue_mean_s",
+    "makespan_s",
+    "gpu_alloc_pct",
+    "locality_pct",
+    "preemptions",
+    "events",
+    "wall_s",
+];
+
+#[test]
+fn replay_json_has_the_stable_keys_and_accounts_for_every_job() {
+    let philly = fixture("philly-150.csv");
+    let cluster = fixture("small-cluster.toml");
+    let v = json(&[
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        &philly,
+        "--policy",
+        "tiresias",
+        "--format",
+        "json",
+    ]);
+    for key in RUN_KEYS {
+        assert!(v.get(key).is_some(), "missing key {key}");
+    }
+    assert_eq!(v["policy"], "tiresias");
+    assert_eq!(v["jobs"], 150);
+    assert_eq!(v["gpus"], 32);
+    assert_eq!(v["seed"], 42);
+    let (completed, rejected) = (
+        v["completed"].as_u64().unwrap(),
+        v["rejected"].as_u64().unwrap(),
+    );
+    assert_eq!(completed + rejected, 150);
+    assert!(v["jct_p99_s"].as_f64().unwrap() >= v["jct_p50_s"].as_f64().unwrap());
+}
+
+#[test]
+fn inflation_json_reports_the_allocation_curve() {
+    let pods = fixture("openb-300.csv");
+    let v = json(&[
+        "sim",
+        "--cluster",
+        "openb",
+        "--trace",
+        &pods,
+        "--policy",
+        "fgd",
+        "--mode",
+        "inflation",
+        "--format",
+        "json",
+    ]);
+    let curve = v["alloc_pct_by_arrived"].as_object().expect("curve");
+    for load in (10..=130).step_by(10) {
+        let alloc = curve[&load.to_string()].as_f64().expect("every decile");
+        assert!(
+            alloc <= load as f64 + 0.5 && alloc <= 100.0,
+            "{load}: {alloc}"
+        );
+    }
+    assert!(v["unallocated_gpus_at_100"].as_f64().unwrap() >= 0.0);
+}
+
+#[test]
+fn several_seeds_give_a_mean_and_the_runs_and_a_seed_is_reproducible() {
+    let philly = fixture("philly-150.csv");
+    let cluster = fixture("small-cluster.toml");
+    let args = [
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        &philly,
+        "--policy",
+        "random",
+        "--format",
+        "json",
+    ];
+    let v = json(&[&args[..], &["--seeds", "3"]].concat());
+    assert_eq!(v["runs"].as_array().unwrap().len(), 3);
+    assert_eq!(v["mean"]["seeds"], 3);
+    let seeds: Vec<u64> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["seed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seeds, vec![42, 43, 44]);
+
+    let strip = |mut v: Value| {
+        v.as_object_mut().unwrap().remove("wall_s");
+        v
+    };
+    assert_eq!(
+        strip(json(&args)),
+        strip(json(&args)),
+        "same seed, same result"
+    );
+}
+
+#[test]
+fn the_table_lists_every_policy_asked_for() {
+    let philly = fixture("philly-150.csv");
+    let cluster = fixture("small-cluster.toml");
+    let out = marshal(&[
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        &philly,
+        "--policy",
+        "fifo,best-fit,sjf-oracle",
+    ]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    for policy in ["fifo", "best-fit", "sjf-oracle"] {
+        assert!(
+            table.lines().any(|l| l.starts_with(policy)),
+            "{policy} missing from\n{table}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_policy_is_refused_with_the_known_names() {
+    let out = marshal(&["sim", "--trace", "openb", "--policy", "bestfit"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown policy \"bestfit\"") && err.contains("best-fit"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_rows_are_skipped_and_reported_with_file_line_and_field() {
+    let dir = std::env::temp_dir().join(format!("marshal-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("bad.csv");
+    std::fs::write(
+        &trace,
+        "timestamp,duration,num_gpus,gpu_time,cluster\n\
+         2017-10-10 00:01:55,73.0,1,73.0,vc\n\
+         2017-10-10 00:02:55,NaN,1,1.0,vc\n\
+         2017-10-10 00:03:55,60.0,two,1.0,vc\n\
+         2017-10-10 00:04:55,60.0,64,3840.0,vc\n",
+    )
+    .unwrap();
+    let cluster = fixture("small-cluster.toml");
+    let out = marshal(&[
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policy",
+        "fifo",
+        "--format",
+        "json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("bad.csv") && err.contains("line 3") && err.contains("duration"),
+        "{err}"
+    );
+    assert!(err.contains("line 4") && err.contains("num_gpus"), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"], 2, "two rows kept");
+    assert_eq!(v["rejected"], 1, "the 64-GPU job cannot fit 32 GPUs");
+
+    std::fs::write(&trace, "").unwrap();
+    let out = marshal(&[
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policy",
+        "fifo",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.csv"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn missing_files_and_unknown_clusters_are_clear_errors() {
+    let out = marshal(&[
+        "sim",
+        "--trace",
+        "/nonexistent/trace.csv",
+        "--policy",
+        "fifo",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.csv"));
+    let out = marshal(&[
+        "sim",
+        "--cluster",
+        "no-such-cluster",
+        "--trace",
+        "openb",
+        "--policy",
+        "fifo",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-such-cluster") && err.contains("dgx-h100-64"),
+        "{err}"
+    );
+}
+
+#[test]
+fn list_names_policies_traces_and_clusters() {
+    let out = marshal(&["list"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("fgd") && text.contains("philly-week4") && text.contains("openb"));
+}
