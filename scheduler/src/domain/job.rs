@@ -143,11 +143,10 @@ impl Job {
             ));
         }
         let c = &self.checkpoint;
-        if !(c.interval_s > 0.0 && c.cost_s >= 0.0 && c.restart_s >= 0.0)
-            || ![c.interval_s, c.cost_s, c.restart_s]
-                .iter()
-                .all(|v| v.is_finite())
-        {
+        let finite = [c.interval_s, c.cost_s, c.restart_s]
+            .iter()
+            .all(|v| v.is_finite());
+        if !finite || c.interval_s <= 0.0 || c.cost_s < 0.0 || c.restart_s < 0.0 {
             return bad("checkpoint interval must be positive, costs non-negative".into());
         }
         if let Some(e) = self.elastic

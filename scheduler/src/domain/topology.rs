@@ -133,9 +133,9 @@ impl Topology {
             let island_size = group.nvlink_domain.max(1);
             for n in 0..group.count {
                 let id = nodes.len() as u32;
-                if id % spec.nodes_per_rack == 0 {
+                if id.is_multiple_of(spec.nodes_per_rack) {
                     let rack_id = racks.len() as u32;
-                    if rack_id % spec.racks_per_spine == 0 {
+                    if rack_id.is_multiple_of(spec.racks_per_spine) {
                         spines.push(Spine {
                             racks: rack_id..rack_id,
                         });

@@ -1,7 +1,7 @@
 //! One scheduling cycle: order the queue, place what fits, preempt where a policy allows.
 
 use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Placement, Topology};
-use crate::framework::{Context, JobStats, Policy, Rank, Status};
+use crate::framework::{Candidate, Context, JobStats, Policy, Rank, Status};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Pending<'a> {
@@ -102,23 +102,20 @@ pub fn run_cycle(
                     .and_then(|p| {
                         let index: Vec<usize> =
                             (0..running.len()).filter(|k| !evicted[*k]).collect();
-                        let candidates: Vec<Running> = index.iter().map(|&k| running[k]).collect();
-                        let ranks: Vec<Rank> = index.iter().map(|&k| running_ranks[k]).collect();
-                        p.select_victims(
-                            job,
-                            rank,
-                            &candidates,
-                            &ranks,
-                            state,
-                            policy.placer.as_ref(),
-                            ctx,
-                        )
-                        .map(|(v, placement)| {
-                            (
-                                v.into_iter().map(|k| index[k]).collect::<Vec<_>>(),
-                                placement,
-                            )
-                        })
+                        let candidates: Vec<Candidate> = index
+                            .iter()
+                            .map(|&k| Candidate {
+                                running: running[k],
+                                rank: running_ranks[k],
+                            })
+                            .collect();
+                        p.select_victims(job, rank, &candidates, state, policy.placer.as_ref(), ctx)
+                            .map(|(v, placement)| {
+                                (
+                                    v.into_iter().map(|k| index[k]).collect::<Vec<_>>(),
+                                    placement,
+                                )
+                            })
                     });
                 match victims {
                     Some((victims, placement)) => {

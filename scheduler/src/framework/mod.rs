@@ -98,6 +98,13 @@ pub trait Placer: Send + Sync + std::fmt::Debug {
     ) -> Result<Placement, Status>;
 }
 
+/// A running job a preemptor may consider, with its rank under the policy's order.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub running: Running<'a>,
+    pub rank: Rank,
+}
+
 /// Picks running jobs to evict so that `job` fits. Works on a scratch copy of the state
 /// (checkpoint and rollback); returns the victims and the placement that then fits.
 pub trait Preemptor: Send + Sync + std::fmt::Debug {
@@ -111,8 +118,7 @@ pub trait Preemptor: Send + Sync + std::fmt::Debug {
         &self,
         job: &Job,
         rank: Rank,
-        running: &[Running<'_>],
-        running_ranks: &[Rank],
+        candidates: &[Candidate<'_>],
         state: &ClusterState,
         placer: &dyn Placer,
         ctx: &mut Context,

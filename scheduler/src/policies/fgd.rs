@@ -90,7 +90,7 @@ impl Fgd {
         let total = workload.len() as f64;
         let mut shapes: Vec<(u64, TaskShape, GpuModelSet)> =
             counts.into_iter().map(|(s, (c, m))| (c, s, m)).collect();
-        shapes.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        shapes.sort_by_key(|&(count, shape, _)| std::cmp::Reverse((count, shape)));
         let mut kept = Vec::new();
         let mut cumulative = 0u64;
         for (count, shape, models) in shapes {

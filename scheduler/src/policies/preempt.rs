@@ -2,7 +2,7 @@
 //! (its rank's first component), choosing the smallest victim set it can find.
 
 use crate::domain::{ClusterState, Job, Placement};
-use crate::framework::{Context, Placer, Preemptor, Rank, Running};
+use crate::framework::{Candidate, Context, Placer, Preemptor, Rank, Running};
 
 /// Evicts lower-class, preemptible jobs that have run at least `min_runtime_s`, cheapest
 /// first: the least important class, then the least work lost (a job that just
@@ -23,18 +23,18 @@ impl Preemptor for PreemptLowerRank {
         &self,
         job: &Job,
         rank: Rank,
-        running: &[Running<'_>],
-        running_ranks: &[Rank],
+        candidates: &[Candidate<'_>],
         state: &ClusterState,
         placer: &dyn Placer,
         ctx: &mut Context,
     ) -> Option<(Vec<usize>, Placement)> {
         let now = ctx.now;
-        let mut candidates: Vec<(Rank, usize)> = running
+        let running: Vec<&Running> = candidates.iter().map(|c| &c.running).collect();
+        let mut eligible: Vec<(Rank, usize)> = running
             .iter()
             .enumerate()
             .filter(|(_, r)| r.job.preemptible && now - r.started_at >= self.min_runtime_s)
-            .map(|(i, _)| (running_ranks[i], i))
+            .map(|(i, _)| (candidates[i].rank, i))
             .filter(|(r, _)| r.0 > rank.0)
             .collect();
         // Idle GPUs are a necessary condition only for whole-GPU gangs; a shared task may
@@ -43,14 +43,14 @@ impl Preemptor for PreemptLowerRank {
             crate::domain::GpuDemand::Whole(_) => job.gpu_count(),
             _ => 0,
         };
-        let reclaimable: u32 = candidates
+        let reclaimable: u32 = eligible
             .iter()
             .map(|&(_, i)| running[i].job.gpu_count())
             .sum();
         if state.idle_gpus() + reclaimable < need {
             return None;
         }
-        candidates.sort_by(|(ra, a), (rb, b)| {
+        eligible.sort_by(|(ra, a), (rb, b)| {
             let (a, b) = (&running[*a], &running[*b]);
             rb.0.cmp(&ra.0)
                 .then(a.lost_work_s.total_cmp(&b.lost_work_s))
@@ -60,7 +60,7 @@ impl Preemptor for PreemptLowerRank {
         let mut scratch = state.clone();
         let mut victims = Vec::new();
         let mut fits = false;
-        for &(_, i) in &candidates {
+        for &(_, i) in &eligible {
             scratch.release(running[i].job, running[i].placement);
             victims.push(i);
             if scratch.idle_gpus() >= need && placer.place(job, &mut scratch, ctx).is_ok() {
