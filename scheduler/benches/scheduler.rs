@@ -19,15 +19,17 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use criterion::measurement::WallTime;
 use criterion::{
-    BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
+    BatchSize, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
+    criterion_main,
 };
 use marshal_scheduler::domain::{
     ClusterSpec, ClusterState, CommPattern, GpuDemand, Job, JobId, LinkSpec, NodeGroupSpec,
     Placement, Topology,
 };
 use marshal_scheduler::framework::{Context, Placer, Policy};
-use marshal_scheduler::policies::{self, POLICY_NAMES};
+use marshal_scheduler::policies::{self, Fgd, POLICY_NAMES};
 use marshal_scheduler::sim::{self, SimConfig, SimResult, percentile};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -96,8 +98,9 @@ impl Experiment {
 /// Configures a group for runs that take a large fraction of a second or more: ten
 /// samples of equal iteration counts (criterion's linear sampling would need 55 runs).
 /// `measurement_time` must exceed ten runs, or criterion warns that it cannot complete
-/// its samples.
-fn long_running(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, measurement_time: Duration) {
+/// its samples; the values given leave about 1.5x headroom over runs on a 2-core
+/// development machine. Criterion then takes at most twice that time.
+fn long_running(group: &mut BenchmarkGroup<'_, WallTime>, measurement_time: Duration) {
     group
         .sample_size(10)
         .sampling_mode(SamplingMode::Flat)
@@ -110,9 +113,18 @@ fn bench_replay_events(c: &mut Criterion) {
     let exp = Experiment::load("philly-week4", "dgx-h100-64");
     // Criterion needs the element count before it measures; the count is deterministic
     // for a seed, so one run up front gives it.
-    let events = exp.replay(&exp.policy(POLICY)).events;
+    let result = exp.replay(&exp.policy(POLICY));
+    let events = result.events;
+    // The event rate depends on how deep the queue gets; say what this run looked like.
+    eprintln!(
+        "sim/replay_events: {} jobs, {events} events, mean queueing {:.0} s, {} GPUs",
+        result.jobs,
+        result.queue_mean_s.unwrap_or(0.0),
+        result.gpus
+    );
     let mut group = c.benchmark_group("sim");
-    group.sample_size(10).throughput(Throughput::Elements(events));
+    group.throughput(Throughput::Elements(events));
+    long_running(&mut group, Duration::from_secs(25));
     group.bench_function("replay_events", |b| {
         b.iter_batched(
             || exp.policy(POLICY),
@@ -208,10 +220,17 @@ fn decision_cluster() -> ClusterSpec {
 }
 
 /// One job of a mixed GPU-sharing/training workload: 40 % GPU shares, 58 % single-node
-/// whole-GPU jobs of 1–8 GPUs, 2 % multi-node gangs of 2–4 full nodes.
+/// whole-GPU jobs of 1–8 GPUs, 2 % multi-node gangs of 2–4 full nodes; 2–16 cores and
+/// 8–64 GiB per worker.
+///
+/// Sizes come from coarse menus (shares in tenths of a GPU, cores and memory in steps of
+/// 2 and 8), as people request them; openb, for one, has 91 distinct task shapes in 8,152
+/// pods. Uniform values over the ranges would make nearly every job a shape of its own,
+/// and `fgd`, whose target workload is the set of shapes covering 95 % of the jobs and
+/// whose cost grows with it, would then score against ~950 shapes instead of tens.
 fn mixed_job(id: u32, rng: &mut ChaCha8Rng) -> Job {
     let (workers, gpu) = match rng.random_range(0..100u32) {
-        0..40 => (1, GpuDemand::Milli(rng.random_range(100..=900))),
+        0..40 => (1, GpuDemand::Milli(100 * rng.random_range(1..=9))),
         40..75 => (1, GpuDemand::Whole(1)),
         75..85 => (1, GpuDemand::Whole(2)),
         85..93 => (1, GpuDemand::Whole(4)),
@@ -221,8 +240,8 @@ fn mixed_job(id: u32, rng: &mut ChaCha8Rng) -> Job {
     let mut job = Job::whole_gpus(JobId(id), workers, 0.0, 3_600.0);
     job.workers = workers;
     job.gpu = gpu;
-    job.cpu_milli = rng.random_range(2_000..=16_000);
-    job.memory_mib = rng.random_range(8 * 1024..=64 * 1024);
+    job.cpu_milli = 2_000 * rng.random_range(1..=8);
+    job.memory_mib = 8 * 1024 * rng.random_range(1..=8);
     job.comm = if job.gpu_count() > 1 {
         CommPattern::DataParallel
     } else {
@@ -254,32 +273,40 @@ impl DecisionSetup {
 /// `best-fit` and allocated, then churns it (random departures, new arrivals) so that
 /// free capacity is scattered over the cluster.
 fn prefill(mut state: ClusterState) -> ClusterState {
-    let placer = policies::build("best-fit", &[]).expect("best-fit exists").placer;
+    let placer = policies::build("best-fit", &[])
+        .expect("best-fit exists")
+        .placer;
     let mut rng = rng(PREFILL_STREAM);
     let target = (state.capacity_milli() as f64 * TARGET_ALLOCATION) as u64;
     let mut running: Vec<(Job, Placement)> = Vec::new();
     // Ids above the pending jobs' so that no two jobs share one.
     let mut next_id = PENDING_JOBS as u32;
-    let mut fill = |state: &mut ClusterState, running: &mut Vec<(Job, Placement)>, rng: &mut ChaCha8Rng| {
-        let mut misses = 0;
-        while state.allocated_milli() < target {
-            let job = mixed_job(next_id, rng);
-            next_id += 1;
-            let mut ctx = Context::new(0.0, rng);
-            match placer.place(&job, state, &mut ctx) {
-                Ok(placement) => {
-                    state.allocate(&job, &placement).expect("a placement the placer returned fits");
-                    running.push((job, placement));
-                }
-                // Near the target, large gangs may not fit; a bounded number of misses
-                // keeps a pathological mix from looping forever.
-                Err(_) => {
-                    misses += 1;
-                    assert!(misses < 10_000, "cannot reach {TARGET_ALLOCATION} allocation");
+    let mut fill =
+        |state: &mut ClusterState, running: &mut Vec<(Job, Placement)>, rng: &mut ChaCha8Rng| {
+            let mut misses = 0;
+            while state.allocated_milli() < target {
+                let job = mixed_job(next_id, rng);
+                next_id += 1;
+                let mut ctx = Context::new(0.0, rng);
+                match placer.place(&job, state, &mut ctx) {
+                    Ok(placement) => {
+                        state
+                            .allocate(&job, &placement)
+                            .expect("a placement the placer returned fits");
+                        running.push((job, placement));
+                    }
+                    // Near the target, large gangs may not fit; a bounded number of misses
+                    // keeps a pathological mix from looping forever.
+                    Err(_) => {
+                        misses += 1;
+                        assert!(
+                            misses < 10_000,
+                            "cannot reach {TARGET_ALLOCATION} allocation"
+                        );
+                    }
                 }
             }
-        }
-    };
+        };
     fill(&mut state, &mut running, &mut rng);
     for _ in 0..running.len() * CHURN_PER_RUNNING_JOB {
         let (job, placement) = running.swap_remove(rng.random_range(0..running.len()));
@@ -356,18 +383,22 @@ fn bench_mode() -> bool {
     has("--bench") && !has("--test") && !has("--list")
 }
 
-/// Decision-latency percentiles of `policies`, each decision timed on its own.
-fn print_latency_table(setup: &DecisionSetup, policies: &[&str]) {
+/// Decision-latency percentiles of the policies called `names`, each decision timed on its own.
+fn print_latency_table(setup: &DecisionSetup, names: &[&str]) {
     eprintln!(
         "\ndecision latency: {} decisions per policy, each timed alone; {}",
         PENDING_JOBS,
         describe(&setup.state)
     );
     eprintln!(
+        "fgd target workload: {} task shapes",
+        Fgd::from_workload(&setup.pending).target_shapes()
+    );
+    eprintln!(
         "{:<16} {:>9} {:>9} {:>9} {:>9} {:>13} {:>7}",
         "policy", "p50 µs", "p99 µs", "max µs", "mean µs", "cold p99 µs", "placed"
     );
-    for &name in policies {
+    for &name in names {
         let policy = policies::build(name, &setup.pending).expect("listed policy builds");
         let mut state = setup.state.clone();
         let mut rng = rng(POLICY_STREAM);
@@ -385,15 +416,15 @@ fn print_latency_table(setup: &DecisionSetup, policies: &[&str]) {
             "{name}: place() changed the state"
         );
         let mean = warm.iter().sum::<f64>() / warm.len() as f64;
-        let q = |values: &mut [f64], q: f64| percentile(values, q).expect("non-empty");
+        let pct = |values: &mut [f64], q: f64| percentile(values, q).expect("non-empty");
         eprintln!(
             "{:<16} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>13.1} {:>7}",
             name,
-            q(&mut warm, 0.50),
-            q(&mut warm, 0.99),
-            q(&mut warm, 1.0),
+            pct(&mut warm, 0.50),
+            pct(&mut warm, 0.99),
+            pct(&mut warm, 1.0),
             mean,
-            q(&mut cold, 0.99),
+            pct(&mut cold, 0.99),
             placed,
         );
     }

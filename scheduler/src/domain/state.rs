@@ -360,6 +360,16 @@ impl ClusterState {
         }
     }
 
+    /// Applies one worker of `job` (a tentative step of building a gang); undo it with
+    /// [`ClusterState::release_worker`].
+    pub fn reserve_worker(
+        &mut self,
+        job: &Job,
+        worker: &WorkerPlacement,
+    ) -> Result<(), DomainError> {
+        self.apply_worker(job, worker)
+    }
+
     fn apply_worker(&mut self, job: &Job, worker: &WorkerPlacement) -> Result<(), DomainError> {
         let fail = |why: String| {
             Err(DomainError::Allocation(format!(
@@ -419,7 +429,8 @@ impl ClusterState {
         Ok(())
     }
 
-    fn release_worker(&mut self, job: &Job, worker: &WorkerPlacement) {
+    /// Returns one worker's resources, reserved with [`ClusterState::reserve_worker`].
+    pub fn release_worker(&mut self, job: &Job, worker: &WorkerPlacement) {
         let n = worker.node.0 as usize;
         self.node_cpu_free[n] += job.cpu_milli;
         self.node_mem_free[n] += job.memory_mib;

@@ -69,47 +69,54 @@ impl<S: NodeScorer> Placer for ScoredPlacer<S> {
         state: &mut ClusterState,
         ctx: &mut Context,
     ) -> Result<Placement, Status> {
-        let mut placement = Placement::default();
-        let single = Job {
-            workers: 1,
-            ..job.clone()
-        };
-        let mut outcome = Ok(());
-        for _ in 0..job.workers {
-            let Some(node) = self.best_node(job, state, ctx) else {
-                outcome = Err(Status::Unschedulable(format!(
+        place_workers_tentatively(job, state, |state, placed| {
+            let node = self.best_node(job, state, ctx).ok_or_else(|| {
+                Status::Unschedulable(format!(
                     "no node fits worker {} of {}",
-                    placement.workers.len() + 1,
+                    placed + 1,
                     job.workers
-                )));
-                break;
-            };
-            let Some(gpus) = self.scorer.pick_gpus(job, node, state, ctx) else {
-                outcome = Err(Status::Unschedulable(format!(
-                    "node {} has no GPU that fits",
-                    node.0
-                )));
-                break;
-            };
-            let worker = Placement {
-                workers: vec![WorkerPlacement { node, gpus }],
-            };
-            if let Err(e) = state.allocate(&single, &worker) {
-                outcome = Err(Status::Error(e));
+                ))
+            })?;
+            let gpus = self
+                .scorer
+                .pick_gpus(job, node, state, ctx)
+                .ok_or_else(|| {
+                    Status::Unschedulable(format!("node {} has no GPU that fits", node.0))
+                })?;
+            Ok(WorkerPlacement { node, gpus })
+        })
+    }
+}
+
+/// Builds a gang worker by worker: `next_worker` chooses worker `k` (given how many are
+/// placed) on the state with the earlier workers applied. Every tentative worker is
+/// released before returning, whatever the outcome, so the caller reserves the gang
+/// atomically afterwards.
+pub fn place_workers_tentatively(
+    job: &Job,
+    state: &mut ClusterState,
+    mut next_worker: impl FnMut(&ClusterState, usize) -> Result<WorkerPlacement, Status>,
+) -> Result<Placement, Status> {
+    let mut placement = Placement::default();
+    let mut outcome = Ok(());
+    while placement.workers.len() < job.workers as usize {
+        let worker = match next_worker(state, placement.workers.len()) {
+            Ok(w) => w,
+            Err(e) => {
+                outcome = Err(e);
                 break;
             }
-            placement.workers.extend(worker.workers);
+        };
+        if let Err(e) = state.reserve_worker(job, &worker) {
+            outcome = Err(Status::Error(e));
+            break;
         }
-        for w in placement.workers.iter().rev() {
-            state.release(
-                &single,
-                &Placement {
-                    workers: vec![w.clone()],
-                },
-            );
-        }
-        outcome.map(|()| placement)
+        placement.workers.push(worker);
     }
+    for w in placement.workers.iter().rev() {
+        state.release_worker(job, w);
+    }
+    outcome.map(|()| placement)
 }
 
 /// For a share: the GPU with the least free capacity that still fits (best fit), lowest

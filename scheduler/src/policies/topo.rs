@@ -5,7 +5,9 @@
 use crate::domain::{
     ClusterState, GpuDemand, GpuId, GpuShare, Job, NodeId, Placement, TopoLevel, WorkerPlacement,
 };
-use crate::framework::{Context, Placer, ScoredPlacer, Status, TieBreak};
+use crate::framework::{
+    Context, Placer, ScoredPlacer, Status, TieBreak, place_workers_tentatively,
+};
 use crate::policies::scorers::BestFit;
 
 /// Domains tried per level before moving to a looser level; bounds decision time on
@@ -100,15 +102,9 @@ fn fill_domain(
     let GpuDemand::Whole(per_worker) = job.gpu else {
         return None;
     };
-    let single = Job {
-        workers: 1,
-        ..job.clone()
-    };
-    let mut placement = Placement::default();
-    let mut ok = true;
-    while placement.workers.len() < job.workers as usize {
-        let remaining_gpus =
-            (job.workers as usize - placement.workers.len()) as u32 * per_worker as u32;
+    place_workers_tentatively(job, state, |state, placed| {
+        let no_room = || Status::Unschedulable("domain is full".into());
+        let remaining_gpus = (job.workers as usize - placed) as u32 * per_worker as u32;
         let candidates = nodes
             .clone()
             .map(NodeId)
@@ -117,33 +113,13 @@ fn fill_domain(
             .clone()
             .filter(|&n| state.node_idle_gpus(n) as u32 >= remaining_gpus)
             .min_by_key(|&n| (state.node_idle_gpus(n), n));
-        let Some(node) = tight.or_else(|| {
-            candidates.max_by_key(|&n| (state.node_idle_gpus(n), std::cmp::Reverse(n)))
-        }) else {
-            ok = false;
-            break;
-        };
-        let worker = Placement {
-            workers: vec![WorkerPlacement {
-                node,
-                gpus: pick_island_gpus(state, node, per_worker)?,
-            }],
-        };
-        if state.allocate(&single, &worker).is_err() {
-            ok = false;
-            break;
-        }
-        placement.workers.extend(worker.workers);
-    }
-    for w in placement.workers.iter().rev() {
-        state.release(
-            &single,
-            &Placement {
-                workers: vec![w.clone()],
-            },
-        );
-    }
-    ok.then_some(placement)
+        let node = tight
+            .or_else(|| candidates.max_by_key(|&n| (state.node_idle_gpus(n), std::cmp::Reverse(n))))
+            .ok_or_else(no_room)?;
+        let gpus = pick_island_gpus(state, node, per_worker).ok_or_else(no_room)?;
+        Ok(WorkerPlacement { node, gpus })
+    })
+    .ok()
 }
 
 /// `count` idle GPUs on `node`, inside one NVLink island when one has room (the island
