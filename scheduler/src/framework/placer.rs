@@ -29,15 +29,11 @@ impl<S: NodeScorer> ScoredPlacer<S> {
     fn best_node(&self, job: &Job, state: &ClusterState, ctx: &mut Context) -> Option<NodeId> {
         let mut best: Option<(f64, NodeId)> = None;
         let mut ties = 0u32;
-        let natural: Vec<NodeId>;
-        let order = match ctx.node_order {
-            Some(order) => order,
-            None => {
-                natural = state.topology().node_ids().collect();
-                &natural
-            }
+        let listed: &mut dyn Iterator<Item = NodeId> = match ctx.node_order {
+            Some(order) => &mut order.iter().copied(),
+            None => &mut state.topology().node_ids(),
         };
-        for &node in order {
+        for node in listed {
             if !state.worker_fits(job, node) {
                 continue;
             }
