@@ -86,6 +86,24 @@ impl Placement {
     }
 }
 
+/// A process-unique id for a state object. Cloning yields a new id: a clone can diverge
+/// from its original, so caches keyed on one must not serve the other.
+#[derive(Debug)]
+struct StateInstance(u64);
+
+impl StateInstance {
+    fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        StateInstance(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Clone for StateInstance {
+    fn clone(&self) -> Self {
+        StateInstance::fresh()
+    }
+}
+
 /// Number of distinct [`worker_kind`]s.
 pub const WORKER_KINDS: usize = 11;
 
@@ -113,6 +131,9 @@ pub struct ClusterState {
     node_idle_gpus: Vec<u16>,
     node_free_milli: Vec<u32>,
     node_up: Vec<bool>,
+    /// Bumped on every change to a node, so scorers can cache per node state.
+    node_version: Vec<u32>,
+    instance: StateInstance,
     node_worker_kinds: Vec<[u16; WORKER_KINDS]>,
     rack_idle_gpus: Vec<u32>,
     spine_idle_gpus: Vec<u32>,
@@ -166,6 +187,8 @@ impl ClusterState {
                 .collect(),
             node_idle_gpus,
             node_up: vec![true; topo.nodes().len()],
+            node_version: vec![0; topo.nodes().len()],
+            instance: StateInstance::fresh(),
             node_worker_kinds: vec![[0; WORKER_KINDS]; topo.nodes().len()],
             rack_idle_gpus,
             spine_idle_gpus,
@@ -218,6 +241,17 @@ impl ClusterState {
     /// How many GPU workers of each [`worker_kind`] run on `node`.
     pub fn node_worker_kinds(&self, node: NodeId) -> &[u16; WORKER_KINDS] {
         &self.node_worker_kinds[node.0 as usize]
+    }
+
+    /// Changes whenever anything on `node` changes. Together with [`ClusterState::instance`]
+    /// it identifies a node's state, so per-node caches stay valid until it moves.
+    pub fn node_version(&self, node: NodeId) -> u32 {
+        self.node_version[node.0 as usize]
+    }
+
+    /// Identifies this state object; a clone is a different instance, since it may diverge.
+    pub fn instance(&self) -> u64 {
+        self.instance.0
     }
 
     pub fn node_is_up(&self, node: NodeId) -> bool {
@@ -420,6 +454,7 @@ impl ClusterState {
         }
         self.node_cpu_free[n] -= job.cpu_milli;
         self.node_mem_free[n] -= job.memory_mib;
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
         if let Some(kind) = worker_kind(job.gpu) {
             self.node_worker_kinds[n][kind] += 1;
         }
@@ -434,6 +469,7 @@ impl ClusterState {
         let n = worker.node.0 as usize;
         self.node_cpu_free[n] += job.cpu_milli;
         self.node_mem_free[n] += job.memory_mib;
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
         if let Some(kind) = worker_kind(job.gpu) {
             self.node_worker_kinds[n][kind] -= 1;
         }
@@ -502,6 +538,7 @@ impl ClusterState {
             return;
         }
         let idle = self.node_idle_gpus[n] as i32;
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
         if up {
             self.node_up[n] = true;
             self.adjust_domains(node, idle);
@@ -652,6 +689,21 @@ mod tests {
             "MIG GPU takes no milli shares"
         );
         s.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn node_versions_move_with_every_change_and_clones_are_new_instances() {
+        let mut s = cluster();
+        let job = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        let p = Placement {
+            workers: vec![worker(1, &[4], job.gpu)],
+        };
+        let before = (s.node_version(NodeId(1)), s.node_version(NodeId(0)));
+        s.allocate(&job, &p).unwrap();
+        assert_ne!(s.node_version(NodeId(1)), before.0);
+        assert_eq!(s.node_version(NodeId(0)), before.1);
+        let clone = s.clone();
+        assert_ne!(clone.instance(), s.instance());
     }
 
     #[test]

@@ -69,10 +69,23 @@ struct MemoKey {
     task: TaskShape,
 }
 
+/// Scores already computed: per node while it does not change (the common case: a
+/// cycle places few jobs but scores every node for each), and per node signature across
+/// nodes.
+#[derive(Debug, Default)]
+struct Memo {
+    by_signature: FxHashMap<MemoKey, i64>,
+    instance: u64,
+    by_node: Vec<NodeScores>,
+}
+
+/// Scores of task shapes on one node at one version of its state.
+type NodeScores = (Option<u32>, Vec<(TaskShape, i64)>);
+
 #[derive(Debug)]
 pub struct Fgd {
     typical: Vec<TypicalTask>,
-    memo: Mutex<FxHashMap<MemoKey, i64>>,
+    memo: Mutex<Memo>,
 }
 
 impl Fgd {
@@ -111,7 +124,7 @@ impl Fgd {
             .collect();
         Fgd {
             typical,
-            memo: Mutex::new(FxHashMap::default()),
+            memo: Mutex::new(Memo::default()),
         }
     }
 
@@ -211,6 +224,44 @@ impl Fgd {
         self.delta_score(before, self.fragmentation(model, cpu_after, &after))
     }
 
+    fn score_by_signature(
+        &self,
+        job: &Job,
+        task: TaskShape,
+        node: NodeId,
+        state: &ClusterState,
+        memo: &mut FxHashMap<MemoKey, i64>,
+    ) -> i64 {
+        let topo_node = state.topology().node(node);
+        let model = topo_node.model;
+        let cpu_left = state.node_cpu_free(node);
+        let gpus = topo_node.gpu_count() as usize;
+        if gpus > MEMO_GPUS {
+            return self.score_state(job, model, cpu_left, &Self::node_lefts(state, node));
+        }
+        let mut lefts = [0u16; MEMO_GPUS];
+        for (slot, g) in lefts.iter_mut().zip(topo_node.gpu_ids()) {
+            *slot = state.free_milli(g);
+        }
+        lefts[..gpus].sort_unstable();
+        let key = MemoKey {
+            model: model.map_or(u8::MAX, |m| m.0),
+            gpus: gpus as u8,
+            cpu_left,
+            lefts,
+            task,
+        };
+        if let Some(&s) = memo.get(&key) {
+            return s;
+        }
+        let s = self.score_state(job, model, cpu_left, &lefts[..gpus]);
+        if memo.len() >= MEMO_CAPACITY {
+            memo.clear();
+        }
+        memo.insert(key, s);
+        s
+    }
+
     fn node_lefts(state: &ClusterState, node: NodeId) -> Vec<u16> {
         state
             .topology()
@@ -223,34 +274,29 @@ impl Fgd {
 
 impl NodeScorer for Fgd {
     fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
-        let topo_node = state.topology().node(node);
-        let model = topo_node.model;
-        let cpu_left = state.node_cpu_free(node);
-        let gpus = topo_node.gpu_count() as usize;
-        if gpus > MEMO_GPUS {
-            return self.score_state(job, model, cpu_left, &Self::node_lefts(state, node)) as f64;
-        }
-        let mut lefts = [0u16; MEMO_GPUS];
-        for (slot, g) in lefts.iter_mut().zip(topo_node.gpu_ids()) {
-            *slot = state.free_milli(g);
-        }
-        lefts[..gpus].sort_unstable();
-        let key = MemoKey {
-            model: model.map_or(u8::MAX, |m| m.0),
-            gpus: gpus as u8,
-            cpu_left,
-            lefts,
-            task: TaskShape::of(job),
-        };
+        let task = TaskShape::of(job);
         let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&s) = memo.get(&key) {
+        let Memo {
+            by_signature,
+            instance,
+            by_node,
+        } = &mut *memo;
+        let nodes = state.topology().nodes().len();
+        if *instance != state.instance() || by_node.len() != nodes {
+            *instance = state.instance();
+            by_node.clear();
+            by_node.resize(nodes, (None, Vec::new()));
+        }
+        let (version, scores) = &mut by_node[node.0 as usize];
+        if *version != Some(state.node_version(node)) {
+            *version = Some(state.node_version(node));
+            scores.clear();
+        }
+        if let Some(&(_, s)) = scores.iter().find(|(t, _)| *t == task) {
             return s as f64;
         }
-        let s = self.score_state(job, model, cpu_left, &lefts[..gpus]);
-        if memo.len() >= MEMO_CAPACITY {
-            memo.clear();
-        }
-        memo.insert(key, s);
+        let s = self.score_by_signature(job, task, node, state, by_signature);
+        scores.push((task, s));
         s as f64
     }
 
