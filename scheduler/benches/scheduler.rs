@@ -13,7 +13,10 @@
 //!   10,000-GPU cluster that is about 60 % allocated, for a stream of 1,000 pending jobs.
 //!   After the criterion group, a p50/p99 table of the same decisions, timed one by one,
 //!   is printed to stderr: the target is p99 < 100 µs for the heuristics, and criterion
-//!   reports means, not tails.
+//!   reports means, not tails. Its "cold p99" column is the first (warm-up) pass.
+//!
+//! A full run takes about five minutes on two cores; `cargo bench -p marshal-scheduler
+//! -- decision/` runs the decision benchmarks alone.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -325,14 +328,14 @@ fn describe(state: &ClusterState) -> String {
     let topo = state.topology();
     let (mut idle, mut full) = (0, 0);
     for node in topo.node_ids() {
-        match state.node_idle_gpus(node) {
-            8 => idle += 1,
-            _ if state.node_free_milli(node) == 0 => full += 1,
-            _ => {}
+        if state.node_idle_gpus(node) == topo.node(node).gpu_count() {
+            idle += 1;
+        } else if state.node_free_milli(node) == 0 {
+            full += 1;
         }
     }
     format!(
-        "{} GPUs, {:.1} % allocated; nodes: {idle} idle, {full} full, {} partly used",
+        "{} GPUs, {:.1} % allocated; nodes: {idle} idle, {full} with no free GPU, {} partly used",
         topo.gpu_count(),
         state.allocated_milli() as f64 / state.capacity_milli() as f64 * 100.0,
         topo.nodes().len() - idle - full,

@@ -162,28 +162,114 @@ impl NodeScorer for GpuPacking {
         if milli == 0 {
             return 0.0;
         }
-        let gpus: Vec<u32> = state
-            .topology()
-            .node(node)
-            .gpu_ids()
-            .map(|g| state.free_milli(g) as u32)
-            .collect();
-        let free = gpus.iter().filter(|&&l| l == 1000).count() as i64;
-        if free == gpus.len() as i64 {
+        // Nodes hold at most 64 GPUs (validated in the spec): a stack buffer avoids
+        // allocating per scored node.
+        let mut buffer = [0u16; 64];
+        let mut n = 0;
+        for g in state.topology().node(node).gpu_ids() {
+            buffer[n] = state.free_milli(g);
+            n += 1;
+        }
+        let lefts = &mut buffer[..n];
+        let free = lefts.iter().filter(|&&l| l == 1000).count() as i64;
+        if free == n as i64 {
             return (33 - free).max(free) as f64;
         }
-        let mut sorted = gpus.clone();
-        sorted.sort_unstable();
-        let picked: Vec<u32> = sorted
-            .into_iter()
+        lefts.sort_unstable();
+        let picked = lefts
+            .iter()
+            .map(|&l| l as u32)
             .filter(|&l| l >= milli)
-            .take(count as usize)
-            .collect();
-        let fully_free = picked.iter().filter(|&&l| l == 1000).count() as i64;
+            .take(count as usize);
+        let fully_free = picked.clone().filter(|&l| l == 1000).count() as i64;
         if fully_free > 0 {
             return (50 - fully_free).max(33) as f64;
         }
-        let s: i64 = picked.iter().map(|&l| (l * 100 / 1000) as i64).sum();
+        let s: i64 = picked.map(|l| (l * 100 / 1000) as i64).sum();
         (100 - s / 10).max(50) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::domain::{ClusterSpec, GpuId, JobId, Placement, Topology, WorkerPlacement};
+
+    /// Two 8-GPU nodes of 128 cores, the openb maxima, so scores match the original's.
+    fn state() -> ClusterState {
+        let spec = ClusterSpec::from_toml(
+            "name='s'\n[[nodes]]\ncount=2\ngpu_model='V100M32'\ngpus=8\ncpu_milli=128000\nmemory_mib=1048576\n",
+        )
+        .unwrap();
+        ClusterState::new(Arc::new(Topology::build(&spec).unwrap()))
+    }
+
+    fn task(cpu: u32, gpu: GpuDemand) -> Job {
+        let mut j = Job::whole_gpus(JobId(0), 1, 0.0, 1.0);
+        j.cpu_milli = cpu;
+        j.gpu = gpu;
+        j
+    }
+
+    fn put(state: &mut ClusterState, job: &Job, gpu: u32) {
+        let p = Placement {
+            workers: vec![WorkerPlacement {
+                node: state.topology().gpu(GpuId(gpu)).node,
+                gpus: vec![GpuShare::for_demand(GpuId(gpu), job.gpu)],
+            }],
+        };
+        state.allocate(job, &p).unwrap();
+    }
+
+    fn score(scorer: &dyn NodeScorer, job: &Job, node: u32, state: &ClusterState) -> f64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        scorer.score(job, NodeId(node), state, &mut Context::new(0.0, &mut rng))
+    }
+
+    #[test]
+    fn gpu_packing_prefers_used_gpus_then_used_nodes_then_idle_nodes() {
+        let mut s = state();
+        put(&mut s, &task(0, GpuDemand::Milli(500)), 0);
+        let share = task(1000, GpuDemand::Milli(300));
+        // Node 0: a half-used GPU takes the share: 100 - (500·100/1000)/10 = 95.
+        assert_eq!(score(&GpuPacking, &share, 0, &s), 95.0);
+        // Node 1 is idle: max(33 - 8, 8) = 25.
+        assert_eq!(score(&GpuPacking, &share, 1, &s), 25.0);
+        // A whole GPU on a used node: max(50 - 1, 33) = 49.
+        assert_eq!(
+            score(&GpuPacking, &task(1000, GpuDemand::Whole(1)), 0, &s),
+            49.0
+        );
+        assert_eq!(score(&GpuPacking, &task(1000, GpuDemand::None), 0, &s), 0.0);
+    }
+
+    #[test]
+    fn best_fit_and_dot_product_prefer_the_fuller_node() {
+        let mut s = state();
+        put(&mut s, &task(64_000, GpuDemand::Whole(1)), 0);
+        let job = task(16_000, GpuDemand::Whole(1));
+        // Node 0 after placement: 48 of 128 cores and 6 of 8 GPUs left.
+        let expected =
+            ((1.0 - (0.5 * 48_000.0 / 128_000.0 + 0.5 * 6_000.0 / 8_000.0)) * 100.0f64).trunc();
+        assert_eq!(score(&BestFit, &job, 0, &s), expected);
+        assert!(score(&BestFit, &job, 0, &s) > score(&BestFit, &job, 1, &s));
+        assert!(score(&DotProduct, &job, 0, &s) > score(&DotProduct, &job, 1, &s));
+    }
+
+    #[test]
+    fn gpu_clustering_groups_workers_of_a_kind() {
+        let mut s = state();
+        put(&mut s, &task(1000, GpuDemand::Milli(500)), 0);
+        let share = task(1000, GpuDemand::Milli(200));
+        let whole = task(1000, GpuDemand::Whole(1));
+        // x = 25·(8000 - 7500)/8000 = 1; same kind alone on the node: +75.
+        assert_eq!(score(&GpuClustering, &share, 0, &s), 76.0);
+        // Another kind there: x + 0; an empty node: 0 + 25.
+        assert_eq!(score(&GpuClustering, &whole, 0, &s), 1.0);
+        assert_eq!(score(&GpuClustering, &whole, 1, &s), 25.0);
     }
 }
