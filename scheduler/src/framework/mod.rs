@@ -74,6 +74,21 @@ pub trait QueueOrder: Send + Sync + std::fmt::Debug {
 pub trait NodeScorer: Send + Sync + std::fmt::Debug {
     fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64;
 
+    /// Scores every node of `nodes` (all feasible), appending to `scores` in order.
+    /// Scorers with per-decision setup (a lock, a lookup) override this to pay it once.
+    fn score_nodes(
+        &self,
+        job: &Job,
+        nodes: &[NodeId],
+        state: &ClusterState,
+        ctx: &mut Context,
+        scores: &mut Vec<f64>,
+    ) {
+        for &node in nodes {
+            scores.push(self.score(job, node, state, ctx));
+        }
+    }
+
     /// The GPUs on `node` that the worker takes. The default takes, for a share, the
     /// fullest GPU it fits on, and for whole GPUs the lowest-indexed idle ones.
     fn pick_gpus(

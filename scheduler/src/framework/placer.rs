@@ -27,17 +27,24 @@ impl<S: NodeScorer> ScoredPlacer<S> {
     }
 
     fn best_node(&self, job: &Job, state: &ClusterState, ctx: &mut Context) -> Option<NodeId> {
+        let feasible: Vec<NodeId> = match ctx.node_order {
+            Some(order) => order
+                .iter()
+                .copied()
+                .filter(|&n| state.worker_fits(job, n))
+                .collect(),
+            None => state
+                .topology()
+                .node_ids()
+                .filter(|&n| state.worker_fits(job, n))
+                .collect(),
+        };
+        let mut scores = Vec::with_capacity(feasible.len());
+        self.scorer
+            .score_nodes(job, &feasible, state, ctx, &mut scores);
         let mut best: Option<(f64, NodeId)> = None;
         let mut ties = 0u32;
-        let listed: &mut dyn Iterator<Item = NodeId> = match ctx.node_order {
-            Some(order) => &mut order.iter().copied(),
-            None => &mut state.topology().node_ids(),
-        };
-        for node in listed {
-            if !state.worker_fits(job, node) {
-                continue;
-            }
-            let score = self.scorer.score(job, node, state, ctx);
+        for (&node, &score) in feasible.iter().zip(&scores) {
             match best {
                 Some((b, _)) if score < b => {}
                 Some((b, _)) if score == b => {

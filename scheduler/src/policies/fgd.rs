@@ -69,18 +69,21 @@ struct MemoKey {
     task: TaskShape,
 }
 
-/// Scores already computed: per node while it does not change (the common case: a
-/// cycle places few jobs but scores every node for each), and per node signature across
-/// nodes.
+/// Scores already computed: per (task shape, node) while the node does not change (the
+/// common case: a cycle places few jobs but scores every node for each), and per node
+/// signature across nodes.
 #[derive(Debug, Default)]
 struct Memo {
     by_signature: FxHashMap<MemoKey, i64>,
+    /// The state instance `by_shape` describes.
     instance: u64,
-    by_node: Vec<NodeScores>,
+    shape_ids: FxHashMap<TaskShape, usize>,
+    /// Per shape, per node: (node version + 1, score); 0 marks "not computed".
+    by_shape: Vec<Vec<(u64, i64)>>,
 }
 
-/// Scores of task shapes on one node at one version of its state.
-type NodeScores = (Option<u32>, Vec<(TaskShape, i64)>);
+/// Shapes tracked per node before the per-node memo starts over.
+const MEMO_SHAPES: usize = 4096;
 
 #[derive(Debug)]
 pub struct Fgd {
@@ -273,31 +276,50 @@ impl Fgd {
 }
 
 impl NodeScorer for Fgd {
-    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64 {
+        let mut scores = Vec::with_capacity(1);
+        self.score_nodes(job, &[node], state, ctx, &mut scores);
+        scores[0]
+    }
+
+    fn score_nodes(
+        &self,
+        job: &Job,
+        nodes: &[NodeId],
+        state: &ClusterState,
+        _: &mut Context,
+        scores: &mut Vec<f64>,
+    ) {
         let task = TaskShape::of(job);
         let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
         let Memo {
             by_signature,
             instance,
-            by_node,
+            shape_ids,
+            by_shape,
         } = &mut *memo;
-        let nodes = state.topology().nodes().len();
-        if *instance != state.instance() || by_node.len() != nodes {
+        if *instance != state.instance() || shape_ids.len() >= MEMO_SHAPES {
             *instance = state.instance();
-            by_node.clear();
-            by_node.resize(nodes, (None, Vec::new()));
+            shape_ids.clear();
+            by_shape.clear();
         }
-        let (version, scores) = &mut by_node[node.0 as usize];
-        if *version != Some(state.node_version(node)) {
-            *version = Some(state.node_version(node));
-            scores.clear();
+        let next_id = shape_ids.len();
+        let shape = *shape_ids.entry(task).or_insert(next_id);
+        if shape == by_shape.len() {
+            by_shape.push(vec![(0, 0); state.topology().nodes().len()]);
         }
-        if let Some(&(_, s)) = scores.iter().find(|(t, _)| *t == task) {
-            return s as f64;
+        let per_node = &mut by_shape[shape];
+        for &node in nodes {
+            let tag = state.node_version(node) as u64 + 1;
+            let slot = &mut per_node[node.0 as usize];
+            if slot.0 != tag {
+                *slot = (
+                    tag,
+                    self.score_by_signature(job, task, node, state, by_signature),
+                );
+            }
+            scores.push(slot.1 as f64);
         }
-        let s = self.score_by_signature(job, task, node, state, by_signature);
-        scores.push((task, s));
-        s as f64
     }
 
     /// A shared task takes the GPU whose use raises fragmentation least, lowest index on
