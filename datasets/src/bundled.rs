@@ -8,8 +8,15 @@ pub(crate) struct Bundled {
     pub text: &'static str,
 }
 
+/// A bundled binary file (an archive kept as published).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct BundledBytes {
+    pub name: &'static str,
+    pub bytes: &'static [u8],
+}
+
 macro_rules! bundle {
-    ($file:literal) => {
+    ($file:expr) => {
         Bundled {
             name: $file,
             text: include_str!(concat!("../data/", $file)),
@@ -24,3 +31,48 @@ pub(crate) const OPENB_PODS_MULTIGPU20: Bundled = bundle!("openb_pod_list_multig
 pub(crate) const PHILLY_JOBS: Bundled = bundle!("philly.csv");
 pub(crate) const PHILLY_MACHINES: Bundled = bundle!("cluster_machine_list");
 pub(crate) const PHILLY_REVISED_MACHINES: Bundled = bundle!("revised_machine_list.csv");
+
+macro_rules! pollux_set {
+    ($dir:literal) => {
+        [
+            bundle!(concat!("pollux/", $dir, "/workload-1.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-2.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-3.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-4.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-5.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-6.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-7.csv")),
+            bundle!(concat!("pollux/", $dir, "/workload-8.csv")),
+        ]
+    };
+}
+
+/// Pollux's workloads (`simulator/workloads*/workload-<k>.csv`), by folder, k = 1..=8.
+pub(crate) const POLLUX_WORKLOADS: [(&str, [Bundled; 8]); 5] = [
+    ("workloads", pollux_set!("workloads")),
+    ("workloads-0.5", pollux_set!("workloads-0.5")),
+    ("workloads-1.5", pollux_set!("workloads-1.5")),
+    ("workloads-2.0", pollux_set!("workloads-2.0")),
+    ("workloads-realistic", pollux_set!("workloads-realistic")),
+];
+
+/// ElasticFlow's processed ITP traces small enough to bundle (the testbed's 195 jobs and
+/// the clusters under 0.5 MB); the others are read from the traces directory.
+pub(crate) const ITP_PROCESSED: [Bundled; 7] = [
+    bundle!("elasticflow-traces/195job.csv"),
+    bundle!("elasticflow-traces/cluster01.csv"),
+    bundle!("elasticflow-traces/cluster02.csv"),
+    bundle!("elasticflow-traces/cluster03.csv"),
+    bundle!("elasticflow-traces/cluster05.csv"),
+    bundle!("elasticflow-traces/cluster06.csv"),
+    bundle!("elasticflow-traces/cluster10.csv"),
+];
+
+pub(crate) const GAVEL_PHILLY_DISTRIBUTION: Bundled = bundle!("philly_job_distribution.csv");
+pub(crate) const CHRONUS_MODEL_INFO: Bundled = bundle!("model_info.json");
+pub(crate) const ACME_CLUSTER_SUMMARY: Bundled = bundle!("cluster_summary.csv");
+pub(crate) const HELIOS_CLUSTER_SUMMARY: Bundled = bundle!("helios_cluster_summary.csv");
+pub(crate) const PAI_MACHINE_SPEC_TGZ: BundledBytes = BundledBytes {
+    name: "pai_machine_spec.tar.gz",
+    bytes: include_bytes!("../data/pai_machine_spec.tar.gz"),
+};

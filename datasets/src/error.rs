@@ -38,16 +38,26 @@ pub enum DatasetError {
         .known.join(", ")
     )]
     UnknownTrace { name: String, known: Vec<String> },
+    /// An unknown name for a non-job dataset (`kind`: an occupancy series, PAI batch
+    /// times, …).
+    #[error("unknown {kind} {name:?}; known: {}; or a path to a file", .known.join(", "))]
+    UnknownName {
+        kind: &'static str,
+        name: String,
+        known: Vec<String>,
+    },
     #[error(
         "unknown cluster {name:?}; known presets: {}; or a path to a .toml cluster spec or \
          an openb-style node-list .csv",
         .known.join(", ")
     )]
     UnknownCluster { name: String, known: Vec<String> },
-    /// An openb variant that is not bundled and was not found in the traces directory.
+    /// A trace that is not bundled and was not found in the traces directory. `file` is
+    /// its path relative to that directory.
     #[error(
         "trace {name:?} is not bundled and {file} was not found in {}; set \
-         MARSHAL_TRACES_DIR to the directory holding alibaba-openb-v2023/",
+         MARSHAL_TRACES_DIR to the directory holding the trace folders \
+         (alibaba-openb-v2023/, sia-workloads/, …)",
         display_paths(.searched)
     )]
     TraceNotFound {

@@ -3,20 +3,42 @@
 //!
 //! # What is here
 //!
+//! Job traces (each row a [`Job`]; all return the jobs and a [`ParseReport`]):
 //! - Alibaba openb (v2023, the FGD paper): node lists → [`parse_openb_nodes`], pod lists
 //!   (11- and 5-column) → [`parse_openb_pods`].
 //! - Microsoft Philly (2017, Pollux's copy): jobs → [`parse_philly`], 7-day windows →
 //!   [`philly_window`], machines → [`philly_cluster`].
-//! - Named clusters ([`cluster_preset`], [`CLUSTER_PRESETS`]) and name-or-path resolution
-//!   for a CLI ([`load_cluster`], [`load_trace`], [`TRACE_NAMES`]).
+//! - Microsoft ITP (ElasticFlow's release, raw and processed) → [`parse_itp`].
+//! - Pollux's and Sia's workloads → [`parse_pollux`], [`parse_sia`] (no durations: see
+//!   there).
+//! - Chronus' Philly-derived SLO traces → [`parse_chronus`]; its per-model scaling
+//!   efficiencies → [`parse_chronus_model_info`], [`chronus_model_info`].
+//! - Alibaba's disaggregated DLRM serving trace (v2025) → [`parse_dlrm`].
+//!
+//! Tables that are not jobs:
+//! - Gavel's Philly (duration, GPUs) distribution → [`JobShape`]s:
+//!   [`parse_gavel_distribution`], [`gavel_philly_distribution`].
+//! - Occupancy series (Philly nodes, Helios per-VC GPUs) → [`OccupancySeries`]:
+//!   [`parse_occupancy`], [`load_occupancy`].
+//! - Per-cluster statistics of Acme and Helios → [`ClusterSummary`]:
+//!   [`parse_cluster_summary`], [`acme_cluster_summary`], [`helios_cluster_summary`].
+//! - What exists of Alibaba PAI v2020: machines → [`parse_pai_machine_spec`],
+//!   [`pai_machine_spec`]; per-worker mini-batch times → [`parse_pai_batch_times`],
+//!   [`load_pai_batch_times`]. (Its job tables are not obtainable.)
+//!
+//! Named clusters ([`cluster_preset`], [`CLUSTER_PRESETS`]) and name-or-path resolution
+//! for a CLI ([`load_cluster`], [`load_trace`], [`TRACE_NAMES`] bundled,
+//! [`UNBUNDLED_TRACE_NAMES`] read from the traces directory).
 //!
 //! # Design decisions
 //!
 //! - **Bundled, not fetched.** The files the presets and bundled traces need are compiled
-//!   in with `include_str!` (about 4.4 MB; origin and licences in `data/ATTRIBUTION.md`),
-//!   so a binary works anywhere and tests never depend on `../shared` existing. The
-//!   other openb variants are read from the traces directory when asked for by name, with
-//!   an error saying where they were looked for.
+//!   in with `include_str!` (about 6.3 MB; origin and licences in `data/ATTRIBUTION.md`),
+//!   so a binary works anywhere and tests never depend on `../shared` existing. Files
+//!   whose licence does not allow redistribution (Sia's workloads, the DLRM trace: no
+//!   licence) or that are large (Chronus, the big ITP clusters, the occupancy series,
+//!   the other openb variants) are read from the traces directory when asked for by
+//!   name, with an error saying where they were looked for.
 //! - **Skip bad rows, fail bad files.** A row with a malformed field (not a number, NaN,
 //!   negative, out of range, an unknown GPU model, …) is skipped and counted in a
 //!   [`ParseReport`] with its 1-based line, field and reason, so one bad row in 80,000
@@ -27,7 +49,15 @@
 //!   openb pod schemas and the trace formats of a file path are told apart.
 //! - **Mappings are documented where they happen**: on [`parse_openb_pods`] (GPU shares,
 //!   qos → priority/preemption, lifetimes as work), [`parse_philly`] (one worker per GPU,
-//!   times rebased) and [`philly_cluster`] (Hu et al.'s corrected GPU counts).
+//!   times rebased), [`philly_cluster`] (Hu et al.'s corrected GPU counts) and on each
+//!   newer parser. Job traces that publish a GPU count and a duration all map the same
+//!   way: [`Job::whole_gpus`], `total_work` = the duration, jobs sorted by submission
+//!   (stable) and numbered in that order, times rebased to the first submission.
+//!   A model or application name goes into [`Job::name`] as `<model>-<id>`; a user or
+//!   virtual cluster becomes the tenant.
+//! - **Compressed files without a dependency.** Helios' series are `.csv.gz` and PAI's
+//!   machine spec a `.tar.gz`; a small checked gzip/DEFLATE decoder and tar reader
+//!   (`gzip.rs`, CRC-verified, no panics on corrupt input) reads them.
 //! - **Published facts are tests.** Node, GPU, pod and job counts the papers and
 //!   `SOURCE.md` files state are asserted against the bundled files.
 //!
@@ -41,23 +71,54 @@
 //!   for openb and Philly; AWS g4dn figures for `pollux-64`.
 //! - Philly nodes get 32 cores and 256 GiB, which its jobs (0 CPU, 0 memory) never
 //!   constrain.
+//! - DLRM: `cpu_request` is in cores and `memory_request` in GiB (the trace states no
+//!   units); an instance never deleted lives until the latest time in the file.
+//! - Pollux and Sia workloads give no duration: their jobs have `total_work` 0 until the
+//!   enrichment step assigns work from the application's profile.
 
 mod bundled;
+mod chronus;
+mod dlrm;
 mod error;
+mod gavel;
+mod gzip;
+mod itp;
+mod jobs;
 mod links;
+mod occupancy;
 mod openb;
+mod pai;
 mod philly;
+mod pollux;
 mod presets;
 mod report;
 mod resolve;
+mod summary;
 mod table;
 
 #[cfg(doc)]
 use marshal_scheduler::domain::{ClusterSpec, Job};
 
+pub use chronus::{ScalingEfficiency, chronus_model_info, parse_chronus, parse_chronus_model_info};
+pub use dlrm::parse_dlrm;
 pub use error::DatasetError;
+pub use gavel::{JobShape, gavel_philly_distribution, parse_gavel_distribution};
+pub use itp::parse_itp;
+pub use occupancy::{OccupancyPoint, OccupancySeries, OccupancyUnit, parse_occupancy};
 pub use openb::{parse_openb_nodes, parse_openb_pods};
+pub use pai::{
+    BatchTimeSample, PaiMachine, pai_machine_spec, parse_pai_batch_times, parse_pai_machine_spec,
+    parse_pai_machine_spec_archive,
+};
 pub use philly::{parse_philly, philly_cluster, philly_window};
+pub use pollux::{parse_pollux, parse_sia};
 pub use presets::{CLUSTER_PRESETS, cluster_preset};
 pub use report::{MAX_SKIPPED_DETAILS, ParseReport, SkippedRow};
-pub use resolve::{TRACE_NAMES, load_cluster, load_trace};
+pub use resolve::{
+    OCCUPANCY_NAMES, PAI_BATCH_TIME_NAMES, TRACE_NAMES, UNBUNDLED_TRACE_NAMES, load_cluster,
+    load_occupancy, load_pai_batch_times, load_trace,
+};
+pub use summary::{
+    ClusterSummary, SUMMARY_COLUMNS, acme_cluster_summary, helios_cluster_summary,
+    parse_cluster_summary,
+};

@@ -88,7 +88,7 @@ pub fn parse_philly(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), D
 /// Seconds since the Unix epoch of a `YYYY-MM-DD HH:MM:SS` UTC timestamp. The canonical
 /// layout takes a fast path (chrono's format parser dominates the parse otherwise); other
 /// layouts go through chrono, which also words the errors.
-fn parse_timestamp(ts: &str) -> Result<i64, Bad> {
+pub(crate) fn parse_timestamp(ts: &str) -> Result<i64, Bad> {
     let b = ts.as_bytes();
     let num = |range: std::ops::Range<usize>| -> Option<u32> {
         let digits = b.get(range)?;

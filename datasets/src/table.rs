@@ -142,6 +142,26 @@ impl<'a> Table<'a> {
         })
     }
 
+    /// A file without a header line: `header` (comma-separated) names its columns, and
+    /// its first line is data (line 1).
+    pub fn open_headerless(file: &'a str, text: &'a str, header: &str) -> Self {
+        let records = ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .from_reader(text.as_bytes())
+            .into_records();
+        Table {
+            file,
+            header: header.split(',').map(|h| h.trim().to_string()).collect(),
+            records,
+            lines: LineCounter {
+                text: text.as_bytes(),
+                byte: 0,
+                line: 1,
+            },
+        }
+    }
+
     /// The header as read, for messages.
     pub fn header_line(&self) -> String {
         self.header.join(",")

@@ -42,6 +42,11 @@ fn unknown_trace_lists_the_known_names() {
         assert_eq!(got, name);
         assert!(known.iter().any(|k| k == "openb-default"));
         assert!(known.iter().any(|k| k == "philly-week15"));
+        assert!(known.iter().any(|k| k == "pollux-realistic-8"));
+        assert!(
+            known.iter().any(|k| k == "sia-rate50-10"),
+            "unbundled names too"
+        );
         let text = err.to_string();
         assert!(
             text.contains("openb-multigpu20") && text.contains("openb-<variant>"),
@@ -119,6 +124,44 @@ fn trace_files_are_recognised_by_header() {
     let empty = temp_file("empty.csv", "");
     let err = load_trace(empty.arg(), &catalog).unwrap_err();
     assert!(err.to_string().contains("empty.csv") && err.to_string().contains("empty file"));
+}
+
+#[test]
+fn new_trace_formats_are_recognised_by_header() {
+    let catalog = GpuCatalog::default();
+    let cases = [
+        (
+            "itp.csv",
+            "job_id,submission_time,duration,num_gpu\na,10,5,2\nb,x,5,1\n",
+            "submission_time",
+        ),
+        (
+            "pollux.csv",
+            "name,time,application,num_replicas,batch_size\ncifar10-0,1,cifar10,4,128\nncf-1,1,ncf,0,1\n",
+            "num_replicas",
+        ),
+        (
+            "chronus.csv",
+            "job_id,user,num_gpu,submit_time,iterations,model_name,duration,interval,expect_time_list,expect_value_list,best_effort,job_type\n0,vc_a,1,5,1,vgg16,3,1,4,10,0,strict\n1,vc_a,1,5,1,vgg16,3,1,4,10,0,later\n",
+            "job_type",
+        ),
+        (
+            "dlrm.csv",
+            "instance_sn,role,app_name,cpu_request,cpu_limit,gpu_request,gpu_limit,rdma_request,rdma_limit,memory_request,memory_limit,disk_request,disk_limit,max_instance_per_node,creation_time,scheduled_time,deletion_time\ni0,HN,app_0,12,12,1,1,25,25,120.0,120.0,640.0,800.0,8,,,\ni1,HN,app_0,12,12,1,1,25,25,120.0,120.0,640.0,800.0,8,9,8,\n",
+            "scheduled_time",
+        ),
+    ];
+    for (file, text, bad_field) in cases {
+        let tmp = temp_file(file, text);
+        let (jobs, report) = load_trace(tmp.arg(), &catalog).unwrap();
+        assert_eq!(jobs.len(), 1, "{file}");
+        assert_eq!(
+            (report.skipped[0].line, report.skipped[0].field.as_str()),
+            (3, bad_field),
+            "{file}"
+        );
+        assert!(report.source.ends_with(file));
+    }
 }
 
 #[test]
