@@ -264,3 +264,56 @@ fn list_names_policies_traces_and_clusters() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("fgd") && text.contains("philly-week4") && text.contains("openb"));
 }
+
+#[test]
+fn datasets_describe_reports_the_published_facts() {
+    let v = json(&["datasets", "describe", "philly", "--format", "json"]);
+    assert_eq!(v["jobs"], 82_247);
+    assert_eq!(v["gpus_per_job"]["1"], 76_627);
+    assert_eq!(v["gpus_per_job"]["128"], 3);
+    assert_eq!(v["cluster_gpus"], 3_205);
+    let load = v["load_pct"].as_f64().unwrap();
+    assert!((10.0..14.0).contains(&load), "{load}");
+}
+
+#[test]
+fn a_written_sample_replays() {
+    let dir = std::env::temp_dir().join(format!("marshal-sample-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("sample.csv");
+    let philly = fixture("philly-150.csv");
+    let v = json(&[
+        "datasets",
+        "sample",
+        &philly,
+        "--jobs",
+        "40",
+        "--seed",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["jobs"], 40);
+    let cluster = fixture("small-cluster.toml");
+    let run = json(&[
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        out.to_str().unwrap(),
+        "--policy",
+        "fifo",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(run["jobs"], 40);
+    assert_eq!(
+        run["completed"].as_u64().unwrap() + run["rejected"].as_u64().unwrap(),
+        40
+    );
+    let out = marshal(&["datasets", "sample", &philly, "--jobs", "151"]);
+    assert!(!out.status.success(), "more jobs than the trace has");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -38,6 +38,8 @@ pub enum DatasetError {
         .known.join(", ")
     )]
     UnknownTrace { name: String, known: Vec<String> },
+    #[error("job {job}: cannot be written as a trace: {reason}")]
+    Unrepresentable { job: String, reason: String },
     /// An unknown name for a non-job dataset (`kind`: an occupancy series, PAI batch
     /// times, …).
     #[error("unknown {kind} {name:?}; known: {}; or a path to a file", .known.join(", "))]

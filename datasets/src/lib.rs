@@ -95,6 +95,7 @@ mod report;
 mod resolve;
 mod summary;
 mod table;
+mod write;
 
 #[cfg(doc)]
 use marshal_scheduler::domain::{ClusterSpec, Job};
@@ -122,3 +123,4 @@ pub use summary::{
     ClusterSummary, SUMMARY_COLUMNS, acme_cluster_summary, helios_cluster_summary,
     parse_cluster_summary,
 };
+pub use write::{TraceFormat, trace_format_for, write_trace};

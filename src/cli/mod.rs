@@ -1,5 +1,6 @@
 //! Subcommands.
 
+mod datasets;
 mod demo;
 mod output;
 mod sim;
@@ -23,6 +24,8 @@ enum Command {
     Sim(sim::SimArgs),
     /// Run the baselines side by side on the bundled traces and print the comparison.
     Demo(demo::DemoArgs),
+    /// Describe and sample the traces.
+    Datasets(datasets::DatasetsArgs),
     /// List policies, bundled traces and cluster presets.
     List,
 }
@@ -31,6 +34,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Datasets(args) => datasets::run(args),
         Command::List => {
             println!(
                 "policies: {}",

@@ -183,7 +183,7 @@ impl Experiment {
     }
 }
 
-fn default_cluster_for(trace: &str) -> &'static str {
+pub fn default_cluster_for(trace: &str) -> &'static str {
     if trace.starts_with("philly") {
         "philly"
     } else {

@@ -1,0 +1,289 @@
+//! `marshal datasets`: what the traces hold, and samples of them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use marshal_scheduler::domain::{Job, JobId, Topology};
+use marshal_scheduler::sim::percentile;
+use rand::SeedableRng;
+use rand::seq::index::sample;
+use serde::Serialize;
+
+use crate::cli::output::Format;
+use crate::cli::sim::default_cluster_for;
+
+#[derive(Debug, Args)]
+pub struct DatasetsArgs {
+    #[command(subcommand)]
+    command: DatasetsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum DatasetsCommand {
+    /// Trace names: bundled, and read from the traces directory when present.
+    List,
+    /// Jobs, span, GPU-count and duration distributions, and load against a cluster.
+    Describe(DescribeArgs),
+    /// A seeded random sample of a trace's jobs, described and optionally written out.
+    Sample(SampleArgs),
+}
+
+#[derive(Debug, Args)]
+struct DescribeArgs {
+    /// A trace name (see `marshal datasets list`) or a path to a trace file.
+    trace: String,
+    /// Cluster to express the load against (default: the trace's own).
+    #[arg(long)]
+    cluster: Option<String>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+#[derive(Debug, Args)]
+struct SampleArgs {
+    trace: String,
+    /// Number of jobs to draw (without replacement; submission order is kept).
+    #[arg(long)]
+    jobs: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Write the sample as a trace file that `marshal sim --trace` reads.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    #[arg(long)]
+    cluster: Option<String>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
+    match args.command {
+        DatasetsCommand::List => {
+            println!("bundled:   {}", marshal_datasets::TRACE_NAMES.join(", "));
+            println!(
+                "unbundled: {} (read from $MARSHAL_TRACES_DIR or ../shared/traces)",
+                marshal_datasets::UNBUNDLED_TRACE_NAMES.join(", ")
+            );
+            Ok(())
+        }
+        DatasetsCommand::Describe(a) => {
+            let (topo, jobs) = load(&a.trace, a.cluster.as_deref())?;
+            print(&describe(&a.trace, &jobs, &topo), a.format)
+        }
+        DatasetsCommand::Sample(a) => {
+            let (topo, jobs) = load(&a.trace, a.cluster.as_deref())?;
+            let picked = sample_jobs(&jobs, a.jobs, a.seed)?;
+            if let Some(path) = &a.out {
+                let (format, text) = marshal_datasets::write_trace(&picked, &topo.catalog)?;
+                std::fs::write(path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!(
+                    "wrote {} jobs to {} ({format:?} format)",
+                    picked.len(),
+                    path.display()
+                );
+            }
+            let name = format!("{} (sample of {}, seed {})", a.trace, picked.len(), a.seed);
+            print(&describe(&name, &picked, &topo), a.format)
+        }
+    }
+}
+
+fn load(trace: &str, cluster: Option<&str>) -> anyhow::Result<(Arc<Topology>, Vec<Job>)> {
+    let cluster = cluster.unwrap_or_else(|| default_cluster_for(trace));
+    let spec = marshal_datasets::load_cluster(cluster)
+        .with_context(|| format!("loading cluster {cluster}"))?;
+    let topo = Arc::new(Topology::build(&spec)?);
+    let (jobs, report) = marshal_datasets::load_trace(trace, &topo.catalog)
+        .with_context(|| format!("loading trace {trace}"))?;
+    if report.rows_skipped > 0 {
+        eprintln!("{report}");
+    }
+    Ok((topo, jobs))
+}
+
+/// `count` jobs drawn without replacement, in submission order, rebased and renumbered.
+pub fn sample_jobs(jobs: &[Job], count: usize, seed: u64) -> anyhow::Result<Vec<Job>> {
+    anyhow::ensure!(
+        count > 0 && count <= jobs.len(),
+        "--jobs {count}: the trace has {} jobs",
+        jobs.len()
+    );
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut picked: Vec<usize> = sample(&mut rng, jobs.len(), count).into_vec();
+    picked.sort_unstable();
+    let t0 = jobs[picked[0]].submit_time;
+    Ok(picked
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| Job {
+            id: JobId(i as u32),
+            submit_time: jobs[k].submit_time - t0,
+            ..jobs[k].clone()
+        })
+        .collect())
+}
+
+#[derive(Debug, Serialize)]
+pub struct Description {
+    trace: String,
+    jobs: usize,
+    span_s: f64,
+    /// Jobs by GPUs they ask for (a shared GPU counts as 1; CPU-only jobs as 0).
+    gpus_per_job: BTreeMap<u32, usize>,
+    shared_gpu_jobs: usize,
+    cpu_only_jobs: usize,
+    duration_mean_s: Option<f64>,
+    duration_p50_s: Option<f64>,
+    duration_p90_s: Option<f64>,
+    duration_p99_s: Option<f64>,
+    duration_max_s: Option<f64>,
+    gpu_hours: f64,
+    cluster: String,
+    cluster_gpus: u32,
+    /// GPU time the jobs ask for over the cluster's GPU time during the submission span.
+    load_pct: Option<f64>,
+    /// GPUs the jobs ask for at once, as a share of the cluster (the inflation view).
+    requested_pct_of_capacity: f64,
+}
+
+pub fn describe(trace: &str, jobs: &[Job], topo: &Topology) -> Description {
+    let mut gpus_per_job = BTreeMap::new();
+    for job in jobs {
+        *gpus_per_job.entry(job.gpu_count()).or_default() += 1;
+    }
+    let first = jobs
+        .iter()
+        .map(|j| j.submit_time)
+        .fold(f64::INFINITY, f64::min);
+    let last = jobs
+        .iter()
+        .map(|j| j.submit_time)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let span = if jobs.is_empty() { 0.0 } else { last - first };
+    let mut durations: Vec<f64> = jobs
+        .iter()
+        .map(|j| j.total_work)
+        .filter(|&d| d > 0.0)
+        .collect();
+    let gpu_seconds: f64 = jobs
+        .iter()
+        .map(|j| j.gpu_milli() as f64 / 1000.0 * j.total_work)
+        .sum();
+    let requested: f64 = jobs.iter().map(|j| j.gpu_milli() as f64).sum::<f64>() / 1000.0;
+    let cluster_gpus = topo.gpu_count();
+    Description {
+        trace: trace.to_string(),
+        jobs: jobs.len(),
+        span_s: span,
+        gpus_per_job,
+        shared_gpu_jobs: jobs.iter().filter(|j| j.gpu.is_shared()).count(),
+        cpu_only_jobs: jobs.iter().filter(|j| j.gpu_count() == 0).count(),
+        duration_mean_s: (!durations.is_empty())
+            .then(|| durations.iter().sum::<f64>() / durations.len() as f64),
+        duration_p50_s: percentile(&mut durations, 0.5),
+        duration_p90_s: percentile(&mut durations, 0.9),
+        duration_p99_s: percentile(&mut durations, 0.99),
+        duration_max_s: durations.last().copied(),
+        gpu_hours: gpu_seconds / 3600.0,
+        cluster: topo.name.clone(),
+        cluster_gpus,
+        load_pct: (span > 0.0 && gpu_seconds > 0.0)
+            .then(|| gpu_seconds / (cluster_gpus as f64 * span) * 100.0),
+        requested_pct_of_capacity: requested / cluster_gpus.max(1) as f64 * 100.0,
+    }
+}
+
+fn print(d: &Description, format: Format) -> anyhow::Result<()> {
+    if format == Format::Json {
+        println!("{}", serde_json::to_string_pretty(d)?);
+        return Ok(());
+    }
+    let hours = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.2}", s / 3600.0));
+    println!(
+        "{}: {} jobs over {:.1} days",
+        d.trace,
+        d.jobs,
+        d.span_s / 86_400.0
+    );
+    let histogram: Vec<String> = d
+        .gpus_per_job
+        .iter()
+        .map(|(g, n)| {
+            format!(
+                "{g}: {n} ({:.1} %)",
+                *n as f64 / d.jobs.max(1) as f64 * 100.0
+            )
+        })
+        .collect();
+    println!("  GPUs per job   {}", histogram.join(", "));
+    println!(
+        "  shared-GPU jobs {}, CPU-only jobs {}",
+        d.shared_gpu_jobs, d.cpu_only_jobs
+    );
+    println!(
+        "  duration (h)   mean {}, p50 {}, p90 {}, p99 {}, max {}",
+        hours(d.duration_mean_s),
+        hours(d.duration_p50_s),
+        hours(d.duration_p90_s),
+        hours(d.duration_p99_s),
+        hours(d.duration_max_s)
+    );
+    println!("  GPU-hours      {:.0}", d.gpu_hours);
+    match d.load_pct {
+        Some(load) => println!(
+            "  load           {load:.1} % of {}'s {} GPUs over the submission span",
+            d.cluster, d.cluster_gpus
+        ),
+        None => println!("  load           - (no durations, or all jobs arrive at once)"),
+    }
+    println!(
+        "  requested      {:.1} % of {}'s GPUs if all were present at once",
+        d.requested_pct_of_capacity, d.cluster
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use marshal_scheduler::domain::ClusterSpec;
+
+    fn topo() -> Topology {
+        let spec = ClusterSpec::from_toml(
+            "name='c'\n[[nodes]]\ncount=2\ngpu_model='T4'\ngpus=4\ncpu_milli=1\nmemory_mib=1\n",
+        )
+        .unwrap();
+        Topology::build(&spec).unwrap()
+    }
+
+    fn jobs() -> Vec<Job> {
+        (0..10)
+            .map(|i| Job::whole_gpus(JobId(i), 1 + i % 2, i as f64 * 100.0, 3600.0))
+            .collect()
+    }
+
+    #[test]
+    fn describe_counts_shapes_and_computes_load() {
+        let d = describe("t", &jobs(), &topo());
+        assert_eq!(d.jobs, 10);
+        assert_eq!(d.gpus_per_job, BTreeMap::from([(1, 5), (2, 5)]));
+        assert_eq!(d.span_s, 900.0);
+        assert_eq!(d.gpu_hours, 15.0);
+        // 15 GPU-hours over 8 GPUs × 900 s.
+        assert!((d.load_pct.unwrap() - 15.0 * 3600.0 / (8.0 * 900.0) * 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn samples_are_seeded_ordered_and_rebased() {
+        let all = jobs();
+        let a = sample_jobs(&all, 4, 7).unwrap();
+        assert_eq!(a, sample_jobs(&all, 4, 7).unwrap());
+        assert_eq!(a.len(), 4);
+        assert_eq!(a[0].submit_time, 0.0);
+        assert!(a.windows(2).all(|w| w[0].submit_time <= w[1].submit_time));
+        assert!(sample_jobs(&all, 11, 7).is_err());
+    }
+}
