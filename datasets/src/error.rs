@@ -38,6 +38,8 @@ pub enum DatasetError {
         .known.join(", ")
     )]
     UnknownTrace { name: String, known: Vec<String> },
+    #[error("synthetic workload: {reason}")]
+    InvalidSynthetic { reason: String },
     #[error("job {job}: cannot be written as a trace: {reason}")]
     Unrepresentable { job: String, reason: String },
     /// An unknown name for a non-job dataset (`kind`: an occupancy series, PAI batch

@@ -94,6 +94,7 @@ mod presets;
 mod report;
 mod resolve;
 mod summary;
+mod synthetic;
 mod table;
 mod write;
 
@@ -123,4 +124,5 @@ pub use summary::{
     ClusterSummary, SUMMARY_COLUMNS, acme_cluster_summary, helios_cluster_summary,
     parse_cluster_summary,
 };
+pub use synthetic::{Arrivals, SyntheticSpec, synthesize};
 pub use write::{TraceFormat, trace_format_for, write_trace};

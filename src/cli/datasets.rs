@@ -28,6 +28,39 @@ enum DatasetsCommand {
     Describe(DescribeArgs),
     /// A seeded random sample of a trace's jobs, described and optionally written out.
     Sample(SampleArgs),
+    /// A synthetic workload: a trace's job mix arriving at a target load on a cluster.
+    Synth(SynthArgs),
+}
+
+#[derive(Debug, Args)]
+struct SynthArgs {
+    /// Trace whose jobs (shape and duration) are drawn.
+    #[arg(long)]
+    like: String,
+    #[arg(long)]
+    jobs: usize,
+    /// Offered load: GPU time asked for over the cluster's GPU time (e.g. 0.8).
+    #[arg(long)]
+    load: f64,
+    /// Cluster the load is relative to (default: the trace's own).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Bursty arrivals: rate multiplier during bursts (Poisson when absent).
+    #[arg(long)]
+    burst_factor: Option<f64>,
+    /// Mean burst length, hours.
+    #[arg(long, default_value_t = 1.0)]
+    burst_hours: f64,
+    /// Mean calm period between bursts, hours.
+    #[arg(long, default_value_t = 4.0)]
+    calm_hours: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Write the workload as a trace file that `marshal sim --trace` reads.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
 }
 
 #[derive(Debug, Args)]
@@ -75,20 +108,49 @@ pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
         DatasetsCommand::Sample(a) => {
             let (topo, jobs) = load(&a.trace, a.cluster.as_deref())?;
             let picked = sample_jobs(&jobs, a.jobs, a.seed)?;
-            if let Some(path) = &a.out {
-                let (format, text) = marshal_datasets::write_trace(&picked, &topo.catalog)?;
-                std::fs::write(path, text)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                eprintln!(
-                    "wrote {} jobs to {} ({format:?} format)",
-                    picked.len(),
-                    path.display()
-                );
-            }
+            write_out(a.out.as_deref(), &picked, &topo)?;
             let name = format!("{} (sample of {}, seed {})", a.trace, picked.len(), a.seed);
             print(&describe(&name, &picked, &topo), a.format)
         }
+        DatasetsCommand::Synth(a) => {
+            let (topo, template) = load(&a.like, a.cluster.as_deref())?;
+            let arrivals = match a.burst_factor {
+                None => marshal_datasets::Arrivals::Poisson,
+                Some(factor) => marshal_datasets::Arrivals::Bursty {
+                    factor,
+                    mean_burst_s: a.burst_hours * 3600.0,
+                    mean_calm_s: a.calm_hours * 3600.0,
+                },
+            };
+            let spec = marshal_datasets::SyntheticSpec {
+                jobs: a.jobs,
+                load: a.load,
+                cluster_capacity: reference_capacity(&topo),
+                arrivals,
+                seed: a.seed,
+            };
+            let jobs = marshal_datasets::synthesize(&template, &spec)?;
+            write_out(a.out.as_deref(), &jobs, &topo)?;
+            let name = format!(
+                "synthetic like {} (load {}, seed {})",
+                a.like, a.load, a.seed
+            );
+            print(&describe(&name, &jobs, &topo), a.format)
+        }
     }
+}
+
+fn write_out(path: Option<&std::path::Path>, jobs: &[Job], topo: &Topology) -> anyhow::Result<()> {
+    if let Some(path) = path {
+        let (format, text) = marshal_datasets::write_trace(jobs, &topo.catalog)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "wrote {} jobs to {} ({format:?} format)",
+            jobs.len(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 fn load(trace: &str, cluster: Option<&str>) -> anyhow::Result<(Arc<Topology>, Vec<Job>)> {
@@ -143,10 +205,22 @@ pub struct Description {
     gpu_hours: f64,
     cluster: String,
     cluster_gpus: u32,
-    /// GPU time the jobs ask for over the cluster's GPU time during the submission span.
+    /// The cluster's GPUs weighted by throughput class: what trace durations are
+    /// measured against.
+    cluster_reference_gpus: f64,
+    /// GPU time the jobs ask for over the cluster's (reference) GPU time during the
+    /// submission span.
     load_pct: Option<f64>,
     /// GPUs the jobs ask for at once, as a share of the cluster (the inflation view).
     requested_pct_of_capacity: f64,
+}
+
+/// GPUs weighted by their model's throughput class.
+fn reference_capacity(topo: &Topology) -> f64 {
+    topo.gpus()
+        .iter()
+        .map(|g| topo.catalog.get(g.model).throughput)
+        .sum()
 }
 
 pub fn describe(trace: &str, jobs: &[Job], topo: &Topology) -> Description {
@@ -174,6 +248,7 @@ pub fn describe(trace: &str, jobs: &[Job], topo: &Topology) -> Description {
         .sum();
     let requested: f64 = jobs.iter().map(|j| j.gpu_milli() as f64).sum::<f64>() / 1000.0;
     let cluster_gpus = topo.gpu_count();
+    let capacity = reference_capacity(topo);
     Description {
         trace: trace.to_string(),
         jobs: jobs.len(),
@@ -190,8 +265,9 @@ pub fn describe(trace: &str, jobs: &[Job], topo: &Topology) -> Description {
         gpu_hours: gpu_seconds / 3600.0,
         cluster: topo.name.clone(),
         cluster_gpus,
-        load_pct: (span > 0.0 && gpu_seconds > 0.0)
-            .then(|| gpu_seconds / (cluster_gpus as f64 * span) * 100.0),
+        cluster_reference_gpus: capacity,
+        load_pct: (span > 0.0 && gpu_seconds > 0.0 && capacity > 0.0)
+            .then(|| gpu_seconds / (capacity * span) * 100.0),
         requested_pct_of_capacity: requested / cluster_gpus.max(1) as f64 * 100.0,
     }
 }
@@ -234,8 +310,8 @@ fn print(d: &Description, format: Format) -> anyhow::Result<()> {
     println!("  GPU-hours      {:.0}", d.gpu_hours);
     match d.load_pct {
         Some(load) => println!(
-            "  load           {load:.1} % of {}'s {} GPUs over the submission span",
-            d.cluster, d.cluster_gpus
+            "  load           {load:.1} % of {}'s {} GPUs ({:.0} reference GPUs) over the submission span",
+            d.cluster, d.cluster_gpus, d.cluster_reference_gpus
         ),
         None => println!("  load           - (no durations, or all jobs arrive at once)"),
     }
@@ -272,8 +348,9 @@ mod tests {
         assert_eq!(d.gpus_per_job, BTreeMap::from([(1, 5), (2, 5)]));
         assert_eq!(d.span_s, 900.0);
         assert_eq!(d.gpu_hours, 15.0);
-        // 15 GPU-hours over 8 GPUs × 900 s.
-        assert!((d.load_pct.unwrap() - 15.0 * 3600.0 / (8.0 * 900.0) * 100.0).abs() < 1e-9);
+        // 15 GPU-hours over 8 T4s (3.6 reference GPUs at class 0.45) × 900 s.
+        assert!((d.cluster_reference_gpus - 3.6).abs() < 1e-9);
+        assert!((d.load_pct.unwrap() - 15.0 * 3600.0 / (3.6 * 900.0) * 100.0).abs() < 1e-9);
     }
 
     #[test]
