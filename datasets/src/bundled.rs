@@ -76,3 +76,26 @@ pub(crate) const PAI_MACHINE_SPEC_TGZ: BundledBytes = BundledBytes {
     name: "pai_machine_spec.tar.gz",
     bytes: include_bytes!("../data/pai_machine_spec.tar.gz"),
 };
+
+/// Gavel's `scheduler/simulation_throughputs.json` (MIT), as published.
+pub(crate) const GAVEL_SIMULATION_THROUGHPUTS: Bundled = Bundled {
+    name: "simulation_throughputs.json",
+    text: include_str!("../data/gavel/simulation_throughputs.json"),
+};
+
+/// Pollux's per-model placement profiles on AWS g4dn.12xlarge (4× T4 per node):
+/// `<model>/placements.csv` (the adaptdl `osdi21-artifact` copy, Apache-2.0), by model.
+pub(crate) const POLLUX_PLACEMENT_PROFILES: [(&str, Bundled); 6] = [
+    ("bert", bundle!("pollux/profiles/bert/placements.csv")),
+    ("cifar10", bundle!("pollux/profiles/cifar10/placements.csv")),
+    (
+        "deepspeech2",
+        bundle!("pollux/profiles/deepspeech2/placements.csv"),
+    ),
+    (
+        "imagenet",
+        bundle!("pollux/profiles/imagenet/placements.csv"),
+    ),
+    ("ncf", bundle!("pollux/profiles/ncf/placements.csv")),
+    ("yolov3", bundle!("pollux/profiles/yolov3/placements.csv")),
+];

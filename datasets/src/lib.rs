@@ -26,6 +26,18 @@
 //!   [`pai_machine_spec`]; per-worker mini-batch times → [`parse_pai_batch_times`],
 //!   [`load_pai_batch_times`]. (Its job tables are not obtainable.)
 //!
+//! Throughput and profile tables (what the simulator's speed model is calibrated from):
+//! - Gavel's throughputs per GPU type × job type × GPU count, alone and co-located →
+//!   [`GavelThroughputs`]: [`parse_gavel_throughputs`], [`gavel_throughputs`] (bundled),
+//!   [`load_gavel_throughputs`].
+//! - Pollux's and Sia's step and sync times by model, GPU type, placement and batch size
+//!   → [`PlacementProfiles`]: [`parse_step_profiles`], [`pollux_placement_profiles`]
+//!   (bundled, T4), [`load_sia_placement_profiles`].
+//! - Lucid's single-job and co-location profiles → [`LucidProfiles`]:
+//!   [`parse_lucid_single`], [`parse_lucid_colocation`], [`load_lucid_profiles`].
+//! - Alibaba GenAI per-pod GPU duty cycle and memory series → [`GenAiSeries`]:
+//!   [`parse_genai_series`], [`parse_genai_archive`], [`load_genai_series`].
+//!
 //! Named clusters ([`cluster_preset`], [`CLUSTER_PRESETS`]) and name-or-path resolution
 //! for a CLI ([`load_cluster`], [`load_trace`], [`TRACE_NAMES`] bundled,
 //! [`UNBUNDLED_TRACE_NAMES`] read from the traces directory).
@@ -33,7 +45,7 @@
 //! # Design decisions
 //!
 //! - **Bundled, not fetched.** The files the presets and bundled traces need are compiled
-//!   in with `include_str!` (about 6.3 MB; origin and licences in `data/ATTRIBUTION.md`),
+//!   in with `include_str!` (about 7.9 MB; origin and licences in `data/ATTRIBUTION.md`),
 //!   so a binary works anywhere and tests never depend on `../shared` existing. Files
 //!   whose licence does not allow redistribution (Sia's workloads, the DLRM trace: no
 //!   licence) or that are large (Chronus, the big ITP clusters, the occupancy series,
@@ -81,14 +93,18 @@ mod chronus;
 mod dlrm;
 mod error;
 mod gavel;
+mod gavel_throughputs;
+mod genai;
 mod gzip;
 mod itp;
 mod jobs;
 mod links;
+mod lucid;
 mod occupancy;
 mod openb;
 mod pai;
 mod philly;
+mod placement_profiles;
 mod pollux;
 mod presets;
 mod report;
@@ -105,7 +121,19 @@ pub use chronus::{ScalingEfficiency, chronus_model_info, parse_chronus, parse_ch
 pub use dlrm::parse_dlrm;
 pub use error::DatasetError;
 pub use gavel::{JobShape, gavel_philly_distribution, parse_gavel_distribution};
+pub use gavel_throughputs::{
+    GAVEL_THROUGHPUT_NAMES, GavelThroughputs, gavel_throughputs, load_gavel_throughputs,
+    parse_gavel_throughputs,
+};
+pub use genai::{
+    GenAiMetric, GenAiSeries, PodSeries, PodSummary, load_genai_series, parse_genai_archive,
+    parse_genai_series,
+};
 pub use itp::parse_itp;
+pub use lucid::{
+    LucidJob, LucidPair, LucidProfiles, LucidSingle, load_lucid_profiles, parse_lucid_colocation,
+    parse_lucid_single,
+};
 pub use occupancy::{OccupancyPoint, OccupancySeries, OccupancyUnit, parse_occupancy};
 pub use openb::{parse_openb_nodes, parse_openb_pods};
 pub use pai::{
@@ -113,6 +141,10 @@ pub use pai::{
     parse_pai_machine_spec_archive,
 };
 pub use philly::{parse_philly, philly_cluster, philly_window};
+pub use placement_profiles::{
+    PlacementProfiles, SIA_GPU_TYPES, SIA_MODELS, StepTimeProfile, load_sia_placement_profiles,
+    parse_step_profiles, pollux_placement_profiles,
+};
 pub use pollux::{parse_pollux, parse_sia};
 pub use presets::{CLUSTER_PRESETS, cluster_preset};
 pub use report::{MAX_SKIPPED_DETAILS, ParseReport, SkippedRow};

@@ -479,7 +479,7 @@ pub fn load_pai_batch_times(
     parse_pai_batch_times(&path.display().to_string(), &text)
 }
 
-fn unknown_name(kind: &'static str, name: &str, known: &[&str]) -> DatasetError {
+pub(crate) fn unknown_name(kind: &'static str, name: &str, known: &[&str]) -> DatasetError {
     DatasetError::UnknownName {
         kind,
         name: name.to_string(),
@@ -495,13 +495,13 @@ fn is_variant_name(variant: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-fn looks_like_path(arg: &str) -> bool {
+pub(crate) fn looks_like_path(arg: &str) -> bool {
     arg.contains(['/', '\\'])
         || arg.to_ascii_lowercase().ends_with(".csv")
         || Path::new(arg).exists()
 }
 
-fn read(path: &Path) -> Result<String, DatasetError> {
+pub(crate) fn read(path: &Path) -> Result<String, DatasetError> {
     std::fs::read_to_string(path).map_err(|source| DatasetError::Io {
         path: path.to_path_buf(),
         source,
@@ -523,7 +523,7 @@ fn read_maybe_gzip(path: &Path) -> Result<String, DatasetError> {
 }
 
 /// Where unbundled traces are looked for, in order.
-fn trace_dirs() -> Vec<PathBuf> {
+pub(crate) fn trace_dirs() -> Vec<PathBuf> {
     if let Some(dir) = std::env::var_os("MARSHAL_TRACES_DIR").filter(|d| !d.is_empty()) {
         return vec![PathBuf::from(dir)];
     }
@@ -534,7 +534,11 @@ fn trace_dirs() -> Vec<PathBuf> {
 }
 
 /// The first of `<dir>/<rel>` that is a file, or [`DatasetError::TraceNotFound`].
-fn find_in_trace_dirs(name: &str, rel: &str, dirs: &[PathBuf]) -> Result<PathBuf, DatasetError> {
+pub(crate) fn find_in_trace_dirs(
+    name: &str,
+    rel: &str,
+    dirs: &[PathBuf],
+) -> Result<PathBuf, DatasetError> {
     dirs.iter()
         .map(|dir| dir.join(rel))
         .find(|candidate| candidate.is_file())
