@@ -89,6 +89,7 @@
 //!   enrichment step assigns work from the application's profile.
 
 mod bundled;
+mod calibrate;
 mod chronus;
 mod dlrm;
 mod error;
@@ -117,6 +118,9 @@ mod write;
 #[cfg(doc)]
 use marshal_scheduler::domain::{ClusterSpec, Job};
 
+pub use calibrate::{
+    CommFit, CommFitPoint, fit_data_parallel_share, gavel_gpu_classes, predicted_ratio,
+};
 pub use chronus::{ScalingEfficiency, chronus_model_info, parse_chronus, parse_chronus_model_info};
 pub use dlrm::parse_dlrm;
 pub use error::DatasetError;

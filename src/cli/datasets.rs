@@ -30,6 +30,8 @@ enum DatasetsCommand {
     Sample(SampleArgs),
     /// A synthetic workload: a trace's job mix arriving at a target load on a cluster.
     Synth(SynthArgs),
+    /// Fit the speed model's calibrated constants to the bundled profiles.
+    Calibrate,
 }
 
 #[derive(Debug, Args)]
@@ -112,6 +114,7 @@ pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
             let name = format!("{} (sample of {}, seed {})", a.trace, picked.len(), a.seed);
             print(&describe(&name, &picked, &topo), a.format)
         }
+        DatasetsCommand::Calibrate => calibrate(),
         DatasetsCommand::Synth(a) => {
             let (topo, template) = load(&a.like, a.cluster.as_deref())?;
             let arrivals = match a.burst_factor {
@@ -138,6 +141,38 @@ pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
             print(&describe(&name, &jobs, &topo), a.format)
         }
     }
+}
+
+fn calibrate() -> anyhow::Result<()> {
+    let defaults = marshal_scheduler::sim::SpeedModel::default();
+    let (profiles, _) = marshal_datasets::pollux_placement_profiles()?;
+    let fit = marshal_datasets::fit_data_parallel_share(&profiles, defaults.reference_gbps)
+        .context("the Pollux profiles hold no packed/spread pair")?;
+    println!(
+        "data-parallel communication share at {} GB/s: {:.4} (median of {} packed/spread \
+         pairs of the Pollux profiles; median error of the ratio it predicts {:.0} %; default {})",
+        fit.reference_gbps,
+        fit.share,
+        fit.points.len(),
+        fit.median_ratio_error * 100.0,
+        defaults.data_parallel_comm
+    );
+    let (gavel, _) = marshal_datasets::gavel_throughputs()?;
+    let catalog = marshal_scheduler::domain::GpuCatalog::default();
+    for (gpu, class, jobs) in marshal_datasets::gavel_gpu_classes(&gavel) {
+        let ours = match gpu.as_str() {
+            "k80" => "K80",
+            "p100" => "P100",
+            _ => "V100M16",
+        };
+        let default = catalog
+            .id(ours)
+            .map_or(f64::NAN, |id| catalog.get(id).throughput);
+        println!(
+            "GPU class {gpu}: {class:.3} of a V100 over {jobs} Gavel job types (catalog {ours}: {default})"
+        );
+    }
+    Ok(())
 }
 
 fn write_out(path: Option<&std::path::Path>, jobs: &[Job], topo: &Topology) -> anyhow::Result<()> {

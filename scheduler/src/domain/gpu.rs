@@ -1,9 +1,11 @@
 //! GPU models, the catalog that names them, and MIG profiles.
 //!
-//! Throughput is a *class* relative to a V100 (= 1.0), used by the speed model until the
-//! datasets issue calibrates per-(model, GPU type) tables from Gavel's measurements. Models
-//! that appear only in anonymised traces (openb's `G2`, `G3`) get the class of the
-//! generation their memory and node shape suggest; each entry says why.
+//! Throughput is a *class* relative to a V100 (= 1.0). K80 and P100 are calibrated: the
+//! geometric mean, over Gavel's 26 job types, of their measured single-GPU throughput
+//! relative to a V100 (`marshal-datasets`' calibration test keeps them in step with the data). The
+//! other classes are estimates from published training benchmarks; models that appear
+//! only in anonymised traces (openb's `G2`, `G3`) get the class of the generation their
+//! memory and node shape suggest.
 
 use serde::{Deserialize, Serialize};
 
@@ -87,8 +89,8 @@ impl Default for GpuCatalog {
             ("7g.80gb", 7, 8),
         ]);
         let models = vec![
-            model("K80", 12.0, 0.25, vec![]),
-            model("P100", 16.0, 0.55, vec![]),
+            model("K80", 12.0, 0.297, vec![]),
+            model("P100", 16.0, 0.943, vec![]),
             model("P40", 24.0, 0.5, vec![]),
             model("T4", 16.0, 0.45, vec![]),
             model("V100M16", 16.0, 1.0, vec![]),

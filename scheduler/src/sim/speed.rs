@@ -2,15 +2,20 @@
 //!
 //! A step is compute plus communication; communication time scales with the inverse
 //! bandwidth of the slowest level the gang spans. With `c` the communication share of a
-//! step on NVLink, the speed at level `l` is `1 / (1 - c + c · bw(nvlink) / bw(l))`,
-//! normalised by the speed at the tightest level that could hold the gang on this
-//! cluster, so a trace job packed as tightly as the hardware allows runs at its recorded
-//! speed. GPU models scale speed by their throughput class (the slowest GPU of the gang
-//! sets the pace), and every extra worker sharing a GPU costs `interference` of its speed.
+//! step over a link of `reference_gbps`, the speed at level `l` is
+//! `1 / (1 - c + c · reference / bw(l))`, normalised by the speed at the tightest level
+//! that could hold the gang on this cluster, so a trace job packed as tightly as the
+//! hardware allows runs at its recorded speed. GPU models scale speed by their throughput
+//! class (the slowest GPU of the gang sets the pace), and every extra worker sharing a GPU
+//! costs `interference` of its speed.
 //!
-//! The communication shares and interference are defaults until the datasets issue
-//! calibrates them from the Sia/Pollux placement profiles and Lucid's co-location
-//! measurements; they are configuration, and tests check the model's shape, not them.
+//! The data-parallel share is calibrated: it is the median, over the Pollux placement
+//! profiles (6 models × batch sizes, T4 on AWS g4dn, 16 GB/s PCIe inside a node and
+//! 6.25 GB/s between nodes), of the share that reproduces each measured spread/packed
+//! step-time ratio; `marshal-datasets`' calibration test fails if this default drifts
+//! from the data. The tensor- and pipeline-parallel shares and the interference are
+//! estimates: no redistributable profile of them is bundled (Sia's pipeline profiles and
+//! Lucid's co-location measurements carry no licence that allows it).
 
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +23,9 @@ use crate::domain::{ClusterState, CommPattern, Job, Placement, TopoLevel, Topolo
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpeedModel {
-    /// Communication share of a data-parallel step over NVLink (gradient all-reduce).
+    /// Bandwidth, GB/s, at which the communication shares below are measured.
+    pub reference_gbps: f64,
+    /// Communication share of a data-parallel step (gradient all-reduce).
     pub data_parallel_comm: f64,
     /// Tensor parallelism all-reduces activations every layer.
     pub tensor_parallel_comm: f64,
@@ -33,9 +40,10 @@ pub struct SpeedModel {
 impl Default for SpeedModel {
     fn default() -> Self {
         SpeedModel {
-            data_parallel_comm: 0.03,
-            tensor_parallel_comm: 0.30,
-            pipeline_parallel_comm: 0.08,
+            reference_gbps: 16.0,
+            data_parallel_comm: 0.345,
+            tensor_parallel_comm: 0.6,
+            pipeline_parallel_comm: 0.2,
             interference: 0.10,
             min_interference_factor: 0.5,
         }
@@ -55,8 +63,7 @@ impl SpeedModel {
     /// Speed of a `comm` job spanning `level`, before normalisation.
     fn level_speed(&self, topo: &Topology, comm: CommPattern, level: TopoLevel) -> f64 {
         let c = self.comm_share(comm);
-        let slowdown = topo.bandwidth(TopoLevel::NvlinkIsland) / topo.bandwidth(level);
-        1.0 / (1.0 - c + c * slowdown)
+        1.0 / (1.0 - c + c * self.reference_gbps / topo.bandwidth(level))
     }
 
     /// Locality factor in (0, 1]: 1 when the gang is as tight as the cluster allows.
