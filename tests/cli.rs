@@ -317,3 +317,15 @@ fn a_written_sample_replays() {
     assert!(!out.status.success(), "more jobs than the trace has");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn calibration_reports_the_fitted_constants() {
+    let out = marshal(&["datasets", "calibrate"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("data-parallel communication share at 16 GB/s: 0.34"),
+        "{text}"
+    );
+    assert!(text.contains("GPU class k80: 0.297"), "{text}");
+}
