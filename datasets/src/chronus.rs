@@ -286,11 +286,7 @@ mod tests {
         let (jobs, report) = parse_chronus("c.csv", &text).unwrap();
         assert_eq!(jobs.len(), 3);
         assert_eq!((report.rows_read, report.rows_skipped), (12, 9));
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -308,11 +308,7 @@ instance_3,HN,app_0,12,12,1,1,25,25,120.0,120.0,640.0,800.0,8,,,2000.0
         let (jobs, report) = parse_dlrm("d.csv", &text).unwrap();
         assert_eq!(jobs.len(), 5);
         assert_eq!((report.rows_read, report.rows_skipped), (16, 11));
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

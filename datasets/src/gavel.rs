@@ -83,11 +83,7 @@ nan,1
             ]
         );
         assert_eq!((report.rows_read, report.rows_skipped), (7, 5));
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

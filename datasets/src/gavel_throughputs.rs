@@ -421,11 +421,7 @@ mod tests {
         assert_eq!(t.scales("v100", "LM (batch size 5)"), vec![1, 4]);
         // 3 + 3 + 3 + 1 + 1 + (1 missing null + 1) + 1 values.
         assert_eq!(report.rows_read, 14);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -207,11 +207,7 @@ nan,271.0,b
         assert_eq!((s.samples, s.start_s, s.end_s), (3, 100.0, 214.0));
         assert!((s.mean - 140.0 / 3.0).abs() < 1e-9);
         assert_eq!((s.p50, s.p95, s.max), (40.0, 100.0, 100.0));
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

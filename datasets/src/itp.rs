@@ -180,11 +180,7 @@ a8,10,1,bert,10,64,1
         let (jobs, report) = parse_itp("p.csv", &text).unwrap();
         assert_eq!(jobs.len(), 2);
         assert_eq!((report.rows_read, report.rows_skipped), (10, 8));
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -279,11 +279,7 @@ DCGAN,LSUN,32,0,1.0,1.0,1.0,5,3
         assert_eq!(singles.len(), 2);
         assert_eq!(singles[0].gmem_mib, 20162.0);
         assert!(singles[1].job.amp);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

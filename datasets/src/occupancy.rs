@@ -200,11 +200,7 @@ mod tests {
                 },
             ]
         );
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![
@@ -235,11 +231,7 @@ mod tests {
         let got: Vec<_> = series.points.iter().map(|p| (p.active, p.total)).collect();
         assert_eq!(got, vec![(59, 64), (60, 64)]);
         assert_eq!(series.points[1].time - series.points[0].time, 180);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(got, vec![(3, "gpu_utilization"), (4, "pending_gpu_num")]);
     }
 

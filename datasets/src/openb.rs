@@ -357,11 +357,7 @@ n6,96000,393216,4,V100M16
         assert_eq!(spec.node_count(), 7);
         assert_eq!(report.rows_read, 12);
         assert_eq!(report.rows_skipped, 5);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![
@@ -458,11 +454,7 @@ p9,1000,1024,1,500,,BE
         assert_eq!(jobs.len(), 4);
         assert_eq!(report.rows_read, 10);
         assert_eq!(report.rows_skipped, 6);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -177,11 +177,7 @@ mod tests {
                 batch_time_norm: 468.5
             }
         );
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![
@@ -217,11 +213,7 @@ m5,V100,96,512,-8
                 gpus: 2
             }
         );
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -297,11 +297,7 @@ mod tests {
         let (jobs, report) = parse_philly("p.csv", &text).unwrap();
         assert_eq!(report.rows_skipped, 6, "{report:?} {jobs:?}");
         assert_eq!(jobs.len(), 3);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

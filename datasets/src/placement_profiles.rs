@@ -363,11 +363,7 @@ mod tests {
             }
         );
         assert!((profiles[2].samples_per_s() - 4.0 * 32.0 / 0.05).abs() < 1e-9);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -136,11 +136,7 @@ a-11,1,a,1.5,8
         let (jobs, report) = parse_pollux("w.csv", &text).unwrap();
         assert_eq!(jobs.len(), 4);
         assert_eq!((report.rows_read, report.rows_skipped), (11, 7));
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

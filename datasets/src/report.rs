@@ -74,6 +74,17 @@ impl ParseReport {
     }
 }
 
+impl ParseReport {
+    /// (line, field) of each detailed skipped row, in order: what a test of a parser
+    /// asserts.
+    pub fn skipped_at(&self) -> Vec<(usize, &str)> {
+        self.skipped
+            .iter()
+            .map(|s| (s.line, s.field.as_str()))
+            .collect()
+    }
+}
+
 impl fmt::Display for ParseReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -145,11 +145,7 @@ Nan,1,NaN,0.5,1,
         assert_eq!(rows[0].get("avg_run_time_cpu"), None);
         assert_eq!(rows[1].get("complete_rate_gpu"), None);
         assert_eq!(rows[0].values.len(), 3, "`extra` is not read");
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
             vec![

@@ -337,11 +337,7 @@ mod tests {
         });
         assert_eq!(seen, vec![(3, 2)]);
         assert_eq!(report.rows_read, 3);
-        let got: Vec<_> = report
-            .skipped
-            .iter()
-            .map(|s| (s.line, s.field.as_str()))
-            .collect();
+        let got: Vec<_> = report.skipped_at();
         assert_eq!(got, vec![(6, "b"), (7, "b")]);
         assert!(report.skipped[0].reason.contains("missing"));
         assert!(report.skipped[1].reason.contains("negative"));
