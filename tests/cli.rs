@@ -329,3 +329,34 @@ fn calibration_reports_the_fitted_constants() {
     );
     assert!(text.contains("GPU class k80: 0.297"), "{text}");
 }
+
+#[test]
+fn a_replay_of_a_trace_without_durations_is_refused() {
+    let out = marshal(&[
+        "sim",
+        "--trace",
+        "pollux-1",
+        "--cluster",
+        "pollux-64",
+        "--policy",
+        "fifo",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job durations"));
+    let out = marshal(&[
+        "sim",
+        "--trace",
+        "pollux-1",
+        "--cluster",
+        "pollux-64",
+        "--policy",
+        "fifo",
+        "--mode",
+        "inflation",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -100,6 +100,14 @@ impl Experiment {
         if jobs.is_empty() {
             bail!("trace {} has no jobs", args.trace);
         }
+        if args.mode == ModeArg::Replay && jobs.iter().all(|j| j.total_work == 0.0) {
+            bail!(
+                "trace {} records no job durations, so a replay would be meaningless \
+                 (the Pollux and Sia workloads need per-application work, which the \
+                 workload enrichment will assign); --mode inflation works without them",
+                args.trace
+            );
+        }
         let mode = match args.mode {
             ModeArg::Replay => Mode::Replay,
             ModeArg::Inflation => Mode::Inflation {
