@@ -28,3 +28,15 @@ pub(crate) fn g4dn() -> LinkSpec {
         spine_gbps: 6.25,
     }
 }
+
+/// Azure ND96asr A100 v4 (ElasticFlow's testbed): 8 A100 on NVSwitch (NVLink 3, 300 GB/s
+/// per direction), PCIe Gen4 x16 (~32 GB/s), one 200 Gb/s HDR InfiniBand HCA per GPU
+/// (25 GB/s) on a non-blocking fabric, so the rack and spine levels cost the same.
+pub(crate) fn nd96asr_a100() -> LinkSpec {
+    LinkSpec {
+        nvlink_gbps: 300.0,
+        pcie_gbps: 32.0,
+        rack_gbps: 25.0,
+        spine_gbps: 25.0,
+    }
+}

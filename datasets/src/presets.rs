@@ -6,7 +6,14 @@ use crate::bundled::{Bundled, OPENB_ALL_NODES, OPENB_GPU_NODES};
 use crate::{DatasetError, links, parse_openb_nodes, philly_cluster};
 
 /// The names [`cluster_preset`] knows.
-pub const CLUSTER_PRESETS: &[&str] = &["openb", "openb-all", "dgx-h100-64", "philly", "pollux-64"];
+pub const CLUSTER_PRESETS: &[&str] = &[
+    "openb",
+    "openb-all",
+    "dgx-h100-64",
+    "philly",
+    "pollux-64",
+    "elasticflow-128",
+];
 
 /// A named cluster:
 /// - `openb`: openb's 1,213 GPU nodes (6,212 GPUs), from `openb_node_list_gpu_node.csv`;
@@ -15,7 +22,10 @@ pub const CLUSTER_PRESETS: &[&str] = &["openb", "openb-all", "dgx-h100-64", "phi
 ///   2 racks of 4 on one spine, with NVLink 4, PCIe Gen5 and 400 Gb/s InfiniBand;
 /// - `philly`: Microsoft Philly's machines ([`philly_cluster`]);
 /// - `pollux-64`: Pollux's testbed, 16 AWS g4dn.12xlarge (4 T4 on PCIe, 48 vCPUs,
-///   192 GiB) in racks of 4, for the Pollux/Sia workloads.
+///   192 GiB) in racks of 4, for the Pollux/Sia workloads;
+/// - `elasticflow-128`: ElasticFlow's testbed (pkusys/ElasticFlow README), 16 nodes of
+///   8 A100 (NVSwitch), 96 cores and 900 GB, one HDR InfiniBand HCA per GPU (Azure
+///   ND96asr A100 v4), in racks of 8, for the ITP traces (`itp-195job` is its testbed trace).
 pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
     match name {
         "openb" => openb(OPENB_GPU_NODES, "openb"),
@@ -23,6 +33,7 @@ pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
         "dgx-h100-64" => Ok(dgx_h100_64()),
         "philly" => philly_cluster(),
         "pollux-64" => Ok(pollux_64()),
+        "elasticflow-128" => Ok(elasticflow_128()),
         _ => Err(DatasetError::UnknownCluster {
             name: name.to_string(),
             known: CLUSTER_PRESETS.iter().map(ToString::to_string).collect(),
@@ -84,6 +95,24 @@ fn pollux_64() -> ClusterSpec {
             nvlink_domain: 0,
             cpu_milli: 48_000,
             memory_mib: 192 * 1024,
+        },
+    )
+}
+
+fn elasticflow_128() -> ClusterSpec {
+    uniform(
+        "elasticflow-128",
+        8,
+        links::nd96asr_a100(),
+        NodeGroupSpec {
+            count: 16,
+            name_prefix: Some("nd96asr".to_string()),
+            names: Vec::new(),
+            gpu_model: Some("A100-40".to_string()),
+            gpus: 8,
+            nvlink_domain: 8,
+            cpu_milli: 96_000,
+            memory_mib: 900 * 1024,
         },
     )
 }

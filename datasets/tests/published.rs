@@ -259,3 +259,12 @@ fn every_preset_builds_a_topology() {
         assert_eq!(topo.gpu_count() as u64, spec.gpu_count(), "{name}");
     }
 }
+
+#[test]
+fn elasticflow_128_is_sixteen_a100_nodes_on_nvswitch() {
+    let topo = Topology::build(&cluster_preset("elasticflow-128").unwrap()).unwrap();
+    assert_eq!(topo.gpu_count(), 128);
+    assert_eq!(topo.nodes().len(), 16);
+    assert_eq!(topo.max_gpus_within(TopoLevel::NvlinkIsland), 8);
+    assert_eq!(topo.racks().len(), 2);
+}
