@@ -360,3 +360,32 @@ fn a_replay_of_a_trace_without_durations_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn trace_gpu_scales_work_to_the_recorded_hardware() {
+    let philly = fixture("philly-150.csv");
+    let cluster = fixture("small-cluster.toml");
+    let base = [
+        "sim",
+        "--cluster",
+        &cluster,
+        "--trace",
+        &philly,
+        "--policy",
+        "topo-pack",
+        "--format",
+        "json",
+    ];
+    let as_is = json(&base);
+    let on_a100 = json(&[&base[..], &["--trace-gpu", "A100-40"]].concat());
+    let (a, b) = (
+        as_is["jct_mean_s"].as_f64().unwrap(),
+        on_a100["jct_mean_s"].as_f64().unwrap(),
+    );
+    assert!(
+        b > 1.5 * a,
+        "recorded on GPUs twice as fast, the jobs take longer here: {a} vs {b}"
+    );
+    let out = marshal(&[&base[..], &["--trace-gpu", "Z9000"]].concat());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Z9000"));
+}

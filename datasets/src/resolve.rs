@@ -619,6 +619,16 @@ fn load_trace_file(
     }
 }
 
+/// The GPU model a bundled trace's durations were measured on, where its source says:
+/// ElasticFlow's testbed trace ran on A100s. Philly's GPUs are the reference class of
+/// their own catalog entries, and the other traces do not say.
+pub fn trace_gpu_model(trace: &str) -> Option<&'static str> {
+    match trace {
+        "itp-195job" => Some("A100-40"),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         max_arrived_pct: 130.0,
         mtbf_hours: None,
         repair_hours: 4.0,
+        trace_gpu: None,
     };
     let experiment = Experiment::load(&inflation)?;
     output::print(

@@ -47,6 +47,12 @@ pub struct SimArgs {
     /// Replay mode: mean time between failures of each node, in hours (off when absent).
     #[arg(long)]
     pub mtbf_hours: Option<f64>,
+    /// GPU model the trace's durations were measured on: each job's work is scaled by
+    /// its throughput class so that it lasts its recorded time on that hardware.
+    /// Defaults to what the trace's source says (A100-40 for `itp-195job`), else the
+    /// reference class (durations taken as they are).
+    #[arg(long)]
+    pub trace_gpu: Option<String>,
     /// Replay mode: mean repair time of a failed node, in hours.
     #[arg(long, default_value_t = 4.0)]
     pub repair_hours: f64,
@@ -99,6 +105,21 @@ impl Experiment {
         }
         if jobs.is_empty() {
             bail!("trace {} has no jobs", args.trace);
+        }
+        let trace_gpu = args
+            .trace_gpu
+            .as_deref()
+            .or_else(|| marshal_datasets::trace_gpu_model(&args.trace));
+        let mut jobs = jobs;
+        if let Some(model) = trace_gpu {
+            let id = topo
+                .catalog
+                .id(model)
+                .with_context(|| format!("--trace-gpu {model}: not a GPU model of the catalog"))?;
+            let class = topo.catalog.get(id).throughput;
+            for job in &mut jobs {
+                job.total_work *= class;
+            }
         }
         if args.mode == ModeArg::Replay && jobs.iter().all(|j| j.total_work == 0.0) {
             bail!(
