@@ -58,9 +58,16 @@ fn unknown_trace_lists_the_known_names() {
 #[test]
 fn unknown_cluster_lists_the_presets() {
     let err = load_cluster("dgx-h100-65").unwrap_err();
-    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 5));
+    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 6));
     let text = err.to_string();
-    for preset in ["openb", "openb-all", "dgx-h100-64", "philly", "pollux-64"] {
+    for preset in [
+        "openb",
+        "openb-all",
+        "dgx-h100-64",
+        "philly",
+        "pollux-64",
+        "elasticflow-128",
+    ] {
         assert!(text.contains(preset), "{text}");
     }
 }
