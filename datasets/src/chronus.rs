@@ -8,7 +8,7 @@ use marshal_scheduler::domain::{Job, JobId};
 use serde::Serialize;
 
 use crate::bundled::CHRONUS_MODEL_INFO;
-use crate::jobs::{Unique, at_least_one_gpu, check_room, rebase_and_number};
+use crate::jobs::{at_least_one_gpu, read_unique_rows, rebase_and_number};
 use crate::table::{Bad, Col, Row, Table, malformed, parse_uint};
 use crate::{DatasetError, ParseReport};
 
@@ -64,16 +64,7 @@ pub fn parse_chronus(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), 
         best_effort: table.column("best_effort", HEADER)?,
         job_type: table.column("job_type", HEADER)?,
     };
-    let mut report = ParseReport::new(name);
-    let mut jobs = Vec::new();
-    let mut ids = Unique::default();
-    table.for_each_row(&mut report, |row| {
-        check_room(jobs.len(), "job_id")?;
-        let job = parse_row(row, &cols)?;
-        ids.insert(row.text(cols.job_id)?, "job_id")?;
-        jobs.push(job);
-        Ok(())
-    });
+    let (jobs, report) = read_unique_rows(name, table, cols.job_id, |row| parse_row(row, &cols));
     let jobs = rebase_and_number(jobs, &report)?;
     Ok((jobs, report))
 }

@@ -4,7 +4,7 @@
 
 use marshal_scheduler::domain::{Checkpointing, CommPattern, GpuDemand, GpuModelSet, Job, JobId};
 
-use crate::jobs::{Unique, check_room, rebase_and_number};
+use crate::jobs::{read_unique_rows, rebase_and_number};
 use crate::table::{Bad, Col, Row, Table};
 use crate::{DatasetError, ParseReport};
 
@@ -76,16 +76,7 @@ pub fn parse_dlrm(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), Dat
         scheduled: col("scheduled_time")?,
         deletion: col("deletion_time")?,
     };
-    let mut report = ParseReport::new(name);
-    let mut instances = Vec::new();
-    let mut ids = Unique::default();
-    table.for_each_row(&mut report, |row| {
-        check_room(instances.len(), "instance_sn")?;
-        let instance = parse_row(row, &cols)?;
-        ids.insert(row.text(cols.sn)?, "instance_sn")?;
-        instances.push(instance);
-        Ok(())
-    });
+    let (instances, report) = read_unique_rows(name, table, cols.sn, |row| parse_row(row, &cols));
     let end = instances.iter().map(|i| i.latest).fold(0.0, f64::max);
     let jobs = instances
         .into_iter()

@@ -4,7 +4,7 @@
 
 use marshal_scheduler::domain::{Job, JobId};
 
-use crate::jobs::{Unique, at_least_one_gpu, check_room, rebase_and_number};
+use crate::jobs::{at_least_one_gpu, read_unique_rows, rebase_and_number};
 use crate::table::{Bad, Col, Row, Table};
 use crate::{DatasetError, ParseReport};
 
@@ -69,16 +69,7 @@ pub fn parse_itp(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), Data
         num_gpu: table.column("num_gpu", expected)?,
         processed,
     };
-    let mut report = ParseReport::new(name);
-    let mut jobs = Vec::new();
-    let mut ids = Unique::default();
-    table.for_each_row(&mut report, |row| {
-        check_room(jobs.len(), "job_id")?;
-        let job = parse_row(row, &cols)?;
-        ids.insert(row.text(cols.job_id)?, "job_id")?;
-        jobs.push(job);
-        Ok(())
-    });
+    let (jobs, report) = read_unique_rows(name, table, cols.job_id, |row| parse_row(row, &cols));
     let jobs = rebase_and_number(jobs, &report)?;
     Ok((jobs, report))
 }

@@ -6,8 +6,29 @@ use std::collections::HashSet;
 
 use marshal_scheduler::domain::{Job, JobId};
 
-use crate::table::Bad;
+use crate::table::{Bad, Col, Row, Table};
 use crate::{DatasetError, ParseReport};
+
+/// Reads every row of `table` through `parse`, skipping (and reporting) a row whose `id`
+/// column repeats an earlier one, or one past the number of rows ids can number.
+pub(crate) fn read_unique_rows<T>(
+    name: &str,
+    table: Table<'_>,
+    id: Col,
+    mut parse: impl FnMut(&Row<'_>) -> Result<T, Bad>,
+) -> (Vec<T>, ParseReport) {
+    let mut report = ParseReport::new(name);
+    let mut rows = Vec::new();
+    let mut ids = Unique::default();
+    table.for_each_row(&mut report, |row| {
+        check_room(rows.len(), id.name)?;
+        let value = parse(row)?;
+        ids.insert(row.text(id)?, id.name)?;
+        rows.push(value);
+        Ok(())
+    });
+    (rows, report)
+}
 
 /// Jobs are numbered with `u32` ids.
 const MAX_JOBS: usize = u32::MAX as usize;

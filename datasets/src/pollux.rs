@@ -4,7 +4,7 @@
 
 use marshal_scheduler::domain::{Job, JobId};
 
-use crate::jobs::{Unique, at_least_one_gpu, check_room, rebase_and_number};
+use crate::jobs::{at_least_one_gpu, read_unique_rows, rebase_and_number};
 use crate::table::{Bad, Col, Row, Table};
 use crate::{DatasetError, ParseReport};
 
@@ -44,16 +44,7 @@ pub fn parse_pollux(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), D
         replicas: table.column("num_replicas", HEADER)?,
         batch_size: table.column("batch_size", HEADER)?,
     };
-    let mut report = ParseReport::new(name);
-    let mut jobs = Vec::new();
-    let mut names = Unique::default();
-    table.for_each_row(&mut report, |row| {
-        check_room(jobs.len(), "name")?;
-        let job = parse_row(row, &cols)?;
-        names.insert(row.text(cols.name)?, "name")?;
-        jobs.push(job);
-        Ok(())
-    });
+    let (jobs, report) = read_unique_rows(name, table, cols.name, |row| parse_row(row, &cols));
     let jobs = rebase_and_number(jobs, &report)?;
     Ok((jobs, report))
 }

@@ -4,21 +4,12 @@
 //! with a message otherwise.
 
 use marshal_datasets::{
-    DatasetError, GenAiMetric, LucidJob, SIA_GPU_TYPES, gavel_throughputs, load_gavel_throughputs,
+    GenAiMetric, LucidJob, SIA_GPU_TYPES, gavel_throughputs, load_gavel_throughputs,
     load_genai_series, load_lucid_profiles, load_sia_placement_profiles, pollux_placement_profiles,
 };
 
-/// `Some` for a loaded table, `None` (with a message) when the traces directory lacks it.
-fn from_traces_dir<T>(name: &str, result: Result<T, DatasetError>) -> Option<T> {
-    match result {
-        Ok(value) => Some(value),
-        Err(DatasetError::TraceNotFound { file, searched, .. }) => {
-            eprintln!("skipped {name}: {file} not found in {searched:?}");
-            None
-        }
-        Err(e) => panic!("{name}: {e}"),
-    }
-}
+mod common;
+use common::from_traces_dir;
 
 const RN18_16: &str = "ResNet-18 (batch size 16)";
 

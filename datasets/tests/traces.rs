@@ -12,17 +12,8 @@ use marshal_datasets::{
 };
 use marshal_scheduler::domain::{GpuCatalog, GpuDemand, Job};
 
-/// `Some` for a loaded file, `None` (with a message) when the traces directory lacks it.
-fn from_traces_dir<T>(name: &str, result: Result<T, DatasetError>) -> Option<T> {
-    match result {
-        Ok(value) => Some(value),
-        Err(DatasetError::TraceNotFound { file, searched, .. }) => {
-            eprintln!("skipped {name}: {file} not found in {searched:?}");
-            None
-        }
-        Err(e) => panic!("{name}: {e}"),
-    }
-}
+mod common;
+use common::from_traces_dir;
 
 fn trace(name: &str) -> Option<(Vec<Job>, ParseReport)> {
     from_traces_dir(name, load_trace(name, &GpuCatalog::default()))
