@@ -331,7 +331,7 @@ fn calibration_reports_the_fitted_constants() {
 }
 
 #[test]
-fn a_replay_of_a_trace_without_durations_is_refused() {
+fn pollux_workloads_replay_only_with_enrichment() {
     let out = marshal(&[
         "sim",
         "--trace",
@@ -340,9 +340,20 @@ fn a_replay_of_a_trace_without_durations_is_refused() {
         "pollux-64",
         "--policy",
         "fifo",
+        "--workloads",
+        "none",
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no job durations"));
+    // Enriched (the default), every job completes with a positive JCT.
+    let out = marshal(&[
+        "sim", "--trace", "pollux-1", "--policy", "tiresias", "--format", "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cluster"], "pollux-64");
+    assert_eq!(v["completed"], 160);
+    assert!(v["jct_mean_s"].as_f64().unwrap() > 600.0);
     let out = marshal(&[
         "sim",
         "--trace",

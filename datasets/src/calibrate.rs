@@ -103,6 +103,86 @@ pub fn fit_data_parallel_share(
     })
 }
 
+impl CommFit {
+    /// The median share of each model's points: a per-model calibration, which the
+    /// workload kinds use (one scalar cannot fit six models).
+    pub fn share_by_model(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut by_model: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+        for p in &self.points {
+            by_model.entry(p.model.clone()).or_default().push(p.share);
+        }
+        by_model
+            .into_iter()
+            .filter_map(|(model, shares)| Some((model, median(shares)?)))
+            .collect()
+    }
+
+    /// Each model's share by per-GPU batch: the mean over the model's packed/spread pairs
+    /// at each batch size, clamped to [0, 0.95] (a spread placement measured faster than
+    /// a packed one is noise, not negative communication).
+    pub fn share_curves(&self) -> std::collections::BTreeMap<String, Vec<(f64, f64)>> {
+        let mut sums: std::collections::BTreeMap<
+            String,
+            std::collections::BTreeMap<u32, (f64, usize)>,
+        > = Default::default();
+        for p in &self.points {
+            let e = sums
+                .entry(p.model.clone())
+                .or_default()
+                .entry(p.local_bsz)
+                .or_insert((0.0, 0));
+            e.0 += p.share;
+            e.1 += 1;
+        }
+        sums.into_iter()
+            .map(|(model, by_bsz)| {
+                let curve = by_bsz
+                    .into_iter()
+                    .map(|(b, (sum, n))| (f64::from(b), (sum / n as f64).clamp(0.0, 0.95)))
+                    .collect();
+                (model, curve)
+            })
+            .collect()
+    }
+
+    /// Median relative error of the ratios predicted with each model's share curve at
+    /// each point's batch size.
+    pub fn curve_ratio_error(&self) -> Option<f64> {
+        let curves = self.share_curves();
+        self.ratio_error(|p| {
+            curves[&p.model]
+                .iter()
+                .find(|(b, _)| *b == f64::from(p.local_bsz))
+                .map_or(0.0, |&(_, c)| c)
+        })
+    }
+
+    /// Median relative error of the ratios predicted with each model's own share.
+    pub fn per_model_ratio_error(&self) -> Option<f64> {
+        let shares = self.share_by_model();
+        self.ratio_error(|p| shares[&p.model])
+    }
+
+    /// Median relative error of the ratios predicted with the share `share_of` gives
+    /// each point.
+    fn ratio_error(&self, share_of: impl Fn(&CommFitPoint) -> f64) -> Option<f64> {
+        let links = g4dn();
+        let (packed, spread) = (
+            bandwidth(&links, TopoLevel::Node),
+            bandwidth(&links, TopoLevel::Rack),
+        );
+        let errors = self
+            .points
+            .iter()
+            .map(|p| {
+                let predicted = predicted_ratio(share_of(p), self.reference_gbps, packed, spread);
+                (predicted - p.ratio).abs() / p.ratio
+            })
+            .collect();
+        median(errors)
+    }
+}
+
 /// Throughput class of each Gavel GPU type relative to `v100`: the geometric mean over
 /// job types measured on both of single-GPU throughput ratios. Zero entries (cannot run)
 /// are left out.
@@ -182,5 +262,37 @@ mod tests {
                 "{ours}: measured {measured:.4}, default {default}"
             );
         }
+    }
+
+    #[test]
+    fn per_model_shares_reproduce_the_profiles_better_than_one_scalar() {
+        let (profiles, _) = pollux_placement_profiles().unwrap();
+        let fit = fit_data_parallel_share(&profiles, SpeedModel::default().reference_gbps).unwrap();
+        let shares = fit.share_by_model();
+        assert_eq!(shares.len(), 6);
+        assert!(
+            shares.values().all(|c| (0.0..1.0).contains(c)),
+            "{shares:?}"
+        );
+        let per_model = fit.per_model_ratio_error().unwrap();
+        eprintln!(
+            "spread/packed ratio error: one share {:.3}, per model {per_model:.3}; {shares:?}",
+            fit.median_ratio_error
+        );
+        assert!(
+            per_model < fit.median_ratio_error,
+            "{per_model} vs {}",
+            fit.median_ratio_error
+        );
+        assert!(per_model < 0.15, "{per_model}");
+        // The share falls with the per-GPU batch; a curve per model follows it.
+        let curve = fit.curve_ratio_error().unwrap();
+        eprintln!("per model and batch size: {curve:.3}");
+        assert!(curve < 0.08, "{curve}");
+        let cifar = &fit.share_curves()["cifar10"];
+        assert!(
+            cifar.first().unwrap().1 > 0.5 && cifar.last().unwrap().1 < 0.05,
+            "{cifar:?}"
+        );
     }
 }

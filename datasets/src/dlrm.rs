@@ -171,6 +171,8 @@ fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Instance, Bad> {
         memory_mib,
         gpu_models: GpuModelSet::ANY,
         comm: CommPattern::None,
+        workload: None,
+        batch_size: None,
         total_work: 0.0,
         checkpoint: Checkpointing::default(),
         preemptible: false,

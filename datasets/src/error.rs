@@ -38,6 +38,9 @@ pub enum DatasetError {
         .known.join(", ")
     )]
     UnknownTrace { name: String, known: Vec<String> },
+    /// Workload enrichment could not assign a kind or work.
+    #[error("workload enrichment: {what}: {reason}")]
+    Enrichment { what: String, reason: String },
     #[error("synthetic workload: {reason}")]
     InvalidSynthetic { reason: String },
     #[error("job {job}: cannot be written as a trace: {reason}")]

@@ -85,8 +85,8 @@
 //!   constrain.
 //! - DLRM: `cpu_request` is in cores and `memory_request` in GiB (the trace states no
 //!   units); an instance never deleted lives until the latest time in the file.
-//! - Pollux and Sia workloads give no duration: their jobs have `total_work` 0 until the
-//!   enrichment step assigns work from the application's profile.
+//! - Pollux and Sia workloads give no duration: their jobs have `total_work` 0 until
+//!   [`WorkloadLibrary::enrich`] assigns work from the application's profiles.
 
 mod bundled;
 mod calibrate;
@@ -107,12 +107,14 @@ mod pai;
 mod philly;
 mod placement_profiles;
 mod pollux;
+mod pollux_apps;
 mod presets;
 mod report;
 mod resolve;
 mod summary;
 mod synthetic;
 mod table;
+mod workloads;
 mod write;
 
 #[cfg(doc)]
@@ -150,6 +152,7 @@ pub use placement_profiles::{
     parse_step_profiles, pollux_placement_profiles,
 };
 pub use pollux::{parse_pollux, parse_sia};
+pub use pollux_apps::{POLLUX_GPUS_PER_NODE, PolluxApps, tight_placement};
 pub use presets::{CLUSTER_PRESETS, cluster_preset};
 pub use report::{MAX_SKIPPED_DETAILS, ParseReport, SkippedRow};
 pub use resolve::{
@@ -161,4 +164,5 @@ pub use summary::{
     parse_cluster_summary,
 };
 pub use synthetic::{Arrivals, SyntheticSpec, synthesize};
+pub use workloads::{EnrichReport, POLLUX_KIND_PREFIX, WorkloadLibrary};
 pub use write::{TraceFormat, trace_format_for, write_trace};

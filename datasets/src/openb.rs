@@ -272,6 +272,8 @@ fn parse_pod(row: &Row<'_>, c: &PodCols, catalog: &GpuCatalog, id: JobId) -> Res
         memory_mib,
         gpu_models: GpuModelSet::ANY,
         comm: CommPattern::None,
+        workload: None,
+        batch_size: None,
         total_work: 0.0,
         checkpoint: Checkpointing::default(),
         preemptible: true,

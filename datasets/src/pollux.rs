@@ -26,8 +26,7 @@ struct Cols {
 /// `num_replicas` GPUs (one replica per GPU); tenant is `default` (no user is
 /// published); name is the file's `name` (`cifar10-0`), prefixed with
 /// `<application>-` when it does not already start with it, so the application is
-/// always the text before the first `-`. `batch_size` has no [`Job`] field and is
-/// validated but not kept.
+/// always the text before the first `-`. `batch_size` is kept in [`Job::batch_size`].
 ///
 /// **`total_work` is 0**: these workloads give no duration; Pollux's simulator runs each
 /// application to a fixed goal through its measured profile. The workload-enrichment
@@ -65,6 +64,7 @@ fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Job, Bad> {
         return Err(Bad::new("batch_size", "a batch size of 0"));
     }
     let mut job = Job::whole_gpus(JobId(0), gpus, submit, 0.0);
+    job.batch_size = Some(batch_size);
     job.name = match name.strip_prefix(application) {
         Some(rest) if rest.starts_with('-') => name.to_string(),
         _ => format!("{application}-{name}"),

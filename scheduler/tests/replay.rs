@@ -23,6 +23,7 @@ fn job(id: u32, gpus: u16, submit: f64, work: f64) -> Job {
         interval_s: 1e9,
         cost_s: 0.0,
         restart_s: 0.0,
+        on_preempt: false,
     };
     j
 }
@@ -51,6 +52,7 @@ fn a_lone_job_runs_for_its_work_plus_restart_and_checkpoint_stalls() {
         interval_s: 1_800.0,
         cost_s: 30.0,
         restart_s: 60.0,
+        on_preempt: false,
     };
     let (r, _) = run("fifo", cluster(1, 8), &[j], SimConfig::replay(1));
     let expected = 60.0 + 3_600.0 * (1_830.0 / 1_800.0);
@@ -116,6 +118,24 @@ fn priority_preempts_lower_priority_after_minimum_runtime_and_loses_uncheckpoint
         600.0,
         "evicts as soon as the protection ends"
     );
+}
+
+#[test]
+fn a_job_that_checkpoints_when_preempted_loses_nothing_but_a_failure_still_costs() {
+    let mut low = job(0, 8, 0.0, 10_000.0);
+    low.checkpoint.interval_s = 500.0;
+    low.checkpoint.on_preempt = true;
+    let mut high = job(1, 8, 1_200.0, 100.0);
+    high.priority = 10;
+    let (r, _) = run(
+        "priority",
+        cluster(1, 8),
+        &[low.clone(), high],
+        SimConfig::replay(1),
+    );
+    assert_eq!(r.preemptions, 1);
+    assert_eq!(r.lost_gpu_s, 0.0);
+    assert_eq!(r.completed, 2);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::cli::output::{self, Format};
-use crate::cli::sim::{Experiment, ModeArg, SimArgs};
+use crate::cli::sim::{Experiment, ModeArg, SimArgs, WorkloadsArg};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -38,6 +38,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         mtbf_hours: None,
         repair_hours: 4.0,
         trace_gpu: None,
+        workloads: WorkloadsArg::Measured,
     };
     let experiment = Experiment::load(&inflation)?;
     output::print(

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
+use marshal_datasets::WorkloadLibrary;
 use marshal_scheduler::domain::{Job, Topology};
 use marshal_scheduler::policies;
-use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult};
+use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult, SpeedModel};
 
 use crate::cli::output::{self, Format};
 
@@ -14,6 +15,17 @@ use crate::cli::output::{self, Format};
 pub enum ModeArg {
     Replay,
     Inflation,
+}
+
+/// How jobs learn what they run (see `marshal_datasets::WorkloadLibrary`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadsArg {
+    /// Pollux jobs get their application; every other GPU job draws one of Gavel's job
+    /// types for its gang size (per seed); work keeps recorded durations on the recorded
+    /// hardware; the speed model uses each kind's measured throughputs.
+    Measured,
+    /// No kinds: one generic data-parallel job per gang, GPU classes only.
+    None,
 }
 
 #[derive(Debug, Args)]
@@ -47,15 +59,18 @@ pub struct SimArgs {
     /// Replay mode: mean time between failures of each node, in hours (off when absent).
     #[arg(long)]
     pub mtbf_hours: Option<f64>,
-    /// GPU model the trace's durations were measured on: each job's work is scaled by
-    /// its throughput class so that it lasts its recorded time on that hardware.
-    /// Defaults to what the trace's source says (A100-40 for `itp-195job`), else the
-    /// reference class (durations taken as they are).
+    /// GPU model the trace's durations were measured on: each job's work is set so that
+    /// it lasts its recorded time on that hardware (with `--workloads measured`, at its
+    /// kind's measured throughput there; else at the model's class). Defaults to what the
+    /// trace's source says (A100-40 for `itp-195job`), else the reference class.
     #[arg(long)]
     pub trace_gpu: Option<String>,
     /// Replay mode: mean repair time of a failed node, in hours.
     #[arg(long, default_value_t = 4.0)]
     pub repair_hours: f64,
+    /// Replay mode: workload enrichment.
+    #[arg(long, value_enum, default_value_t = WorkloadsArg::Measured)]
+    pub workloads: WorkloadsArg,
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
@@ -70,8 +85,16 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
 pub struct Experiment {
     pub trace: String,
     pub topo: Arc<Topology>,
+    /// As parsed (and scaled to the recorded hardware when there is no enrichment).
     pub jobs: Vec<Job>,
     pub config: SimConfig,
+    enrichment: Option<Enrichment>,
+}
+
+#[derive(Debug)]
+struct Enrichment {
+    library: WorkloadLibrary,
+    recorded_on: Option<String>,
 }
 
 impl Experiment {
@@ -111,21 +134,39 @@ impl Experiment {
             .as_deref()
             .or_else(|| marshal_datasets::trace_gpu_model(&args.trace));
         let mut jobs = jobs;
-        if let Some(model) = trace_gpu {
-            let id = topo
-                .catalog
-                .id(model)
-                .with_context(|| format!("--trace-gpu {model}: not a GPU model of the catalog"))?;
-            let class = topo.catalog.get(id).throughput;
-            for job in &mut jobs {
-                job.total_work *= class;
+        let class = trace_gpu
+            .map(|model| {
+                topo.catalog
+                    .id(model)
+                    .map(|id| topo.catalog.get(id).throughput)
+                    .with_context(|| format!("--trace-gpu {model}: not a GPU model of the catalog"))
+            })
+            .transpose()?;
+        let enrich = args.mode == ModeArg::Replay && args.workloads == WorkloadsArg::Measured;
+        let mut speed = SpeedModel::default();
+        let enrichment = if enrich {
+            let library = WorkloadLibrary::bundled(&speed)?;
+            speed.workloads = library.catalog.clone();
+            Some(Enrichment {
+                library,
+                recorded_on: trace_gpu.map(String::from),
+            })
+        } else {
+            if let Some(class) = class {
+                for job in &mut jobs {
+                    job.total_work *= class;
+                }
             }
-        }
-        if args.mode == ModeArg::Replay && jobs.iter().all(|j| j.total_work == 0.0) {
+            None
+        };
+        if args.mode == ModeArg::Replay
+            && enrichment.is_none()
+            && jobs.iter().all(|j| j.total_work == 0.0)
+        {
             bail!(
                 "trace {} records no job durations, so a replay would be meaningless \
-                 (the Pollux and Sia workloads need per-application work, which the \
-                 workload enrichment will assign); --mode inflation works without them",
+                 without --workloads measured (which gives Pollux and Sia jobs their \
+                 application's duration); --mode inflation works without them",
                 args.trace
             );
         }
@@ -142,29 +183,54 @@ impl Experiment {
         let config = SimConfig {
             mode,
             failures,
+            speed,
             ..SimConfig::replay(args.seed)
         };
         config.validate()?;
-        Ok(Experiment {
+        let experiment = Experiment {
             trace: args.trace.clone(),
             topo,
             jobs,
             config,
-        })
+            enrichment,
+        };
+        // Fail now, not in a worker thread, if a job cannot be enriched.
+        experiment.jobs_for(args.seed)?;
+        Ok(experiment)
+    }
+
+    /// The jobs as a run with `seed` sees them: enriched with that seed's draw of kinds.
+    pub fn jobs_for(&self, seed: u64) -> anyhow::Result<std::borrow::Cow<'_, [Job]>> {
+        let Some(e) = &self.enrichment else {
+            return Ok(std::borrow::Cow::Borrowed(&self.jobs));
+        };
+        let mut jobs = self.jobs.clone();
+        e.library
+            .enrich(
+                &mut jobs,
+                seed,
+                &self.topo.catalog,
+                e.recorded_on.as_deref(),
+                &self.config.speed,
+            )
+            .with_context(|| format!("enriching trace {}", self.trace))?;
+        Ok(std::borrow::Cow::Owned(jobs))
     }
 
     pub fn run_one(&self, policy: &str, seed: u64) -> anyhow::Result<SimResult> {
-        let policy = policies::build(policy, &self.jobs)?;
+        let jobs = self.jobs_for(seed)?;
+        let jobs = jobs.as_ref();
+        let policy = policies::build(policy, jobs)?;
         let config = SimConfig {
             seed,
             ..self.config.clone()
         };
         Ok(match config.mode {
             Mode::Replay => {
-                sim::run_replay(&policy, self.topo.clone(), &self.jobs, &self.trace, &config)?.0
+                sim::run_replay(&policy, self.topo.clone(), jobs, &self.trace, &config)?.0
             }
             Mode::Inflation { .. } => {
-                sim::run_inflation(&policy, self.topo.clone(), &self.jobs, &self.trace, &config)?.0
+                sim::run_inflation(&policy, self.topo.clone(), jobs, &self.trace, &config)?.0
             }
         })
     }
@@ -213,7 +279,11 @@ impl Experiment {
 }
 
 pub fn default_cluster_for(trace: &str) -> &'static str {
-    if trace.starts_with("philly") {
+    if trace.starts_with("pollux") || trace.starts_with("sia") {
+        "pollux-64"
+    } else if trace.starts_with("itp-195job") {
+        "elasticflow-128"
+    } else if trace.starts_with("philly") {
         "philly"
     } else {
         "openb"

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{DomainError, GpuModelSet, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES};
+use crate::domain::{DomainError, GpuModelSet, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, WorkloadId};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobId(pub u32);
@@ -66,6 +66,11 @@ pub struct Checkpointing {
     pub cost_s: f64,
     /// Seconds from (re)start until training makes progress (load, warm-up).
     pub restart_s: f64,
+    /// The job writes a checkpoint when preempted (elastic frameworks such as AdaptDL
+    /// do), so a preemption loses nothing; a failure still loses the work since the
+    /// last periodic checkpoint.
+    #[serde(default)]
+    pub on_preempt: bool,
 }
 
 impl Default for Checkpointing {
@@ -76,6 +81,7 @@ impl Default for Checkpointing {
             interval_s: 1800.0,
             cost_s: 30.0,
             restart_s: 60.0,
+            on_preempt: false,
         }
     }
 }
@@ -100,6 +106,13 @@ pub struct Job {
     pub memory_mib: u64,
     pub gpu_models: GpuModelSet,
     pub comm: CommPattern,
+    /// What the job runs, when known: selects measured throughputs, communication and
+    /// co-location behaviour from the speed model's workload catalog.
+    #[serde(default)]
+    pub workload: Option<WorkloadId>,
+    /// Global batch size, when the trace records it.
+    #[serde(default)]
+    pub batch_size: Option<u32>,
     /// Work in seconds at speed 1.0 (reference-class GPUs, ideally placed).
     pub total_work: f64,
     pub checkpoint: Checkpointing,
@@ -188,6 +201,8 @@ impl Job {
             } else {
                 CommPattern::None
             },
+            workload: None,
+            batch_size: None,
             total_work,
             checkpoint: Checkpointing::default(),
             preemptible: true,

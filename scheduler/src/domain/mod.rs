@@ -6,6 +6,7 @@ mod job;
 mod spec;
 mod state;
 mod topology;
+mod workload;
 
 pub use gpu::{
     GpuCatalog, GpuModel, GpuModelId, GpuModelSet, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES,
@@ -15,6 +16,7 @@ pub use job::{Checkpointing, CommPattern, Elastic, GpuDemand, Job, JobId};
 pub use spec::{ClusterSpec, LinkSpec, NodeGroupSpec};
 pub use state::{ClusterState, GpuShare, Placement, WORKER_KINDS, WorkerPlacement, worker_kind};
 pub use topology::{Gpu, GpuId, Node, NodeId, Rack, RackId, Spine, SpineId, TopoLevel, Topology};
+pub use workload::{MemPhase, MemPhaseKind, WorkloadCatalog, WorkloadId, WorkloadKind};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DomainError {

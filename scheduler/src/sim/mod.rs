@@ -21,7 +21,7 @@ mod speed;
 pub use inflation::{ArrivalCurve, inflation_arrivals, run_inflation};
 pub use metrics::percentile;
 pub use replay::{LogEntry, LogKind, run_replay};
-pub use speed::SpeedModel;
+pub use speed::{SpeedModel, work_for_duration};
 
 use std::collections::BTreeMap;
 

@@ -104,6 +104,12 @@ pub struct LogEntry {
     pub what: LogKind,
 }
 
+#[derive(Copy, Clone, Debug)]
+enum Interruption {
+    Preemption,
+    Failure,
+}
+
 #[derive(Debug)]
 struct Replay<'a> {
     policy: &'a Policy,
@@ -318,7 +324,7 @@ impl Replay<'_> {
                     })
                     .collect();
                 for j in hit {
-                    self.interrupt(j);
+                    self.interrupt(j, Interruption::Failure);
                     let placement = self.stop(j);
                     self.state.release(&self.jobs[j as usize], &placement);
                     self.refresh_cotenants(&placement);
@@ -415,7 +421,7 @@ impl Replay<'_> {
             let running_info: Vec<(JobStats, f64)> = self
                 .running
                 .iter()
-                .map(|&j| (self.stats(j), self.lost_if_stopped(j)))
+                .map(|&j| (self.stats(j), self.lost_if_preempted(j)))
                 .collect();
             let (jobs, runs) = (self.jobs, &self.runs);
             let pending: Vec<Pending> = self
@@ -463,7 +469,7 @@ impl Replay<'_> {
         let (preempted, placed, rejected) = decisions;
         for j in preempted {
             // The cycle already returned the victim's resources to the state.
-            self.interrupt(j);
+            self.interrupt(j, Interruption::Preemption);
             let placement = self.stop(j);
             self.refresh_cotenants(&placement);
             self.requeue(j);
@@ -493,6 +499,16 @@ impl Replay<'_> {
         (this_run - saved).max(0.0)
     }
 
+    /// What a preemption of `j` would lose: nothing for a job that checkpoints when told
+    /// to stop, else what a failure would.
+    fn lost_if_preempted(&self, j: u32) -> f64 {
+        if self.jobs[j as usize].checkpoint.on_preempt {
+            0.0
+        } else {
+            self.lost_if_stopped(j)
+        }
+    }
+
     fn integrate(&mut self, j: u32) {
         let gpus = self.jobs[j as usize].gpu_count() as f64;
         let now = self.now;
@@ -505,9 +521,13 @@ impl Replay<'_> {
         run.seg_start = now;
     }
 
-    /// Rolls the current run back to its last checkpoint (preemption or failure).
-    fn interrupt(&mut self, j: u32) {
-        let lost = self.lost_if_stopped(j);
+    /// Rolls the current run back to its last checkpoint (or, for a preemption of a job
+    /// that checkpoints when stopped, keeps it all).
+    fn interrupt(&mut self, j: u32, why: Interruption) {
+        let lost = match why {
+            Interruption::Preemption => self.lost_if_preempted(j),
+            Interruption::Failure => self.lost_if_stopped(j),
+        };
         self.integrate(j);
         let gpus = self.jobs[j as usize].gpu_count() as f64;
         let run = &mut self.runs[j as usize];

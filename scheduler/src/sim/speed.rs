@@ -19,7 +19,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{ClusterState, CommPattern, Job, Placement, TopoLevel, Topology};
+use crate::domain::{
+    ClusterState, CommPattern, GpuModel, Job, Placement, TopoLevel, Topology, WorkloadCatalog,
+    WorkloadKind,
+};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpeedModel {
@@ -35,6 +38,10 @@ pub struct SpeedModel {
     pub interference: f64,
     /// Floor of the interference factor.
     pub min_interference_factor: f64,
+    /// Measured kinds; a job with a [`Job::workload`] takes its GPU throughputs,
+    /// communication share and co-location speed from here instead of the defaults above.
+    #[serde(default)]
+    pub workloads: WorkloadCatalog,
 }
 
 impl Default for SpeedModel {
@@ -46,12 +53,18 @@ impl Default for SpeedModel {
             pipeline_parallel_comm: 0.2,
             interference: 0.10,
             min_interference_factor: 0.5,
+            workloads: WorkloadCatalog::default(),
         }
     }
 }
 
 impl SpeedModel {
-    fn comm_share(&self, comm: CommPattern) -> f64 {
+    /// The job's kind, if it has one this model knows.
+    pub fn kind(&self, job: &Job) -> Option<&WorkloadKind> {
+        job.workload.and_then(|id| self.workloads.get(id))
+    }
+
+    fn pattern_share(&self, comm: CommPattern) -> f64 {
         match comm {
             CommPattern::None => 0.0,
             CommPattern::DataParallel => self.data_parallel_comm,
@@ -60,22 +73,54 @@ impl SpeedModel {
         }
     }
 
-    /// Speed of a `comm` job spanning `level`, before normalisation.
-    fn level_speed(&self, topo: &Topology, comm: CommPattern, level: TopoLevel) -> f64 {
-        let c = self.comm_share(comm);
+    /// Communication share of a step of `job` at the reference bandwidth.
+    pub fn comm_share(&self, job: &Job) -> f64 {
+        if job.comm == CommPattern::None {
+            return 0.0;
+        }
+        let local_batch = job
+            .batch_size
+            .map(|b| f64::from(b) / f64::from(job.workers.max(1)));
+        self.kind(job).map_or_else(
+            || self.pattern_share(job.comm),
+            |k| k.comm_share_at(local_batch),
+        )
+    }
+
+    /// Throughput of one worker of `job` on a GPU of `model`, relative to the reference
+    /// class: the kind's measurement where there is one, else the catalog's class.
+    pub fn gpu_throughput(&self, job: &Job, model: &GpuModel) -> f64 {
+        self.kind(job)
+            .and_then(|k| k.relative_throughput.get(&model.name).copied())
+            .unwrap_or(model.throughput)
+    }
+
+    /// Speed of a step with communication share `c` spanning `level`, before normalisation.
+    fn level_speed(&self, topo: &Topology, c: f64, level: TopoLevel) -> f64 {
         1.0 / (1.0 - c + c * self.reference_gbps / topo.bandwidth(level))
     }
 
     /// Locality factor in (0, 1]: 1 when the gang is as tight as the cluster allows.
     pub fn locality(&self, topo: &Topology, job: &Job, span: TopoLevel) -> f64 {
-        if job.gpu_count() <= 1 || job.comm == CommPattern::None {
+        let c = self.comm_share(job);
+        if job.gpu_count() <= 1 || c == 0.0 {
             return 1.0;
         }
         let best = topo
             .tightest_level_for(job.gpu_count())
             .max(TopoLevel::NvlinkIsland);
         let level = span.max(TopoLevel::NvlinkIsland);
-        (self.level_speed(topo, job.comm, level) / self.level_speed(topo, job.comm, best)).min(1.0)
+        (self.level_speed(topo, c, level) / self.level_speed(topo, c, best)).min(1.0)
+    }
+
+    /// Speed factor of a worker sharing its busiest GPU with `tenants - 1` others.
+    pub fn interference_factor(&self, job: &Job, tenants: u16) -> f64 {
+        let others = tenants.saturating_sub(1);
+        let factor = match self.kind(job) {
+            Some(k) => k.colocation_speed.powi(others as i32),
+            None => 1.0 - self.interference * others as f64,
+        };
+        factor.max(self.min_interference_factor)
     }
 
     /// Progress rate of `job` on `placement` given the current co-tenants in `state`.
@@ -87,13 +132,25 @@ impl SpeedModel {
         let mut throughput = f64::INFINITY;
         let mut max_tenants = 1u16;
         for gpu in placement.gpu_ids() {
-            throughput = throughput.min(topo.catalog.get(topo.gpu(gpu).model).throughput);
+            let model = topo.catalog.get(topo.gpu(gpu).model);
+            throughput = throughput.min(self.gpu_throughput(job, model));
             max_tenants = max_tenants.max(state.tenants(gpu));
         }
-        let interference =
-            (1.0 - self.interference * (max_tenants - 1) as f64).max(self.min_interference_factor);
-        throughput * self.locality(topo, job, placement.span(topo)) * interference
+        throughput
+            * self.locality(topo, job, placement.span(topo))
+            * self.interference_factor(job, max_tenants)
     }
+}
+
+/// The work (reference-GPU seconds) that makes `job`, running alone at `speed` (as
+/// [`SpeedModel::speed`] gives it), finish `duration_s` after it starts: the simulator
+/// spends the restart delay first and then progresses at the speed times the
+/// checkpoint duty cycle. Trace parsers record durations; this turns one into work so
+/// that the job's original duration holds on its original hardware.
+pub fn work_for_duration(job: &Job, duration_s: f64, speed: f64) -> f64 {
+    let c = &job.checkpoint;
+    let duty = c.interval_s / (c.interval_s + c.cost_s);
+    (duration_s - c.restart_s).max(0.0) * speed * duty
 }
 
 #[cfg(test)]
@@ -160,5 +217,52 @@ mod tests {
         assert_eq!(model.speed(&job, &p, &s), 1.0);
         s.allocate(&job, &p).unwrap();
         assert!((model.speed(&job, &p, &s) - 0.9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_workload_kind_overrides_class_share_and_interference() {
+        use crate::domain::{WorkloadCatalog, WorkloadId, WorkloadKind};
+        use std::collections::BTreeMap;
+        let mut s = state();
+        let kind = WorkloadKind {
+            name: "k".into(),
+            family: "k".into(),
+            comm: CommPattern::DataParallel,
+            relative_throughput: BTreeMap::from([("V100M32".into(), 0.8)]),
+            comm_share: 0.1,
+            comm_share_by_local_batch: vec![],
+            colocation_speed: 0.6,
+            memory: vec![],
+            source: "test".into(),
+        };
+        let model = SpeedModel {
+            workloads: WorkloadCatalog::new(vec![kind]).unwrap(),
+            ..SpeedModel::default()
+        };
+        let mut job = Job::whole_gpus(JobId(1), 2, 0.0, 1.0);
+        let cross_rack = spread(&job, &[0, 16]);
+        let generic = model.speed(&job, &cross_rack, &s);
+        job.workload = Some(WorkloadId(0));
+        let typed = model.speed(&job, &cross_rack, &s);
+        // A smaller communication share loses less to the spread, but the kind runs at
+        // 0.8 of the class on this GPU.
+        let c = 0.1;
+        let bw = |l| s.topology().bandwidth(l);
+        let span = cross_rack.span(s.topology());
+        let expected = 0.8 * (1.0 - c + c * 16.0 / bw(TopoLevel::NvlinkIsland))
+            / (1.0 - c + c * 16.0 / bw(span));
+        assert!((typed - expected).abs() < 1e-9, "{typed} vs {expected}");
+        assert!(typed / 0.8 > generic, "{typed} {generic}");
+        // A kind not in the catalog falls back to the generic model.
+        job.workload = Some(WorkloadId(3));
+        assert_eq!(model.speed(&job, &cross_rack, &s), generic);
+        // Co-location: the kind's measured speed per extra tenant.
+        let mut single = Job::whole_gpus(JobId(2), 1, 0.0, 1.0);
+        single.gpu = GpuDemand::Milli(400);
+        single.workload = Some(WorkloadId(0));
+        let p = spread(&single, &[0]);
+        s.allocate(&single, &p).unwrap();
+        s.allocate(&single, &p).unwrap();
+        assert!((model.speed(&single, &p, &s) - 0.8 * 0.6).abs() < 1e-12);
     }
 }
