@@ -349,7 +349,11 @@ fn pollux_workloads_replay_only_with_enrichment() {
     let out = marshal(&[
         "sim", "--trace", "pollux-1", "--policy", "tiresias", "--format", "json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["cluster"], "pollux-64");
     assert_eq!(v["completed"], 160);
@@ -399,4 +403,23 @@ fn trace_gpu_scales_work_to_the_recorded_hardware() {
     );
     let out = marshal(&[&base[..], &["--trace-gpu", "Z9000"]].concat());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Z9000"));
+}
+
+#[test]
+fn datasets_workloads_lists_the_enrichment_kinds() {
+    let out = marshal(&["datasets", "workloads", "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds = v.as_array().unwrap();
+    assert_eq!(kinds.len(), 32);
+    let resnet = kinds
+        .iter()
+        .find(|k| k["name"] == "ResNet-50 (batch size 64)")
+        .unwrap();
+    assert_eq!(resnet["comm"], "data-parallel");
+    assert!(resnet["relative_throughput"]["K80"].as_f64().unwrap() < 0.5);
 }

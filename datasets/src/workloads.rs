@@ -21,9 +21,11 @@
 //!   the co-location speed of the Gavel family of the same architecture (yolov3 has
 //!   none: the mean over Gavel's types).
 //!
-//! No kind carries memory phases yet: no redistributable measurement of memory by phase
-//! is bundled (Lucid's and Alibaba GenAI's are not redistributable); the telemetry issue
-//! derives them from the traces directory when present.
+//! Memory: [`WorkloadLibrary::attach_lucid_memory`] gives the Gavel kinds whose
+//! architecture Lucid profiled (ResNet-18/50, LSTM, Transformer, NeuMF) their measured
+//! GPU memory at their per-GPU batch, as one steady phase, when Lucid's profiles are in
+//! the traces directory (they may not be redistributed). Warm-up, evaluation and
+//! checkpoint phases are not in any table here; nothing invents them.
 //!
 //! # Assignment
 //!
@@ -47,7 +49,7 @@
 use std::collections::BTreeMap;
 
 use marshal_scheduler::domain::{
-    CommPattern, GpuCatalog, Job, WorkloadCatalog, WorkloadId, WorkloadKind,
+    CommPattern, GpuCatalog, Job, MemPhase, MemPhaseKind, WorkloadCatalog, WorkloadId, WorkloadKind,
 };
 use marshal_scheduler::sim::{SpeedModel, work_for_duration};
 use rand::{Rng, SeedableRng};
@@ -55,8 +57,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::{
-    DatasetError, GavelThroughputs, PlacementProfiles, PolluxApps, fit_data_parallel_share,
-    gavel_throughputs, pollux_placement_profiles,
+    DatasetError, GavelThroughputs, LucidProfiles, PlacementProfiles, PolluxApps,
+    fit_data_parallel_share, gavel_throughputs, pollux_placement_profiles,
 };
 
 /// Gavel's GPU types and the catalog models they stand for.
@@ -254,6 +256,53 @@ impl WorkloadLibrary {
             .collect()
     }
 
+    /// Sets the memory of every Gavel kind whose family Lucid measured: the GPU memory
+    /// at the kind's per-GPU batch, from a least-squares line through Lucid's
+    /// measurements of that model without mixed precision (memory grows linearly with
+    /// the batch: weights and optimiser state plus activations), never below the
+    /// smallest measurement. One steady phase. Returns the number of kinds set.
+    pub fn attach_lucid_memory(&mut self, lucid: &LucidProfiles) -> usize {
+        const LUCID_MODEL: [(&str, &str); 5] = [
+            ("ResNet-50", "ResNet50"),
+            ("ResNet-18", "ResNet18"),
+            ("LM", "LSTM"),
+            ("Transformer", "Transformer"),
+            ("Recommendation", "NeuMF"),
+        ];
+        let mut kinds: Vec<WorkloadKind> = self.catalog.iter().map(|(_, k)| k.clone()).collect();
+        let mut set = 0;
+        for kind in &mut kinds {
+            let Some((_, model)) = LUCID_MODEL.iter().find(|(f, _)| *f == kind.family) else {
+                continue;
+            };
+            let (Some(batch), points) = (
+                batch_size(&kind.name),
+                lucid
+                    .singles
+                    .iter()
+                    .filter(|s| s.job.model == *model && !s.job.amp && s.gmem_mib > 0.0)
+                    .map(|s| (f64::from(s.job.batch_size), s.gmem_mib))
+                    .collect::<Vec<_>>(),
+            ) else {
+                continue;
+            };
+            let Some(mib) = linear_at(&points, f64::from(batch)) else {
+                continue;
+            };
+            kind.memory = vec![MemPhase {
+                kind: MemPhaseKind::Steady,
+                time_share: 1.0,
+                peak_gib: mib / 1024.0,
+            }];
+            kind.source.push_str("; memory: lucid single_data.csv");
+            set += 1;
+        }
+        if let Ok(catalog) = WorkloadCatalog::new(kinds) {
+            self.catalog = catalog;
+        }
+        set
+    }
+
     pub fn pollux_apps(&self) -> &PolluxApps {
         &self.pollux
     }
@@ -359,6 +408,19 @@ fn colocation_speed(gavel: &GavelThroughputs, job: &str) -> Option<f64> {
         (mine > 0.0).then(|| (mine / alone).min(1.0))
     });
     mean(ratios)
+}
+
+/// The least-squares line through `points` at `x` (the only value for one point), not
+/// below the smallest `y`.
+fn linear_at(points: &[(f64, f64)], x: f64) -> Option<f64> {
+    let n = points.len() as f64;
+    let floor = points.iter().map(|p| p.1).reduce(f64::min)?;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    Some((my + slope * (x - mx)).max(floor))
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
@@ -523,5 +585,40 @@ mod tests {
             );
             assert!(job.total_work > 0.0);
         }
+    }
+
+    #[test]
+    fn memory_is_a_least_squares_line_in_the_batch() {
+        let points = [(32.0, 3000.0), (64.0, 5000.0), (128.0, 9000.0)];
+        assert!((linear_at(&points, 96.0).unwrap() - 7000.0).abs() < 1e-9);
+        assert_eq!(linear_at(&points, 1.0), Some(3000.0));
+        assert_eq!(linear_at(&[(8.0, 100.0)], 64.0), Some(100.0));
+        assert_eq!(linear_at(&[], 1.0), None);
+    }
+
+    #[test]
+    fn lucid_memory_fills_the_kinds_it_measured_when_present() {
+        let Ok((lucid, _)) = crate::load_lucid_profiles() else {
+            eprintln!("skipped: Lucid's profiles are not in the traces directory");
+            return;
+        };
+        let mut lib = library();
+        let set = lib.attach_lucid_memory(&lucid);
+        assert!(set >= 15, "{set} kinds");
+        let small = lib
+            .catalog
+            .get(lib.catalog.id("ResNet-50 (batch size 16)").unwrap())
+            .unwrap();
+        let large = lib
+            .catalog
+            .get(lib.catalog.id("ResNet-50 (batch size 128)").unwrap())
+            .unwrap();
+        let (s, l) = (
+            small.peak_memory_gib().unwrap(),
+            large.peak_memory_gib().unwrap(),
+        );
+        assert!(s > 0.5 && s < l && l < 80.0, "{s} {l}");
+        let a3c = lib.catalog.get(lib.catalog.id("A3C").unwrap()).unwrap();
+        assert!(a3c.memory.is_empty());
     }
 }

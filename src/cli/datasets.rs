@@ -32,6 +32,11 @@ enum DatasetsCommand {
     Synth(SynthArgs),
     /// Fit the speed model's calibrated constants to the bundled profiles.
     Calibrate,
+    /// The workload kinds jobs are enriched with, and the measurements behind them.
+    Workloads {
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -115,6 +120,7 @@ pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
             print(&describe(&name, &picked, &topo), a.format)
         }
         DatasetsCommand::Calibrate => calibrate(),
+        DatasetsCommand::Workloads { format } => workloads(format),
         DatasetsCommand::Synth(a) => {
             let (topo, template) = load(&a.like, a.cluster.as_deref())?;
             let arrivals = match a.burst_factor {
@@ -141,6 +147,53 @@ pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
             print(&describe(&name, &jobs, &topo), a.format)
         }
     }
+}
+
+fn workloads(format: Format) -> anyhow::Result<()> {
+    let speed = marshal_scheduler::sim::SpeedModel::default();
+    let mut library = marshal_datasets::WorkloadLibrary::bundled(&speed)?;
+    let memory = match marshal_datasets::load_lucid_profiles() {
+        Ok((lucid, _)) => format!(
+            "memory of {} kinds from Lucid's profiles",
+            library.attach_lucid_memory(&lucid)
+        ),
+        Err(e) => format!("no memory measurements ({e})"),
+    };
+    let kinds: Vec<_> = library.catalog.iter().map(|(_, k)| k.clone()).collect();
+    if format == Format::Json {
+        println!("{}", serde_json::to_string_pretty(&kinds)?);
+        return Ok(());
+    }
+    println!("{} workload kinds; {memory}", kinds.len());
+    println!(
+        "{:<36} {:<14} {:>6} {:>6} {:>11} {:>11} {:>7} {:>8}",
+        "kind", "comm", "K80", "P100", "c (small)", "c (large)", "coloc", "mem GiB"
+    );
+    for k in &kinds {
+        let ratio = |gpu: &str| {
+            k.relative_throughput
+                .get(gpu)
+                .map_or("-".to_string(), |r| format!("{r:.2}"))
+        };
+        let curve = |end: Option<&(f64, f64)>| {
+            end.map_or(format!("{:.2}", k.comm_share), |(b, c)| {
+                format!("{c:.2}@{b}")
+            })
+        };
+        println!(
+            "{:<36} {:<14} {:>6} {:>6} {:>11} {:>11} {:>7.2} {:>8}",
+            k.name,
+            format!("{:?}", k.comm),
+            ratio("K80"),
+            ratio("P100"),
+            curve(k.comm_share_by_local_batch.first()),
+            curve(k.comm_share_by_local_batch.last()),
+            k.colocation_speed,
+            k.peak_memory_gib()
+                .map_or("-".to_string(), |m| format!("{m:.1}"))
+        );
+    }
+    Ok(())
 }
 
 fn calibrate() -> anyhow::Result<()> {
