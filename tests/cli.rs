@@ -1,7 +1,6 @@
 //! End-to-end tests of the `marshal` binary on small bundled fixtures.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -13,21 +12,12 @@ fn fixture(name: &str) -> String {
         .to_string()
 }
 
-fn marshal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_marshal"))
-        .args(args)
-        .output()
-        .expect("marshal runs")
-}
+mod common;
+
+use common::{marshal, stdout_of};
 
 fn json(args: &[&str]) -> Value {
-    let out = marshal(args);
-    assert!(
-        out.status.success(),
-        "marshal {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+    serde_json::from_str(&stdout_of(args)).expect("stdout is JSON")
 }
 
 const RUN_KEYS: [&str; 16] = [

@@ -216,6 +216,7 @@ impl WorkloadLibrary {
                     Vec::new()
                 },
                 colocation_speed: colocation.get(job).copied().unwrap_or(mean_colocation),
+                reference_step_time_s: Some(1.0 / v100),
                 memory: Vec::new(),
                 source: "gavel simulation_throughputs.json; comm share: pollux placements".into(),
             });
@@ -234,6 +235,8 @@ impl WorkloadLibrary {
                 comm_share: app_shares.get(app).copied().unwrap_or(median_share),
                 comm_share_by_local_batch: app_curves.get(app).cloned().unwrap_or_default(),
                 colocation_speed: fam.map_or(mean_colocation, family_colocation),
+                // Pollux's step time depends on each job's batch; no one value per kind.
+                reference_step_time_s: None,
                 memory: Vec::new(),
                 source: "pollux placements, scalability and validation curves".into(),
             });

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::cli::output::{self, Format};
-use crate::cli::sim::{Experiment, ModeArg, SimArgs, WorkloadsArg};
+use crate::cli::sim::{Experiment, ModeArg, SimArgs};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -26,19 +26,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     .map(String::from)
     .to_vec();
     let inflation = SimArgs {
-        cluster: Some("openb".into()),
-        nodes: None,
-        trace: "openb-default".into(),
-        policy: fgd_policies.clone(),
         mode: ModeArg::Inflation,
-        seed: 42,
         seeds: args.seeds,
-        format: Format::Table,
-        max_arrived_pct: 130.0,
-        mtbf_hours: None,
-        repair_hours: 4.0,
-        trace_gpu: None,
-        workloads: WorkloadsArg::Measured,
+        ..SimArgs::replay(
+            "openb-default",
+            Some("openb".into()),
+            fgd_policies.clone(),
+            42,
+        )
     };
     let experiment = Experiment::load(&inflation)?;
     output::print(

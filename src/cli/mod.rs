@@ -4,6 +4,7 @@ mod datasets;
 mod demo;
 mod output;
 mod sim;
+mod telemetry;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Describe and sample the traces.
     Datasets(datasets::DatasetsArgs),
+    /// Record, inspect and compact Parquet telemetry.
+    Telemetry(telemetry::TelemetryArgs),
+    /// The node agent: samples telemetry (NVML or simulated) into local Parquet.
+    Agent(telemetry::AgentArgs),
     /// List policies, bundled traces and cluster presets.
     List,
 }
@@ -35,6 +40,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Datasets(args) => datasets::run(args),
+        Command::Telemetry(args) => telemetry::run(args),
+        Command::Agent(args) => telemetry::agent(args),
         Command::List => {
             println!(
                 "policies: {}",

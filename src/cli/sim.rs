@@ -73,6 +73,28 @@ pub struct SimArgs {
     pub workloads: WorkloadsArg,
 }
 
+impl SimArgs {
+    /// A replay of `trace` under `policies` with every other option at its default (the
+    /// values the command line gives when they are left out).
+    pub fn replay(trace: &str, cluster: Option<String>, policies: Vec<String>, seed: u64) -> Self {
+        SimArgs {
+            cluster,
+            nodes: None,
+            trace: trace.to_string(),
+            policy: policies,
+            mode: ModeArg::Replay,
+            seed,
+            seeds: 1,
+            format: Format::Table,
+            max_arrived_pct: 130.0,
+            mtbf_hours: None,
+            repair_hours: 4.0,
+            trace_gpu: None,
+            workloads: WorkloadsArg::Measured,
+        }
+    }
+}
+
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let experiment = Experiment::load(&args)?;
     let groups = experiment.run_all(&args.policy, args.seed, args.seeds)?;

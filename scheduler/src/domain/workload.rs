@@ -62,6 +62,10 @@ pub struct WorkloadKind {
     pub comm_share_by_local_batch: Vec<(f64, f64)>,
     /// Speed while sharing a GPU with one other tenant, relative to running alone.
     pub colocation_speed: f64,
+    /// Seconds per training step on one reference-class GPU, alone, where measured:
+    /// the step time on a placement is this over the speed model's speed there.
+    #[serde(default)]
+    pub reference_step_time_s: Option<f64>,
     /// Memory phases; empty when nothing was measured for this kind.
     pub memory: Vec<MemPhase>,
     /// Where the numbers came from (tables and fits), for people reading results.
@@ -106,6 +110,11 @@ impl WorkloadKind {
                 "the communication curve needs ascending positive batches and shares in [0, 1)"
                     .into(),
             );
+        }
+        if let Some(t) = self.reference_step_time_s
+            && !(t.is_finite() && t > 0.0)
+        {
+            return bad(format!("reference step time {t} is not positive"));
         }
         let shares: f64 = self.memory.iter().map(|p| p.time_share).sum();
         let phases_ok = self.memory.iter().all(|p| {
@@ -220,6 +229,7 @@ mod tests {
             comm_share: 0.3,
             comm_share_by_local_batch: vec![(16.0, 0.6), (64.0, 0.2)],
             colocation_speed: 0.7,
+            reference_step_time_s: Some(0.2),
             memory: vec![
                 MemPhase {
                     kind: MemPhaseKind::Warmup,

@@ -232,6 +232,7 @@ mod tests {
             comm_share: 0.1,
             comm_share_by_local_batch: vec![],
             colocation_speed: 0.6,
+            reference_step_time_s: None,
             memory: vec![],
             source: "test".into(),
         };

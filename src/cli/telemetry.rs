@@ -1,0 +1,503 @@
+//! `marshal telemetry` and `marshal agent`: recording, inspecting and compacting
+//! Parquet telemetry, from NVML or from a simulator replay.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use marshal_agent::{
+    Clock, SimTelemetryOptions, SimulatedTelemetry, SystemClock, run_sampling_loop,
+};
+use marshal_scheduler::policies;
+use marshal_scheduler::sim::{self, SimConfig};
+use marshal_telemetry::{
+    CompactOptions, NvmlConfig, NvmlSource, SinkConfig, Source, TelemetrySink, compact_all,
+    summarize,
+};
+
+use crate::cli::output::Format;
+use crate::cli::sim::{Experiment, SimArgs};
+
+#[derive(Debug, Args)]
+pub struct TelemetryArgs {
+    #[command(subcommand)]
+    command: TelemetryCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum TelemetryCommand {
+    /// Record telemetry into a Parquet directory: from NVML for a while, or a whole
+    /// simulated replay at full speed.
+    Record(RecordArgs),
+    /// Schema, row counts, time span and per-GPU summaries of a telemetry directory.
+    Inspect {
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Merge each partition's small files into one (atomically).
+    Compact { dir: PathBuf },
+    /// The GPU topology NVML sees on this machine, as JSON.
+    Topology,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceArg {
+    Nvml,
+    Sim,
+}
+
+/// A simulator replay that feeds the simulated source.
+#[derive(Debug, Args)]
+pub struct SimSourceArgs {
+    /// Trace replayed (see `marshal list`).
+    #[arg(long, default_value = "itp-195job")]
+    trace: String,
+    /// Cluster (default: the trace's own).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Policy that places the jobs.
+    #[arg(long, default_value = "topo-pack")]
+    policy: String,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Share of multi-GPU runs with a straggling GPU.
+    #[arg(long, default_value_t = 0.0)]
+    stragglers: f64,
+    /// Share of nodes whose links are degraded.
+    #[arg(long, default_value_t = 0.0)]
+    degraded_nodes: f64,
+    /// Relative noise on utilisation and memory.
+    #[arg(long, default_value_t = 0.03)]
+    noise: f64,
+}
+
+#[derive(Debug, Args)]
+struct RecordArgs {
+    #[arg(long, value_enum)]
+    source: SourceArg,
+    /// Output directory (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// Sampling interval (`500ms`, `1s`, `10s`, `1m`).
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    interval: Duration,
+    /// NVML: how long to record.
+    #[arg(long, default_value = "60s", value_parser = parse_interval)]
+    duration: Duration,
+    /// Simulated: stop after this many simulated hours (default: when the last job ends).
+    #[arg(long)]
+    hours: Option<f64>,
+    #[command(flatten)]
+    sim: SimSourceArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[arg(long, value_enum)]
+    source: SourceArg,
+    /// Local Parquet directory.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    interval: Duration,
+    /// The node this agent stands for (simulated source; default: the cluster's first).
+    #[arg(long)]
+    node: Option<String>,
+    /// Simulated seconds per wall-clock second (simulated source).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    #[command(flatten)]
+    sim: SimSourceArgs,
+}
+
+/// Parses `250ms`, `1s`, `1.5s`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 500ms, 1s or 2m"))?;
+    let scale = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s, m or h")),
+    };
+    let secs = value * scale;
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        return Err(format!("{s:?} must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
+    match args.command {
+        TelemetryCommand::Record(a) => record(a),
+        TelemetryCommand::Inspect { dir, format } => inspect(&dir, format),
+        TelemetryCommand::Compact { dir } => {
+            let reports = compact_all(&dir, &CompactOptions::default())
+                .with_context(|| format!("compacting {}", dir.display()))?;
+            for r in &reports {
+                match &r.output {
+                    Some(out) => println!(
+                        "{}: {} files → {} ({} rows)",
+                        r.dir.display(),
+                        r.inputs.len(),
+                        out.display(),
+                        r.rows
+                    ),
+                    None => println!("{}: nothing merged", r.dir.display()),
+                }
+                for e in &r.skipped {
+                    eprintln!("warning: skipped {}: {}", e.path.display(), e.reason);
+                }
+            }
+            println!(
+                "{} partitions compacted",
+                reports.iter().filter(|r| r.output.is_some()).count()
+            );
+            Ok(())
+        }
+        TelemetryCommand::Topology => {
+            let config = NvmlConfig::default();
+            let node = config.node.clone();
+            let nvml = NvmlSource::open_with(config)?;
+            let discovered = nvml.discover_topology()?;
+            let cpu_milli =
+                std::thread::available_parallelism().map_or(0, |n| n.get() as u32 * 1000);
+            let spec = marshal_agent::node_spec(
+                &discovered,
+                &node,
+                cpu_milli,
+                host_memory_mib().unwrap_or(0),
+                &marshal_scheduler::domain::GpuCatalog::default(),
+            );
+            let out = serde_json::json!({
+                "discovered": discovered,
+                "node_spec": spec.as_ref().ok(),
+                "node_spec_error": spec.as_ref().err().map(ToString::to_string),
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(())
+        }
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, MiB.
+fn host_memory_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+/// Replays the trace and wraps the log as a simulated source.
+fn simulated(a: &SimSourceArgs, epoch_us: i64) -> anyhow::Result<SimulatedTelemetry> {
+    let sim_args = SimArgs::replay(&a.trace, a.cluster.clone(), vec![a.policy.clone()], a.seed);
+    let experiment = Experiment::load(&sim_args)?;
+    let jobs = experiment.jobs_for(a.seed)?.into_owned();
+    let policy = policies::build(&a.policy, &jobs)?;
+    let config = SimConfig {
+        seed: a.seed,
+        ..experiment.config.clone()
+    };
+    let (_, log) = sim::run_replay(&policy, experiment.topo.clone(), &jobs, &a.trace, &config)?;
+    let opts = SimTelemetryOptions {
+        cluster: experiment.topo.name.clone(),
+        epoch_us,
+        seed: a.seed,
+        noise: a.noise,
+        straggler_fraction: a.stragglers,
+        degraded_node_fraction: a.degraded_nodes,
+        ..SimTelemetryOptions::default()
+    };
+    Ok(SimulatedTelemetry::new(
+        experiment.topo.clone(),
+        jobs,
+        &log,
+        config.speed,
+        opts,
+    )?)
+}
+
+fn record(a: RecordArgs) -> anyhow::Result<()> {
+    let sink = TelemetrySink::open(SinkConfig::new(&a.out))
+        .with_context(|| format!("opening {}", a.out.display()))?;
+    match a.source {
+        SourceArg::Sim => {
+            let epoch_us = SimTelemetryOptions::default().epoch_us;
+            let mut sim = simulated(&a.sim, epoch_us)?;
+            let end = a.hours.map_or(sim.horizon_s(), |h| h * 3600.0);
+            let step = a.interval.as_secs_f64();
+            let (mut t, mut gpu_rows, mut step_rows) = (0.0, 0u64, 0u64);
+            while t <= end {
+                let rows = sim.sample_at(t);
+                gpu_rows += rows.len() as u64;
+                sink.send(rows)?;
+                let profiles = sim.step_profiles_at(t);
+                step_rows += profiles.len() as u64;
+                sink.send(profiles)?;
+                t += step;
+            }
+            let stats = sink.finish()?;
+            println!(
+                "recorded {gpu_rows} GPU samples and {step_rows} step profiles over {:.1} simulated hours \
+                 ({} files) into {}",
+                end / 3600.0,
+                stats.files_committed,
+                a.out.display()
+            );
+        }
+        SourceArg::Nvml => {
+            let mut source = NvmlSource::open_with(NvmlConfig::default())?;
+            let stop = stop_on_signal()?;
+            let ticks = (a.duration.as_secs_f64() / a.interval.as_secs_f64()).ceil() as u64;
+            let stats = run_sampling_loop(
+                &mut source,
+                &sink,
+                a.interval,
+                &stop,
+                &mut SystemClock,
+                Some(ticks),
+            )?;
+            let sink_stats = sink.finish()?;
+            println!(
+                "recorded {} GPU samples in {} ticks ({} failed) into {} ({} files)",
+                stats.rows,
+                stats.ticks,
+                stats.source_errors,
+                a.out.display(),
+                sink_stats.files_committed
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A flag set by SIGINT or SIGTERM.
+fn stop_on_signal() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
+        .context("installing the SIGINT/SIGTERM handler")?;
+    Ok(stop)
+}
+
+/// Maps wall time onto simulated time `speedup` times faster, from the agent's start.
+struct Accelerated {
+    inner: SimulatedTelemetry,
+    start_us: i64,
+    speedup: f64,
+}
+
+impl Source for Accelerated {
+    fn sample(
+        &mut self,
+        now_us: i64,
+    ) -> marshal_telemetry::Result<Vec<marshal_telemetry::GpuSample>> {
+        let elapsed = (now_us - self.start_us) as f64 * self.speedup;
+        self.inner.sample(self.start_us + elapsed as i64)
+    }
+}
+
+pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
+    let stop = stop_on_signal()?;
+    let sink = TelemetrySink::open(SinkConfig::new(&a.out))
+        .with_context(|| format!("opening {}", a.out.display()))?;
+    let mut clock = SystemClock;
+    let mut source: Box<dyn Source> = match a.source {
+        SourceArg::Nvml => Box::new(NvmlSource::open_with(NvmlConfig::default())?),
+        SourceArg::Sim => {
+            if !(a.speedup.is_finite() && a.speedup > 0.0) {
+                bail!("--speedup must be positive");
+            }
+            let start_us = clock.now_us();
+            let mut sim = simulated(&a.sim, start_us)?;
+            if let Some(node) = &a.node {
+                sim.only_node(node)?;
+            } else {
+                sim.only_node(&first_node(&a.sim)?)?;
+            }
+            Box::new(Accelerated {
+                inner: sim,
+                start_us,
+                speedup: a.speedup,
+            })
+        }
+    };
+    eprintln!(
+        "agent: sampling every {:?} into {} (Ctrl-C or SIGTERM stops)",
+        a.interval,
+        a.out.display()
+    );
+    let stats = run_sampling_loop(source.as_mut(), &sink, a.interval, &stop, &mut clock, None)?;
+    let sink_stats = sink.finish()?;
+    eprintln!(
+        "agent: stopped after {} ticks, {} rows, {} files",
+        stats.ticks, stats.rows, sink_stats.files_committed
+    );
+    Ok(())
+}
+
+fn first_node(a: &SimSourceArgs) -> anyhow::Result<String> {
+    let cluster = a
+        .cluster
+        .clone()
+        .unwrap_or_else(|| crate::cli::sim::default_cluster_for(&a.trace).to_string());
+    let spec = marshal_datasets::load_cluster(&cluster)?;
+    let topo = marshal_scheduler::domain::Topology::build(&spec)?;
+    topo.nodes()
+        .first()
+        .map(|n| n.name.clone())
+        .context("the cluster has no nodes")
+}
+
+/// Writes `text` to stdout; a closed pipe (`| head`) is not an error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+fn inspect(dir: &std::path::Path, format: Format) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let summary = summarize(dir).with_context(|| format!("inspecting {}", dir.display()))?;
+    if format == Format::Json {
+        let kinds: Vec<_> = summary
+            .kinds
+            .iter()
+            .map(|k| {
+                serde_json::json!({
+                    "kind": k.kind.as_str(),
+                    "files": k.files,
+                    "row_groups": k.row_groups,
+                    "rows": k.rows,
+                    "bytes": k.bytes,
+                    "bytes_per_row": k.bytes_per_row(),
+                    "first_us": k.first_us,
+                    "last_us": k.last_us,
+                    "schema_versions": k.schema_versions,
+                    "columns": k.schema.as_ref().map(|s| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>()),
+                })
+            })
+            .collect();
+        let gpus: Vec<_> = summary
+            .gpus
+            .iter()
+            .map(|g| {
+                serde_json::json!({
+                    "node": g.node, "gpu_index": g.gpu_index, "gpu_uuid": g.gpu_uuid,
+                    "gpu_type": g.gpu_type, "rows": g.rows, "first_us": g.first_us,
+                    "last_us": g.last_us, "mean_sm_util_pct": g.mean_sm_util_pct,
+                    "max_sm_util_pct": g.max_sm_util_pct,
+                    "peak_mem_used_bytes": g.peak_mem_used_bytes,
+                    "mem_total_bytes": g.mem_total_bytes,
+                })
+            })
+            .collect();
+        let errors: Vec<String> = summary
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.path.display(), e.reason))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "root": summary.root, "kinds": kinds, "gpus": gpus, "errors": errors,
+                "ignored_files": summary.ignored_files,
+            }))?
+        );
+        return Ok(());
+    }
+    let mut out = String::new();
+    writeln!(out, "{}", dir.display())?;
+    for k in &summary.kinds {
+        let span = match (k.first_us, k.last_us) {
+            (Some(a), Some(b)) => format!("{:.1} h", (b - a) as f64 / 3.6e9),
+            _ => "-".into(),
+        };
+        writeln!(
+            out,
+            "  {:<5} {:>4} files {:>6} row groups {:>12} rows {:>12} bytes ({}/row), span {span}, schema v{:?}",
+            k.kind.as_str(),
+            k.files,
+            k.row_groups,
+            k.rows,
+            k.bytes,
+            k.bytes_per_row()
+                .map_or("-".into(), |b| format!("{b:.2} B")),
+            k.schema_versions
+        )?;
+        if let Some(schema) = &k.schema {
+            let cols: Vec<String> = schema
+                .fields()
+                .iter()
+                .map(|f| format!("{}: {}", f.name(), f.data_type()))
+                .collect();
+            writeln!(out, "        columns: {}", cols.join(", "))?;
+        }
+    }
+    if !summary.gpus.is_empty() {
+        writeln!(
+            out,
+            "  {:<16} {:>3} {:<10} {:>8} {:>9} {:>8} {:>11}",
+            "node", "gpu", "type", "rows", "mean SM%", "max SM%", "peak mem GiB"
+        )?;
+        for g in summary.gpus.iter().take(64) {
+            writeln!(
+                out,
+                "  {:<16} {:>3} {:<10} {:>8} {:>9} {:>8} {:>11}",
+                g.node,
+                g.gpu_index,
+                g.gpu_type,
+                g.rows,
+                g.mean_sm_util_pct.map_or("-".into(), |v| format!("{v:.1}")),
+                g.max_sm_util_pct.map_or("-".into(), |v| format!("{v:.1}")),
+                g.peak_mem_used_bytes.map_or("-".into(), |b| format!(
+                    "{:.1}",
+                    b as f64 / (1u64 << 30) as f64
+                ))
+            )?;
+        }
+        if summary.gpus.len() > 64 {
+            writeln!(
+                out,
+                "  … and {} more GPUs (--format json lists all)",
+                summary.gpus.len() - 64
+            )?;
+        }
+    }
+    write_stdout(&out)?;
+    for e in &summary.errors {
+        eprintln!("warning: skipped {}: {}", e.path.display(), e.reason);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_parse_with_units() {
+        assert_eq!(parse_interval("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_interval("5"), Ok(Duration::from_secs(5)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("1y").is_err());
+        assert!(parse_interval("fast").is_err());
+        assert!(parse_interval("NaNs").is_err());
+    }
+}

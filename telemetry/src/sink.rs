@@ -1,0 +1,819 @@
+//! The Parquet sink: a writer thread that turns rows into partitioned, rolling files.
+//!
+//! ```text
+//! producer ──send()/try_send()──▶ sync_channel(capacity) ──▶ writer thread
+//!                                                              │ route rows to partitions
+//!                                                              │ validate, append to per-GPU columns
+//!                                                              │ ≤ row_group_rows → one row group
+//!                                                              ▼
+//!                       <root>/kind=gpu/date=YYYY-MM-DD/node=<node>/part-NNNNNN.parquet
+//! ```
+//!
+//! Design decisions:
+//!
+//! * **One writer thread, no async runtime.** Encoding and compression are CPU work; the
+//!   thread owns every open file, so no locks are held while encoding.
+//! * **Bounded memory, backpressure.** The channel holds at most `channel_capacity`
+//!   batches: [`TelemetrySink::send`] blocks when it is full, [`TelemetrySink::try_send`]
+//!   hands the rows back ([`TrySendError::Full`]) so a sampler can drop or coalesce.
+//!   Rows buffered for row groups (about 150 bytes each in column builders) are capped by
+//!   `max_buffered_rows` (the fullest buffer is written out early) and open files by
+//!   `max_open_files` (the least recently used file is finished). Rows handed to the sink
+//!   are validated and dropped on arrival; only their columnar form is kept.
+//! * **Row groups are sorted.** Rows are appended, as they arrive, to Arrow column
+//!   builders kept per GPU, so each row group is written in the kind's file order (GPU then
+//!   time for GPU samples) without sorting; consecutive values of one GPU's series then
+//!   delta-encode to a few bits. Row groups declare the order in their `sorting_columns`
+//!   metadata. (Rows arriving out of time order take a slower path that sorts.)
+//! * **Rolling.** A file is finished when it reaches `max_file_bytes`, when its rows span
+//!   `max_file_span` of *data* time, when it has been open `max_file_age` of *wall* time
+//!   (so data becomes visible to readers within that delay), and at [`TelemetrySink::flush`]
+//!   and shutdown. A file never spans two UTC days: the date is part of its partition.
+//! * **Crash safety.** Files are written under hidden `.tmp` names and published by
+//!   fsync + rename (see [`crate::writer`]). After a crash, only `.tmp` files can be
+//!   incomplete, and readers ignore them.
+//! * **Errors do not stop the sink.** An I/O error while writing a file discards that file
+//!   (its rows are counted in [`SinkStats::rows_dropped`] and the error is kept in
+//!   [`SinkStats::errors`]); the next rows start a new file. A telemetry hiccup must not
+//!   take an agent down.
+//! * **Single writer per partition.** Sequence numbers are chosen by scanning the partition
+//!   directory when it is first used; two sinks must not write the same node's partitions.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{
+    self, Receiver, RecvTimeoutError, SyncSender, TrySendError as MpscTrySendError,
+};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parquet::file::properties::WriterProperties;
+
+use crate::columns::{Columnar, RowGroupBuffer};
+use crate::convert::{Record, Records};
+use crate::error::{Result, TelemetryError};
+use crate::partition::{Date, PART_PREFIX, Partition, part_name, seq_of};
+use crate::schema::{GpuSample, META_PARTITION, NodeSample, StepProfile, TelemetryKind};
+use crate::validate::ValidationReport;
+use crate::writer::{AtomicParquetFile, WriteOptions, writer_properties};
+
+/// Sink settings. [`SinkConfig::new`] gives defaults suited to a node agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkConfig {
+    /// Root directory of the telemetry tree.
+    pub root: PathBuf,
+    /// Parquet settings (compression level, row-group and page sizes).
+    pub write: WriteOptions,
+    /// A file is finished once it holds this many bytes. Default 128 MiB.
+    pub max_file_bytes: u64,
+    /// A file is finished before it would span more than this much data time. Default 1 h.
+    pub max_file_span: Duration,
+    /// A file is finished after it has been open this long (wall time). Default 5 min.
+    pub max_file_age: Duration,
+    /// Upper bound on rows buffered across all open files (about 150 bytes each in
+    /// column builders). Default 512 Ki rows.
+    pub max_buffered_rows: usize,
+    /// Upper bound on files open at once. Default 64.
+    pub max_open_files: usize,
+    /// Batches the channel holds before `send` blocks. Default 64.
+    pub channel_capacity: usize,
+}
+
+impl SinkConfig {
+    /// Defaults for writing under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            write: WriteOptions::default(),
+            max_file_bytes: 128 << 20,
+            max_file_span: Duration::from_secs(3600),
+            max_file_age: Duration::from_secs(300),
+            max_buffered_rows: 512 * 1024,
+            max_open_files: 64,
+            channel_capacity: 64,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |m: &str| Err(TelemetryError::Config(format!("sink: {m}")));
+        if self.max_file_span.is_zero() || self.max_file_age.is_zero() {
+            return bad("max_file_span and max_file_age must be positive");
+        }
+        if self.max_buffered_rows == 0 || self.max_open_files == 0 {
+            return bad("max_buffered_rows and max_open_files must be positive");
+        }
+        if self.channel_capacity == 0 {
+            return bad("channel_capacity must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// A file the sink has published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedFile {
+    /// Final path.
+    pub path: PathBuf,
+    /// Rows in the file.
+    pub rows: u64,
+    /// Size on disk.
+    pub bytes: u64,
+}
+
+/// What the sink has done so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SinkStats {
+    /// Batches received by the writer thread.
+    pub batches: u64,
+    /// Rows received by the writer thread.
+    pub rows_received: u64,
+    /// Rows in published files.
+    pub rows_written: u64,
+    /// Rows lost to write errors.
+    pub rows_dropped: u64,
+    /// Values nulled and rows rejected by validation.
+    pub validation: ValidationReport,
+    /// Files published.
+    pub files_committed: u64,
+    /// Bytes in published files.
+    pub bytes_committed: u64,
+    /// The most recently published files (at most [`SinkStats::MAX_LISTED`]).
+    pub files: Vec<CommittedFile>,
+    /// CPU time the writer thread has used (Linux: from `/proc/thread-self/schedstat`;
+    /// zero elsewhere). Rows written per second of this time is the sink's cost per core.
+    pub writer_cpu: Duration,
+    /// Write errors seen.
+    pub error_count: u64,
+    /// The first write errors, as text (at most [`SinkStats::MAX_LISTED`]).
+    pub errors: Vec<String>,
+}
+
+impl SinkStats {
+    /// Cap on the lengths of [`SinkStats::files`] and [`SinkStats::errors`].
+    pub const MAX_LISTED: usize = 1024;
+}
+
+/// Why [`TelemetrySink::try_send`] did not take the rows; the rows come back.
+#[derive(Debug)]
+pub enum TrySendError {
+    /// The channel is full: the writer thread is behind.
+    Full(Records),
+    /// The writer thread has stopped.
+    Closed(Records),
+}
+
+impl std::fmt::Display for TrySendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrySendError::Full(r) => {
+                write!(f, "telemetry sink is full ({} rows not sent)", r.len())
+            }
+            TrySendError::Closed(r) => {
+                write!(f, "telemetry sink is closed ({} rows not sent)", r.len())
+            }
+        }
+    }
+}
+
+impl std::error::Error for TrySendError {}
+
+enum Msg {
+    Rows(Records),
+    Flush(SyncSender<()>),
+}
+
+/// Handle to the sink's writer thread. Dropping it finishes every open file (blocking).
+#[derive(Debug)]
+pub struct TelemetrySink {
+    root: PathBuf,
+    tx: Option<SyncSender<Msg>>,
+    handle: Option<JoinHandle<()>>,
+    stats: Arc<Mutex<SinkStats>>,
+}
+
+impl TelemetrySink {
+    /// Starts the writer thread.
+    pub fn open(config: SinkConfig) -> Result<Self> {
+        Self::spawn(config, None)
+    }
+
+    /// `gate`: the writer thread waits for one message on it before it starts receiving
+    /// (tests use it to hold the channel full).
+    fn spawn(config: SinkConfig, gate: Option<Receiver<()>>) -> Result<Self> {
+        config.check()?;
+        std::fs::create_dir_all(&config.root)
+            .map_err(|e| TelemetryError::io("creating directory", &config.root, e))?;
+        let mut props = HashMap::new();
+        for kind in TelemetryKind::ALL {
+            let sort = match kind {
+                TelemetryKind::Gpu => GpuSample::sort_columns(),
+                TelemetryKind::Node => NodeSample::sort_columns(),
+                TelemetryKind::Step => StepProfile::sort_columns(),
+            };
+            let p = writer_properties(kind, &kind.schema(), sort, &config.write, Vec::new())?;
+            props.insert(kind, p);
+        }
+        let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
+        let stats = Arc::new(Mutex::new(SinkStats::default()));
+        let root = config.root.clone();
+        let worker = Worker {
+            files: HashMap::new(),
+            ctx: Ctx {
+                cfg: config,
+                props,
+                next_seq: HashMap::new(),
+                buffered: 0,
+                tick: 0,
+                stats: stats.clone(),
+            },
+        };
+        let handle = std::thread::Builder::new()
+            .name("telemetry-sink".into())
+            .spawn(move || {
+                if let Some(gate) = gate {
+                    let _ = gate.recv();
+                }
+                worker.run(rx)
+            })
+            .map_err(|e| TelemetryError::io("spawning the writer thread for", &root, e))?;
+        Ok(Self {
+            root,
+            tx: Some(tx),
+            handle: Some(handle),
+            stats,
+        })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn closed(&self, reason: &str) -> TelemetryError {
+        TelemetryError::SinkClosed {
+            root: self.root.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Queues rows, blocking while the channel is full.
+    pub fn send(&self, rows: impl Into<Records>) -> Result<()> {
+        let rows = rows.into();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| self.closed("already finished"))?;
+        tx.send(Msg::Rows(rows))
+            .map_err(|_| self.closed("the writer thread has stopped"))
+    }
+
+    /// Queues rows without blocking; gives them back if the channel is full.
+    pub fn try_send(&self, rows: impl Into<Records>) -> std::result::Result<(), TrySendError> {
+        let rows = rows.into();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let Some(tx) = self.tx.as_ref() else {
+            return Err(TrySendError::Closed(rows));
+        };
+        tx.try_send(Msg::Rows(rows)).map_err(|e| match e {
+            MpscTrySendError::Full(Msg::Rows(r)) => TrySendError::Full(r),
+            MpscTrySendError::Disconnected(Msg::Rows(r)) => TrySendError::Closed(r),
+            _ => unreachable!("only rows are sent here"),
+        })
+    }
+
+    /// Finishes every open file (publishing what was sent before this call) and waits
+    /// until that is done. The sink stays usable.
+    pub fn flush(&self) -> Result<()> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| self.closed("already finished"))?;
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        tx.send(Msg::Flush(ack_tx))
+            .map_err(|_| self.closed("the writer thread has stopped"))?;
+        ack_rx
+            .recv()
+            .map_err(|_| self.closed("the writer thread stopped during flush"))
+    }
+
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> SinkStats {
+        lock(&self.stats).clone()
+    }
+
+    /// Finishes every open file, stops the writer thread and returns the final statistics.
+    pub fn finish(mut self) -> Result<SinkStats> {
+        self.shutdown()?;
+        Ok(self.stats())
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        drop(self.tx.take());
+        if let Some(h) = self.handle.take() {
+            h.join()
+                .map_err(|_| self.closed("the writer thread panicked"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TelemetrySink {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!("telemetry sink shutdown: {e}");
+        }
+    }
+}
+
+fn lock(m: &Mutex<SinkStats>) -> std::sync::MutexGuard<'_, SinkStats> {
+    // Stats are plain counters: a panic while holding the lock cannot break them.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Rows waiting for the next row group of one file.
+enum Buffer {
+    Gpu(RowGroupBuffer<GpuSample>),
+    Node(RowGroupBuffer<NodeSample>),
+    Step(RowGroupBuffer<StepProfile>),
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Gpu(v) => v.len(),
+            Buffer::Node(v) => v.len(),
+            Buffer::Step(v) => v.len(),
+        }
+    }
+
+    /// The buffered rows as batches in file order, leaving the buffer empty.
+    fn take_batches(&mut self) -> Result<Vec<arrow_array::RecordBatch>> {
+        match self {
+            Buffer::Gpu(v) => v.take_batches(),
+            Buffer::Node(v) => v.take_batches(),
+            Buffer::Step(v) => v.take_batches(),
+        }
+    }
+
+    /// Validation counts since the last call.
+    fn take_report(&mut self) -> ValidationReport {
+        match self {
+            Buffer::Gpu(v) => v.take_report(),
+            Buffer::Node(v) => v.take_report(),
+            Buffer::Step(v) => v.take_report(),
+        }
+    }
+}
+
+/// Row types the sink buffers.
+trait Buffered: Columnar {
+    fn new_buffer() -> Buffer;
+    fn vec(b: &mut Buffer) -> &mut RowGroupBuffer<Self>;
+}
+
+macro_rules! buffered {
+    ($t:ty, $v:ident) => {
+        impl Buffered for $t {
+            fn new_buffer() -> Buffer {
+                Buffer::$v(RowGroupBuffer::new())
+            }
+            fn vec(b: &mut Buffer) -> &mut RowGroupBuffer<Self> {
+                match b {
+                    Buffer::$v(v) => v,
+                    _ => unreachable!("buffer kind is fixed by the partition key"),
+                }
+            }
+        }
+    };
+}
+buffered!(GpuSample, Gpu);
+buffered!(NodeSample, Node);
+buffered!(StepProfile, Step);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    kind: TelemetryKind,
+    date: Date,
+    node: Option<Arc<str>>,
+}
+
+/// State shared by all open files (kept apart from the file map for the borrow checker).
+struct Ctx {
+    cfg: SinkConfig,
+    props: HashMap<TelemetryKind, WriterProperties>,
+    next_seq: HashMap<PathBuf, u64>,
+    /// Rows buffered over all open files.
+    buffered: usize,
+    /// Monotonic use counter for LRU.
+    tick: u64,
+    stats: Arc<Mutex<SinkStats>>,
+}
+
+impl Ctx {
+    fn error(&mut self, e: TelemetryError, rows_lost: u64) {
+        tracing::error!("telemetry sink: {e} ({rows_lost} rows lost)");
+        let mut s = lock(&self.stats);
+        s.error_count += 1;
+        s.rows_dropped += rows_lost;
+        if s.errors.len() < SinkStats::MAX_LISTED {
+            s.errors.push(e.to_string());
+        }
+    }
+
+    /// The next unused sequence number in `dir`.
+    fn next_seq(&mut self, dir: &Path) -> u64 {
+        let next = self.next_seq.entry(dir.to_path_buf()).or_insert_with(|| {
+            std::fs::read_dir(dir)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok())
+                        .filter_map(|e| e.file_name().to_str().and_then(seq_of))
+                        .max()
+                        .unwrap_or(0)
+                })
+                .unwrap_or(0)
+                + 1
+        });
+        let seq = *next;
+        *next += 1;
+        seq
+    }
+}
+
+/// The file currently being written for one partition, and its row buffer.
+struct OpenFile {
+    partition: Partition,
+    dir: PathBuf,
+    buffer: Buffer,
+    file: Option<AtomicParquetFile>,
+    /// Earliest row time in the current file (written or buffered).
+    first_ts: Option<i64>,
+    /// When the current file received its first row.
+    opened_at: Option<Instant>,
+    last_used: u64,
+}
+
+impl OpenFile {
+    fn push<R: Buffered>(&mut self, row: R, ctx: &mut Ctx) {
+        let ts = row.timestamp_us();
+        let span = ctx.cfg.max_file_span.as_micros().min(i64::MAX as u128) as i64;
+        if let Some(first) = self.first_ts
+            && ts >= first.saturating_add(span)
+        {
+            self.close(ctx);
+        }
+        let buffer = R::vec(&mut self.buffer);
+        let before = buffer.len();
+        buffer.push(&row);
+        if buffer.len() == before {
+            return; // rejected by validation (counted in the buffer's report)
+        }
+        self.first_ts = Some(self.first_ts.map_or(ts, |f| f.min(ts)));
+        self.opened_at.get_or_insert_with(Instant::now);
+        ctx.buffered += 1;
+        if buffer.len() >= ctx.cfg.write.row_group_rows {
+            self.write_row_group(ctx);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.buffer.len() == 0 && self.file.is_none()
+    }
+
+    /// Encodes the buffer as one row group; finishes the file if it reached its size.
+    fn write_row_group(&mut self, ctx: &mut Ctx) {
+        let report = self.buffer.take_report();
+        if !report.is_clean() || report.rows_in > 0 {
+            lock(&ctx.stats).validation.merge(&report);
+        }
+        let n = self.buffer.len();
+        if n == 0 {
+            return;
+        }
+        ctx.buffered -= n;
+        let result = self.buffer.take_batches().and_then(|batches| {
+            if self.file.is_none() {
+                self.file = Some(self.create_file(ctx)?);
+            }
+            let file = self.file.as_mut().expect("just created");
+            for batch in &batches {
+                file.write(batch)?;
+            }
+            file.end_row_group()
+        });
+        if let Err(e) = result {
+            let written = self.file.as_ref().map_or(0, |f| f.rows());
+            if let Some(f) = self.file.take() {
+                f.abort();
+            }
+            // Rows of this row group that reached the file are in `written`.
+            ctx.error(e, (n as u64).max(written));
+            self.reset();
+            return;
+        }
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|f| f.bytes() >= ctx.cfg.max_file_bytes)
+        {
+            self.close(ctx);
+        }
+    }
+
+    fn create_file(&self, ctx: &mut Ctx) -> Result<AtomicParquetFile> {
+        let kind = self.partition.kind;
+        let props = ctx.props[&kind].clone();
+        let mut last_err = None;
+        // A name taken by someone else (another process, a leftover) is skipped.
+        for _ in 0..16 {
+            let name = part_name(PART_PREFIX, ctx.next_seq(&self.dir));
+            if self.dir.join(&name).exists() {
+                continue;
+            }
+            match AtomicParquetFile::create(&self.dir, &name, kind.schema(), props.clone()) {
+                Ok(mut f) => {
+                    f.add_metadata(
+                        META_PARTITION,
+                        self.partition.rel_dir().to_string_lossy().into_owned(),
+                    );
+                    return Ok(f);
+                }
+                Err(TelemetryError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                {
+                    last_err = Some(source);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(TelemetryError::io(
+            "finding a free file name in",
+            &self.dir,
+            last_err.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AlreadyExists)),
+        ))
+    }
+
+    /// Writes the buffer out and publishes the file.
+    fn close(&mut self, ctx: &mut Ctx) {
+        self.write_row_group(ctx);
+        if let Some(file) = self.file.take() {
+            let rows = file.rows();
+            match file.commit() {
+                Ok(path) => {
+                    let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                    let mut s = lock(&ctx.stats);
+                    s.rows_written += rows;
+                    s.files_committed += 1;
+                    s.bytes_committed += bytes;
+                    if s.files.len() >= SinkStats::MAX_LISTED {
+                        s.files.remove(0);
+                    }
+                    s.files.push(CommittedFile { path, rows, bytes });
+                }
+                Err(e) => ctx.error(e, rows),
+            }
+        }
+        self.reset();
+    }
+
+    fn reset(&mut self) {
+        self.first_ts = None;
+        self.opened_at = None;
+    }
+}
+
+struct Worker {
+    files: HashMap<Key, OpenFile>,
+    ctx: Ctx,
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Msg>) {
+        let cpu_at_start = thread_cpu_time();
+        let tick =
+            (self.ctx.cfg.max_file_age / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
+        let mut next_age_check = Instant::now() + tick;
+        loop {
+            // One clock read per message; file ages are checked at most once per tick.
+            let now = Instant::now();
+            if now >= next_age_check {
+                self.close_old(now);
+                next_age_check = now + tick;
+            }
+            match rx.recv_timeout(tick) {
+                Ok(Msg::Rows(rows)) => {
+                    {
+                        let mut s = lock(&self.ctx.stats);
+                        s.batches += 1;
+                        s.rows_received += rows.len() as u64;
+                    }
+                    match rows {
+                        Records::Gpu(v) => self.route(v),
+                        Records::Node(v) => self.route(v),
+                        Records::Step(v) => self.route(v),
+                    }
+                    self.enforce_memory();
+                }
+                Ok(Msg::Flush(ack)) => {
+                    self.close_all();
+                    let _ = ack.send(());
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        self.close_all();
+        lock(&self.ctx.stats).writer_cpu = thread_cpu_time().saturating_sub(cpu_at_start);
+    }
+
+    fn route<R: Buffered>(&mut self, rows: Vec<R>) {
+        // Split into runs of rows with the same partition (normally the whole batch).
+        let mut runs: Vec<(Key, usize)> = Vec::new();
+        for r in &rows {
+            let date = Date::of_us(r.timestamp_us());
+            match runs.last_mut() {
+                Some((k, n))
+                    if k.date == date
+                        && match (&k.node, r.node()) {
+                            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                            (None, None) => true,
+                            _ => false,
+                        } =>
+                {
+                    *n += 1
+                }
+                _ => runs.push((
+                    Key {
+                        kind: R::KIND,
+                        date,
+                        node: r.node().cloned(),
+                    },
+                    1,
+                )),
+            }
+        }
+        let mut rows = rows.into_iter();
+        for (key, n) in runs {
+            if !self.files.contains_key(&key) {
+                self.make_room();
+                let partition = Partition {
+                    kind: key.kind,
+                    date: key.date,
+                    node: key.node.as_deref().map(str::to_string),
+                };
+                let dir = self.ctx.cfg.root.join(partition.rel_dir());
+                self.files.insert(
+                    key.clone(),
+                    OpenFile {
+                        partition,
+                        dir,
+                        buffer: R::new_buffer(),
+                        file: None,
+                        first_ts: None,
+                        opened_at: None,
+                        last_used: 0,
+                    },
+                );
+            }
+            self.ctx.tick += 1;
+            let f = self.files.get_mut(&key).expect("inserted above");
+            f.last_used = self.ctx.tick;
+            for row in rows.by_ref().take(n) {
+                f.push(row, &mut self.ctx);
+            }
+        }
+    }
+
+    /// Finishes the least recently used file while too many are open.
+    fn make_room(&mut self) {
+        while self.files.len() >= self.ctx.cfg.max_open_files {
+            let Some(key) = self
+                .files
+                .iter()
+                .min_by_key(|(_, f)| f.last_used)
+                .map(|(k, _)| k.clone())
+            else {
+                return;
+            };
+            if let Some(mut f) = self.files.remove(&key) {
+                f.close(&mut self.ctx);
+            }
+        }
+    }
+
+    /// Writes out the fullest buffers while too many rows are buffered.
+    fn enforce_memory(&mut self) {
+        while self.ctx.buffered > self.ctx.cfg.max_buffered_rows {
+            let Some(f) = self
+                .files
+                .values_mut()
+                .max_by_key(|f| f.buffer.len())
+                .filter(|f| f.buffer.len() > 0)
+            else {
+                return;
+            };
+            f.write_row_group(&mut self.ctx);
+        }
+    }
+
+    /// Finishes files open longer than `max_file_age`, and forgets idle partitions.
+    fn close_old(&mut self, now: Instant) {
+        let age = self.ctx.cfg.max_file_age;
+        for f in self.files.values_mut() {
+            if f.opened_at
+                .is_some_and(|t| now.saturating_duration_since(t) >= age)
+            {
+                f.close(&mut self.ctx);
+            }
+        }
+        self.files.retain(|_, f| !f.is_empty());
+    }
+
+    fn close_all(&mut self) {
+        for (_, mut f) in self.files.drain() {
+            f.close(&mut self.ctx);
+        }
+    }
+}
+
+/// CPU time of the calling thread (Linux; zero where unavailable).
+fn thread_cpu_time() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn sample(ts: i64) -> GpuSample {
+        GpuSample {
+            timestamp_us: ts,
+            cluster: "c".into(),
+            node: "n1".into(),
+            gpu_uuid: "GPU-1".into(),
+            gpu_type: "H100".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn try_send_reports_full_and_send_blocks_until_the_writer_drains() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = SinkConfig::new(dir.path());
+        cfg.channel_capacity = 2;
+        let (gate_tx, gate_rx) = mpsc::channel();
+        let sink = Arc::new(TelemetrySink::spawn(cfg, Some(gate_rx)).unwrap());
+
+        // The writer is held at the gate: the channel fills after two batches.
+        sink.try_send(vec![sample(1)]).unwrap();
+        sink.try_send(vec![sample(2)]).unwrap();
+        match sink.try_send(vec![sample(3), sample(4)]) {
+            Err(TrySendError::Full(Records::Gpu(rows))) => assert_eq!(rows.len(), 2),
+            other => panic!("expected Full with the rows back, got {other:?}"),
+        }
+
+        // A blocking send waits…
+        let done = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (sink, done) = (sink.clone(), done.clone());
+            std::thread::spawn(move || {
+                sink.send(vec![sample(5)]).unwrap();
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "send must block while the channel is full"
+        );
+
+        // …until the writer starts draining.
+        gate_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        let sink = Arc::try_unwrap(sink).expect("only handle left");
+        let stats = sink.finish().unwrap();
+        assert_eq!(stats.rows_received, 3);
+        assert_eq!(stats.rows_written, 3);
+    }
+
+    #[test]
+    fn config_is_checked() {
+        let mut cfg = SinkConfig::new("/tmp/unused");
+        cfg.channel_capacity = 0;
+        assert!(matches!(
+            TelemetrySink::open(cfg),
+            Err(TelemetryError::Config(_))
+        ));
+    }
+}

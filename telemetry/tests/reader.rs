@@ -1,0 +1,387 @@
+//! Listing, predicate pushdown, projection, damaged files, summary, compaction, replay.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use marshal_telemetry::schema::col;
+use marshal_telemetry::*;
+
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+const GPUS: u16 = 4;
+const SECS: i64 = 600;
+
+/// 3 nodes × 4 GPUs × 600 s on two days; one row group per minute and GPU set.
+fn dataset(dir: &Path) -> Vec<GpuSample> {
+    let mut cfg = SinkConfig::new(dir);
+    cfg.write.row_group_rows = GPUS as usize * 60; // one minute of one node per row group
+    let sink = TelemetrySink::open(cfg).unwrap();
+    let mut all = Vec::new();
+    for day in [0, 1] {
+        let rows = gpu_series(&NODES, GPUS, DAY0_US + day * 86_400 * SEC, SECS);
+        for chunk in rows.chunks(NODES.len() * GPUS as usize) {
+            sink.send(chunk.to_vec()).unwrap();
+        }
+        all.extend(rows);
+    }
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.rows_written, all.len() as u64);
+    all
+}
+
+#[test]
+fn time_node_and_job_predicates_return_exactly_the_matching_rows_and_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dataset(dir.path());
+    let (start, end) = (DAY0_US + 130 * SEC, DAY0_US + 250 * SEC); // two minutes of day 0
+    let query = Query::new(TelemetryKind::Gpu)
+        .time_range(start, end)
+        .nodes(["n2"])
+        .jobs(["job-1"]);
+    let (mut got, report) = read_all::<GpuSample>(dir.path(), query).unwrap();
+
+    let mut expected: Vec<GpuSample> = all
+        .into_iter()
+        .filter(|s| s.timestamp_us >= start && s.timestamp_us < end)
+        .filter(|s| &*s.node == "n2" && s.job_id.as_deref() == Some("job-1"))
+        .collect();
+    got.sort_by_key(gpu_key);
+    expected.sort_by_key(gpu_key);
+    assert_eq!(expected.len(), 120 * 2);
+    assert_eq!(got, expected);
+
+    assert!(report.errors.is_empty());
+    assert_eq!(report.files_listed, 6);
+    // Other nodes and the other day are never opened.
+    assert_eq!(report.files_pruned_by_partition, 5);
+    assert_eq!(report.files_read, 1);
+    // 10 row groups (minutes) in the file; minutes 2–4 overlap [130 s, 250 s).
+    assert_eq!(report.row_groups_total, 10);
+    assert_eq!(report.row_groups_pruned, 7);
+    assert_eq!(report.rows_scanned, 3 * 240);
+    assert_eq!(report.rows_returned, 240);
+}
+
+#[test]
+fn statistics_prune_whole_files_inside_a_matching_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    dataset(dir.path());
+    // Day 0 after the data ends: partitions match, statistics do not.
+    let q = Query::new(TelemetryKind::Gpu).time_range(DAY0_US + 3600 * SEC, DAY0_US + 7200 * SEC);
+    let scan = Scan::new(dir.path(), q).unwrap();
+    let report = {
+        let mut s = scan;
+        assert_eq!(s.by_ref().count(), 0);
+        s.into_report()
+    };
+    assert_eq!(report.files_pruned_by_partition, 3);
+    assert_eq!(report.files_pruned_by_stats, 3);
+    assert_eq!(report.files_read, 0);
+    assert_eq!(report.row_groups_pruned, 30);
+    assert_eq!(report.rows_scanned, 0);
+}
+
+#[test]
+fn projection_reads_only_the_requested_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    dataset(dir.path());
+    let q = Query::new(TelemetryKind::Gpu)
+        .columns([col::SM_UTIL_PCT, col::TIMESTAMP])
+        .nodes(["n1"])
+        .time_range(DAY0_US, DAY0_US + 60 * SEC);
+    let batches: Vec<_> = Scan::new(dir.path(), q.clone()).unwrap().collect();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 60 * GPUS as usize);
+    for b in &batches {
+        let names: Vec<_> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(
+            names,
+            [col::TIMESTAMP, col::SM_UTIL_PCT],
+            "schema order, filter column not added"
+        );
+    }
+    // Typed rows need every column.
+    assert!(matches!(
+        Scan::new(dir.path(), q).unwrap().rows::<GpuSample>(),
+        Err(TelemetryError::InvalidQuery(_))
+    ));
+    // Unknown columns and impossible filters are refused up front.
+    let bad = Query::new(TelemetryKind::Gpu).columns(["no_such_column"]);
+    assert!(matches!(
+        Scan::new(dir.path(), bad),
+        Err(TelemetryError::InvalidQuery(_))
+    ));
+    let bad = Query::new(TelemetryKind::Step).nodes(["n1"]);
+    assert!(matches!(
+        Scan::new(dir.path(), bad),
+        Err(TelemetryError::InvalidQuery(_))
+    ));
+}
+
+/// Adds a truncated copy of a good file and a garbage file to `n1`'s day-0 partition.
+fn damage(dir: &Path) -> (PathBuf, PathBuf) {
+    let part = dir.join("kind=gpu/date=2025-03-14/node=n1");
+    let good = std::fs::read(part.join("part-000001.parquet")).unwrap();
+    let truncated = part.join("part-000100.parquet");
+    std::fs::write(&truncated, &good[..good.len() / 2]).unwrap();
+    let garbage = part.join("part-000101.parquet");
+    std::fs::write(&garbage, b"this is not parquet at all, not even close.....").unwrap();
+    (truncated, garbage)
+}
+
+#[test]
+fn truncated_and_garbage_files_are_reported_and_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dataset(dir.path());
+    let (truncated, garbage) = damage(dir.path());
+    let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), all.len(), "every good file is still read");
+    let bad: Vec<&PathBuf> = report.errors.iter().map(|e| &e.path).collect();
+    assert_eq!(bad, [&truncated, &garbage]);
+    assert!(report.errors.iter().all(|e| !e.reason.is_empty()));
+    assert!(
+        report.errors[0].reason.contains("Parquet"),
+        "{}",
+        report.errors[0].reason
+    );
+    assert_eq!(report.files_read, 6);
+}
+
+#[test]
+fn files_from_a_newer_schema_version_are_refused() {
+    use marshal_telemetry::writer::writer_properties;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::metadata::KeyValue;
+
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    std::fs::create_dir_all(&part).unwrap();
+    let schema = GpuSample::schema();
+    let mut props = writer_properties(
+        TelemetryKind::Gpu,
+        &schema,
+        &[],
+        &WriteOptions::default(),
+        vec![],
+    )
+    .unwrap();
+    // Overwrite the version key.
+    props = props
+        .into_builder()
+        .set_key_value_metadata(Some(vec![
+            KeyValue::new("marshal.telemetry.schema_version".into(), "999".to_string()),
+            KeyValue::new("marshal.telemetry.kind".into(), "gpu".to_string()),
+        ]))
+        .build();
+    let f = std::fs::File::create(part.join("part-000001.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(f, schema, Some(props)).unwrap();
+    let mut report = ValidationReport::default();
+    w.write(&GpuSample::to_batch(&gpu_series(&["n1"], 1, DAY0_US, 3), &mut report).unwrap())
+        .unwrap();
+    w.close().unwrap();
+
+    let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert!(rows.is_empty());
+    assert_eq!(report.errors.len(), 1);
+    assert!(
+        report.errors[0].reason.contains("schema version"),
+        "{}",
+        report.errors[0].reason
+    );
+}
+
+#[test]
+fn summary_reports_counts_span_and_per_gpu_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = dataset(dir.path());
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    let steps: Vec<StepProfile> = (0..5)
+        .map(|i| step("j", i, DAY0_US + i as i64 * SEC))
+        .collect();
+    sink.send(steps).unwrap();
+    // A memory peak on one GPU.
+    let mut peak = gpu("n3", 2, DAY0_US + 86_400 * SEC + 700 * SEC);
+    peak.mem_used_bytes = Some(79 << 30);
+    peak.sm_util_pct = Some(100.0);
+    sink.send(vec![peak.clone()]).unwrap();
+    all.push(peak);
+    sink.finish().unwrap();
+    let (garbage_a, garbage_b) = damage(dir.path());
+
+    let s = summarize(dir.path()).unwrap();
+    let gpu_kind = s
+        .kinds
+        .iter()
+        .find(|k| k.kind == TelemetryKind::Gpu)
+        .unwrap();
+    assert_eq!(gpu_kind.rows, all.len() as u64);
+    assert_eq!(gpu_kind.files, 7);
+    assert_eq!(gpu_kind.first_us, Some(DAY0_US));
+    assert_eq!(gpu_kind.last_us, Some(DAY0_US + 86_400 * SEC + 700 * SEC));
+    assert!(
+        gpu_kind
+            .schema
+            .as_ref()
+            .unwrap()
+            .field_with_name(col::GPU_UUID)
+            .is_ok()
+    );
+    assert_eq!(
+        gpu_kind.schema_versions.iter().copied().collect::<Vec<_>>(),
+        [SCHEMA_VERSION]
+    );
+    let step_kind = s
+        .kinds
+        .iter()
+        .find(|k| k.kind == TelemetryKind::Step)
+        .unwrap();
+    assert_eq!(step_kind.rows, 5);
+    let errs: Vec<_> = s.errors.iter().map(|e| e.path.clone()).collect();
+    assert_eq!(
+        errs,
+        [garbage_a, garbage_b],
+        "each damaged file is listed once"
+    );
+
+    assert_eq!(s.gpus.len(), NODES.len() * GPUS as usize);
+    for g in &s.gpus {
+        let mine: Vec<&GpuSample> = all
+            .iter()
+            .filter(|x| *x.node == g.node && *x.gpu_uuid == g.gpu_uuid)
+            .collect();
+        assert_eq!(g.rows, mine.len() as u64);
+        let max_sm = mine
+            .iter()
+            .filter_map(|x| x.sm_util_pct)
+            .fold(0.0f32, f32::max);
+        let mean_sm = mine
+            .iter()
+            .filter_map(|x| x.sm_util_pct)
+            .map(f64::from)
+            .sum::<f64>()
+            / mine.len() as f64;
+        assert_eq!(g.max_sm_util_pct, Some(max_sm));
+        assert!((g.mean_sm_util_pct.unwrap() - mean_sm).abs() < 1e-9);
+        let peak = mine.iter().filter_map(|x| x.mem_used_bytes).max();
+        assert_eq!(g.peak_mem_used_bytes, peak);
+    }
+    let g = s
+        .gpus
+        .iter()
+        .find(|g| g.node == "n3" && g.gpu_index == 2)
+        .unwrap();
+    assert_eq!(g.peak_mem_used_bytes, Some(79 << 30));
+}
+
+#[test]
+fn compaction_merges_a_partition_and_keeps_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.write.row_group_rows = 50;
+    cfg.max_file_bytes = 1; // a file per row group: many small files
+    let sink = TelemetrySink::open(cfg).unwrap();
+    let rows = gpu_series(&["n1"], 4, DAY0_US, 100);
+    for c in rows.chunks(4) {
+        sink.send(c.to_vec()).unwrap();
+    }
+    sink.finish().unwrap();
+    let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    let before = list_files(dir.path()).unwrap().files;
+    assert_eq!(before.len(), 8);
+    let keep_copy = std::fs::read(&before[0].path).unwrap();
+
+    let report = compact_partition(&part, &CompactOptions::default()).unwrap();
+    assert_eq!(report.inputs.len(), 8);
+    assert_eq!(report.rows, 400);
+    let output = report.output.clone().unwrap();
+    assert!(output.ends_with("compact-000009.parquet"));
+    let after = list_files(dir.path()).unwrap();
+    assert_eq!(after.files.len(), 1);
+    assert!(
+        before.iter().all(|f| !f.path.exists()),
+        "inputs removed after the merge"
+    );
+    let (mut back, rep) =
+        read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert!(rep.errors.is_empty());
+    let mut expected = rows.clone();
+    back.sort_by_key(gpu_key);
+    expected.sort_by_key(gpu_key);
+    assert_eq!(back, expected);
+
+    // A crash after the rename left an input behind: readers skip it, compaction removes it.
+    std::fs::write(&before[0].path, &keep_copy).unwrap();
+    let listing = list_files(dir.path()).unwrap();
+    assert_eq!(listing.files.len(), 1);
+    assert_eq!(listing.superseded, [before[0].path.clone()]);
+    let (back, _) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(back.len(), 400, "no duplicates");
+    let report = compact_partition(&part, &CompactOptions::default()).unwrap();
+    assert_eq!(report.recovered, [before[0].path.clone()]);
+    assert!(report.output.is_none());
+    assert!(!before[0].path.exists());
+}
+
+#[test]
+fn compaction_leaves_damaged_files_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dataset(dir.path());
+    let (truncated, garbage) = damage(dir.path());
+    // Give n1's day-0 partition a second good file.
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    let extra = gpu_series(&["n1"], GPUS, DAY0_US + 1000 * SEC, 10);
+    sink.send(extra.clone()).unwrap();
+    sink.finish().unwrap();
+
+    let reports = compact_all(dir.path(), &CompactOptions::default()).unwrap();
+    assert_eq!(reports.len(), 1);
+    let r = &reports[0];
+    assert_eq!(r.inputs.len(), 2);
+    assert_eq!(r.rows, (SECS as u64 + 10) * GPUS as u64);
+    let skipped: Vec<_> = r.skipped.iter().map(|e| e.path.clone()).collect();
+    assert_eq!(skipped, [truncated.clone(), garbage.clone()]);
+    assert!(truncated.exists() && garbage.exists());
+    let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), all.len() + extra.len());
+    assert_eq!(report.errors.len(), 2);
+}
+
+#[test]
+fn replay_returns_recorded_samples_in_time_order_up_to_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dataset(dir.path());
+    let mut src = ReplaySource::open(
+        dir.path(),
+        Query::new(TelemetryKind::Gpu).nodes(["n1", "n3"]),
+    )
+    .unwrap();
+    let src_dyn: &mut dyn Source = &mut src;
+    assert!(src_dyn.sample(DAY0_US - 1).unwrap().is_empty());
+    let first = src_dyn.sample(DAY0_US).unwrap();
+    assert_eq!(first.len(), 2 * GPUS as usize);
+    assert!(
+        src_dyn.sample(DAY0_US).unwrap().is_empty(),
+        "nothing is returned twice"
+    );
+    let mut got = first;
+    let mut now = DAY0_US;
+    while now < DAY0_US + 2 * 86_400 * SEC {
+        now += 3600 * SEC;
+        let batch = src_dyn.sample(now).unwrap();
+        assert!(batch.iter().all(|s| s.timestamp_us <= now));
+        got.extend(batch);
+    }
+    assert!(
+        got.windows(2)
+            .all(|w| w[0].timestamp_us <= w[1].timestamp_us)
+    );
+    let expected = all.iter().filter(|s| &*s.node != "n2").count();
+    assert_eq!(got.len(), expected);
+    assert!(src.report().errors.is_empty());
+}

@@ -1,0 +1,385 @@
+//! Partitioning, rolling, atomic visibility and accounting of the sink.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use marshal_telemetry::*;
+
+fn rel(root: &Path, files: &[DataFile]) -> Vec<String> {
+    files
+        .iter()
+        .map(|f| {
+            f.path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}
+
+fn gpu_rows_in(path: &Path) -> Vec<GpuSample> {
+    let file = DataFile {
+        path: path.to_path_buf(),
+        partition: None,
+        bytes: 0,
+    };
+    Scan::from_files(vec![file], Query::new(TelemetryKind::Gpu))
+        .unwrap()
+        .rows::<GpuSample>()
+        .unwrap()
+        .collect()
+}
+
+#[test]
+fn files_are_partitioned_by_kind_date_and_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    // Two nodes, 30 s either side of midnight, and one awkward node name.
+    sink.send(gpu_series(
+        &["n1", "n2"],
+        2,
+        DAY0_US + 86_400 * SEC - 30 * SEC,
+        60,
+    ))
+    .unwrap();
+    sink.send(vec![gpu("rack 1/n=3", 0, DAY0_US)]).unwrap();
+    sink.send(vec![node_sample("n1", DAY0_US)]).unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.rows_written, 2 * 2 * 60 + 2);
+
+    let listing = list_files(dir.path()).unwrap();
+    assert_eq!(
+        rel(dir.path(), &listing.files),
+        [
+            "kind=gpu/date=2025-03-14/node=n1/part-000001.parquet",
+            "kind=gpu/date=2025-03-14/node=n2/part-000001.parquet",
+            "kind=gpu/date=2025-03-14/node=rack%201%2Fn%3D3/part-000001.parquet",
+            "kind=gpu/date=2025-03-15/node=n1/part-000001.parquet",
+            "kind=gpu/date=2025-03-15/node=n2/part-000001.parquet",
+            "kind=node/date=2025-03-14/node=n1/part-000001.parquet",
+        ]
+    );
+    let p = listing.files[2].partition.as_ref().unwrap();
+    assert_eq!(p.node.as_deref(), Some("rack 1/n=3"));
+    // Every file's rows lie in its date and node.
+    for f in listing
+        .files
+        .iter()
+        .filter(|f| f.partition.as_ref().unwrap().kind == TelemetryKind::Gpu)
+    {
+        let part = f.partition.as_ref().unwrap();
+        let rows = gpu_rows_in(&f.path);
+        assert!(!rows.is_empty());
+        for r in rows {
+            assert!(r.timestamp_us >= part.date.start_us() && r.timestamp_us < part.date.end_us());
+            assert_eq!(Some(r.node.to_string()), part.node);
+        }
+    }
+}
+
+#[test]
+fn files_roll_by_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.write.row_group_rows = 100;
+    cfg.max_file_bytes = 1; // every row group closes its file
+    let sink = TelemetrySink::open(cfg).unwrap();
+    sink.send(gpu_series(&["n1"], 4, DAY0_US, 100)).unwrap(); // 400 rows
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.files_committed, 4);
+    assert_eq!(
+        stats.files.iter().map(|f| f.rows).collect::<Vec<_>>(),
+        [100; 4]
+    );
+    let listing = list_files(dir.path()).unwrap();
+    assert_eq!(listing.files.len(), 4);
+    assert!(listing.files[3].path.ends_with("part-000004.parquet"));
+
+    // With a realistic limit the same rows fit in one file.
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut cfg = SinkConfig::new(dir2.path());
+    cfg.write.row_group_rows = 100;
+    let sink = TelemetrySink::open(cfg).unwrap();
+    sink.send(gpu_series(&["n1"], 4, DAY0_US, 100)).unwrap();
+    assert_eq!(sink.finish().unwrap().files_committed, 1);
+}
+
+#[test]
+fn files_roll_by_data_time_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.max_file_span = Duration::from_secs(3600);
+    let sink = TelemetrySink::open(cfg).unwrap();
+    // 3 hours at one sample per 10 s, sent in 1-minute batches.
+    let rows: Vec<GpuSample> = (0..3 * 360)
+        .map(|i| gpu("n1", 0, DAY0_US + i * 10 * SEC))
+        .collect();
+    for chunk in rows.chunks(6) {
+        sink.send(chunk.to_vec()).unwrap();
+    }
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.files_committed, 3);
+    for f in &stats.files {
+        let rows = gpu_rows_in(&f.path);
+        let lo = rows.iter().map(|r| r.timestamp_us).min().unwrap();
+        let hi = rows.iter().map(|r| r.timestamp_us).max().unwrap();
+        assert!(
+            hi - lo < 3600 * SEC,
+            "{} spans {} s",
+            f.path.display(),
+            (hi - lo) / SEC
+        );
+        assert_eq!(rows.len(), 360);
+    }
+}
+
+#[test]
+fn files_roll_by_wall_time_and_become_visible_without_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.max_file_age = Duration::from_millis(100);
+    let sink = TelemetrySink::open(cfg).unwrap();
+    sink.send(gpu_series(&["n1"], 2, DAY0_US, 10)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let files = loop {
+        let l = list_files(dir.path()).unwrap();
+        if !l.files.is_empty() || std::time::Instant::now() > deadline {
+            break l.files;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        files.len(),
+        1,
+        "the aged file is published while the sink is open"
+    );
+    assert_eq!(sink.stats().rows_written, 20);
+    // Later rows go to a new file.
+    sink.send(gpu_series(&["n1"], 2, DAY0_US + 100 * SEC, 10))
+        .unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.files_committed, 2);
+}
+
+#[test]
+fn nothing_is_visible_until_a_file_is_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(gpu_series(&["n1"], 8, DAY0_US, 60)).unwrap();
+    // Buffered, not published: readers see nothing.
+    std::thread::sleep(Duration::from_millis(50));
+    let l = list_files(dir.path()).unwrap();
+    assert!(l.files.is_empty(), "{:?}", l.files);
+    let (rows, _) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert!(rows.is_empty());
+    sink.flush().unwrap();
+    let (rows, _) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), 480);
+    drop(sink);
+}
+
+#[test]
+fn tmp_files_are_ignored_by_readers_and_skipped_by_numbering() {
+    let dir = tempfile::tempdir().unwrap();
+    let part: PathBuf = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    std::fs::create_dir_all(&part).unwrap();
+    // A file a crashed writer left half written, and a stray temp name.
+    std::fs::write(part.join(".part-000007.parquet.tmp"), b"PAR1 half a file").unwrap();
+    std::fs::write(part.join("part-000008.parquet.tmp"), b"PAR1 half a file").unwrap();
+
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(gpu_series(&["n1"], 1, DAY0_US, 5)).unwrap();
+    let stats = sink.finish().unwrap();
+    assert!(
+        stats.files[0].path.ends_with("part-000009.parquet"),
+        "{:?}",
+        stats.files
+    );
+
+    let listing = list_files(dir.path()).unwrap();
+    assert_eq!(listing.files.len(), 1);
+    assert_eq!(listing.ignored.len(), 2);
+    let scan = Scan::new(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    let rows: usize = scan.map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 5);
+    // No leftover temporary files from the sink itself.
+    let tmp_left = walk(dir.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".tmp"))
+        .count();
+    assert_eq!(tmp_left, 2);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn open_file_and_buffer_limits_keep_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.max_open_files = 2;
+    cfg.max_buffered_rows = 50;
+    cfg.channel_capacity = 1;
+    let sink = TelemetrySink::open(cfg).unwrap();
+    let nodes = ["a", "b", "c", "d", "e"];
+    for s in 0..20 {
+        sink.send(gpu_series(&nodes, 4, DAY0_US + s * SEC, 1))
+            .unwrap();
+    }
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.rows_written, 5 * 4 * 20);
+    assert_eq!(stats.rows_dropped, 0);
+    assert!(stats.files_committed >= 5);
+    let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), 400);
+    assert!(report.errors.is_empty());
+}
+
+#[test]
+fn write_errors_are_counted_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file where the partition directory for node "x" must go.
+    std::fs::create_dir_all(dir.path().join("kind=gpu/date=2025-03-14")).unwrap();
+    std::fs::write(
+        dir.path().join("kind=gpu/date=2025-03-14/node=x"),
+        b"not a dir",
+    )
+    .unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(gpu_series(&["x", "y"], 1, DAY0_US, 3)).unwrap();
+    sink.flush().unwrap();
+    sink.send(gpu_series(&["y"], 1, DAY0_US + 10 * SEC, 3))
+        .unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.error_count, 1, "{:?}", stats.errors);
+    assert!(stats.errors[0].contains("node=x"), "{:?}", stats.errors);
+    assert_eq!(stats.rows_dropped, 3);
+    assert_eq!(stats.rows_written, 6);
+    assert_eq!(stats.rows_received, stats.rows_written + stats.rows_dropped);
+}
+
+#[test]
+fn an_idle_sink_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(Vec::<GpuSample>::new()).unwrap();
+    sink.flush().unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(
+        (
+            stats.batches,
+            stats.rows_received,
+            stats.files_committed,
+            stats.error_count
+        ),
+        (0, 0, 0, 0)
+    );
+    assert!(walk(dir.path()).is_empty());
+}
+
+#[test]
+fn rows_are_written_in_file_order_even_when_they_arrive_out_of_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    // Time-major, as a sampler sends them, plus late rows for GPU 1 and an out-of-order GPU 2.
+    sink.send(gpu_series(&["n1"], 2, DAY0_US + 10 * SEC, 5))
+        .unwrap();
+    sink.send(vec![gpu("n1", 1, DAY0_US + SEC), gpu("n1", 1, DAY0_US)])
+        .unwrap();
+    sink.send(vec![gpu("n1", 2, DAY0_US + 2 * SEC), gpu("n1", 2, DAY0_US)])
+        .unwrap();
+    let nodes: Vec<NodeSample> = [3, 1, 2]
+        .iter()
+        .map(|s| node_sample("n1", DAY0_US + s * SEC))
+        .collect();
+    sink.send(nodes).unwrap();
+    let steps = vec![
+        step("b", 2, DAY0_US),
+        step("a", 7, DAY0_US),
+        step("b", 1, DAY0_US),
+        step("a", 3, DAY0_US),
+    ];
+    sink.send(steps).unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.rows_written, 10 + 2 + 2 + 3 + 4);
+
+    let gpu_file = &stats
+        .files
+        .iter()
+        .find(|f| f.path.to_string_lossy().contains("kind=gpu"))
+        .unwrap()
+        .path;
+    let order: Vec<(u16, i64)> = gpu_rows_in(gpu_file)
+        .iter()
+        .map(|s| (s.gpu_index, (s.timestamp_us - DAY0_US) / SEC))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (0, 10),
+            (0, 11),
+            (0, 12),
+            (0, 13),
+            (0, 14),
+            (1, 0),
+            (1, 1),
+            (1, 10),
+            (1, 11),
+            (1, 12),
+            (1, 13),
+            (1, 14),
+            (2, 0),
+            (2, 2)
+        ]
+    );
+    let (nodes, _) = read_all::<NodeSample>(dir.path(), Query::new(TelemetryKind::Node)).unwrap();
+    let t: Vec<i64> = nodes
+        .iter()
+        .map(|n| (n.timestamp_us - DAY0_US) / SEC)
+        .collect();
+    assert_eq!(t, [1, 2, 3]);
+    let (steps, _) = read_all::<StepProfile>(dir.path(), Query::new(TelemetryKind::Step)).unwrap();
+    let s: Vec<(String, u64)> = steps
+        .iter()
+        .map(|s| (s.job_id.to_string(), s.step))
+        .collect();
+    assert_eq!(
+        s,
+        [
+            ("a".into(), 3),
+            ("a".into(), 7),
+            ("b".into(), 1),
+            ("b".into(), 2)
+        ]
+    );
+}
+
+#[test]
+fn dropping_the_sink_publishes_what_it_buffered() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+        sink.send(gpu_series(&["n1", "n2"], 2, DAY0_US, 30))
+            .unwrap();
+        // No finish(): Drop finishes the files.
+    }
+    let listing = list_files(dir.path()).unwrap();
+    assert_eq!(listing.files.len(), 2);
+    assert!(listing.ignored.is_empty(), "no temporary file left behind");
+    let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), 120);
+    assert!(report.errors.is_empty());
+}

@@ -1,0 +1,23 @@
+//! Helpers shared by the end-to-end tests.
+
+use std::process::{Command, Output};
+
+/// Runs the `marshal` binary with `args`.
+pub fn marshal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args(args)
+        .output()
+        .expect("marshal runs")
+}
+
+/// Runs `marshal args`, asserts it succeeded and returns its stdout.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn stdout_of(args: &[&str]) -> String {
+    let out = marshal(args);
+    assert!(
+        out.status.success(),
+        "marshal {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("stdout is UTF-8")
+}

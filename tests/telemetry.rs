@@ -1,0 +1,209 @@
+//! End-to-end tests of `marshal telemetry` and `marshal agent` (simulated source; NVML
+//! is absent in CI).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+
+use common::{marshal, stdout_of as ok};
+
+fn files_under(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(suffix) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn record_inspect_and_compact_a_simulated_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tel");
+    let out_s = out.to_str().unwrap();
+    let text = ok(&[
+        "telemetry",
+        "record",
+        "--source",
+        "sim",
+        "--trace",
+        "itp-195job",
+        "--hours",
+        "2",
+        "--interval",
+        "60s",
+        "--stragglers",
+        "0.5",
+        "--out",
+        out_s,
+    ]);
+    // 121 ticks × 128 GPUs.
+    assert!(text.contains("recorded 15488 GPU samples"), "{text}");
+    let summary: Value =
+        serde_json::from_str(&ok(&["telemetry", "inspect", out_s, "--format", "json"])).unwrap();
+    let kinds = summary["kinds"].as_array().unwrap();
+    let gpu = kinds.iter().find(|k| k["kind"] == "gpu").unwrap();
+    assert_eq!(gpu["rows"], 15488);
+    assert!(
+        gpu["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c == "mem_phase")
+    );
+    assert!(
+        kinds
+            .iter()
+            .any(|k| k["kind"] == "step" && k["rows"].as_u64().unwrap() > 0)
+    );
+    assert_eq!(summary["gpus"].as_array().unwrap().len(), 128);
+    assert!(summary["errors"].as_array().unwrap().is_empty());
+
+    // A corrupt file is reported, not fatal.
+    let victim = files_under(&out, ".parquet")
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("kind=gpu"))
+        .expect("a GPU file");
+    std::fs::write(&victim, b"PAR1 not really").unwrap();
+    let summary: Value =
+        serde_json::from_str(&ok(&["telemetry", "inspect", out_s, "--format", "json"])).unwrap();
+    assert_eq!(summary["errors"].as_array().unwrap().len(), 1);
+    std::fs::remove_file(&victim).unwrap();
+
+    let before: u64 = files_under(&out, ".parquet").len() as u64;
+    let text = ok(&["telemetry", "compact", out_s]);
+    assert!(text.contains("partitions compacted"), "{text}");
+    let after = files_under(&out, ".parquet").len() as u64;
+    assert!(after < before, "{before} → {after}");
+    let summary: Value =
+        serde_json::from_str(&ok(&["telemetry", "inspect", out_s, "--format", "json"])).unwrap();
+    let rows: u64 = summary["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["kind"] == "gpu")
+        .map(|k| k["rows"].as_u64().unwrap())
+        .sum();
+    assert!(
+        rows > 0 && rows < 15488,
+        "compaction keeps the rows of the files left: {rows}"
+    );
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let out = marshal(&["telemetry", "inspect", "/nonexistent/telemetry"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/telemetry"));
+    let out = marshal(&[
+        "agent",
+        "--source",
+        "sim",
+        "--out",
+        "/tmp/x",
+        "--interval",
+        "0s",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("positive duration"));
+    let out = marshal(&[
+        "telemetry",
+        "record",
+        "--source",
+        "sim",
+        "--out",
+        "/tmp/x",
+        "--stragglers",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("straggler fraction"));
+}
+
+#[test]
+fn nvml_without_a_driver_is_a_clear_error() {
+    if Path::new("/dev/nvidia0").exists() {
+        eprintln!("skipped: this machine has an NVIDIA GPU");
+        return;
+    }
+    let out = marshal(&["telemetry", "topology"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NVML"), "{err}");
+}
+
+#[test]
+fn the_agent_finalises_its_last_file_on_sigterm() {
+    if Command::new("kill").arg("-0").arg("1").output().is_err() {
+        eprintln!("skipped: no `kill` command to send SIGTERM with");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("agent");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args([
+            "agent",
+            "--source",
+            "sim",
+            "--trace",
+            "pollux-1",
+            "--interval",
+            "100ms",
+            "--speedup",
+            "600",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it sample for a while.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the agent runs until stopped"
+    );
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the agent did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    assert!(
+        files_under(&out, ".tmp").is_empty(),
+        "no unfinished file is left"
+    );
+    let summary: Value = serde_json::from_str(&ok(&[
+        "telemetry",
+        "inspect",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    let gpus = summary["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 4, "one g4dn node's GPUs");
+    assert!(gpus[0]["rows"].as_u64().unwrap() >= 5);
+}
