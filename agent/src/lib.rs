@@ -15,11 +15,13 @@
 //!   training and for running the agent without a GPU.
 
 mod error;
+mod host;
 mod sampling;
 mod simulated;
 mod topology;
 
 pub use error::AgentError;
+pub use host::HostSampler;
 pub use sampling::{Clock, LoopStats, ManualClock, SystemClock, run_sampling_loop};
 pub use simulated::{SimTelemetryOptions, SimulatedTelemetry};
 pub use topology::{catalog_model, node_spec};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use marshal_telemetry::{Source, TelemetrySink};
 
-use crate::AgentError;
+use crate::{AgentError, HostSampler};
 
 /// Where the loop gets the time from, so tests and simulated runs need not sleep.
 pub trait Clock {
@@ -51,15 +51,18 @@ impl Clock for ManualClock {
 pub struct LoopStats {
     pub ticks: u64,
     pub rows: u64,
+    /// Per-node rows.
+    pub node_rows: u64,
     /// Ticks whose source failed (logged and skipped; the loop goes on).
     pub source_errors: u64,
 }
 
-/// Samples `source` every `interval` into `sink` until `stop` is set or `max_ticks`
-/// ticks have run. A failing tick is logged and counted, not fatal; a sink that cannot
-/// accept rows any more (its writer died) is.
+/// Samples `source` (and the host, when given) every `interval` into `sink` until
+/// `stop` is set or `max_ticks` ticks have run. A failing tick is logged and counted,
+/// not fatal; a sink that cannot accept rows any more (its writer died) is.
 pub fn run_sampling_loop(
     source: &mut dyn Source,
+    mut host: Option<&mut HostSampler>,
     sink: &TelemetrySink,
     interval: Duration,
     stop: &AtomicBool,
@@ -85,6 +88,10 @@ pub fn run_sampling_loop(
                 stats.source_errors += 1;
                 tracing::warn!("telemetry source failed: {e}");
             }
+        }
+        if let Some(host) = host.as_deref_mut() {
+            sink.send(vec![host.sample(started)])?;
+            stats.node_rows += 1;
         }
         stats.ticks += 1;
         let due = started + interval.as_micros() as i64;

@@ -188,12 +188,15 @@ fn the_loop_writes_a_nodes_samples_until_stopped() {
     sim.only_node(&node).unwrap();
     assert!(sim.only_node("nope").is_err());
     let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    // The host sampler reads this machine's /proc (fields it cannot read stay null).
+    let mut host = Some(marshal_agent::HostSampler::new("t", &node));
     let stop = AtomicBool::new(false);
     let mut clock = ManualClock {
         now_us: SimTelemetryOptions::default().epoch_us,
     };
     let stats = run_sampling_loop(
         &mut sim,
+        host.as_mut(),
         &sink,
         Duration::from_secs(10),
         &stop,
@@ -201,7 +204,7 @@ fn the_loop_writes_a_nodes_samples_until_stopped() {
         Some(30),
     )
     .unwrap();
-    assert_eq!((stats.ticks, stats.rows), (30, 30 * 4));
+    assert_eq!((stats.ticks, stats.rows, stats.node_rows), (30, 30 * 4, 30));
     sink.finish().unwrap();
     let (rows, report): (Vec<marshal_telemetry::GpuSample>, _) =
         read_all(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
@@ -210,8 +213,10 @@ fn the_loop_writes_a_nodes_samples_until_stopped() {
     // A stop request ends the loop before its first tick.
     let sink = TelemetrySink::open(SinkConfig::new(dir.path().join("b"))).unwrap();
     let stop = AtomicBool::new(true);
+    let mut host = None;
     let stats = run_sampling_loop(
         &mut sim,
+        host.as_mut(),
         &sink,
         Duration::from_secs(1),
         &stop,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use marshal_agent::{
-    Clock, SimTelemetryOptions, SimulatedTelemetry, SystemClock, run_sampling_loop,
+    Clock, HostSampler, SimTelemetryOptions, SimulatedTelemetry, SystemClock, run_sampling_loop,
 };
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{self, SimConfig};
@@ -258,11 +258,14 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
             );
         }
         SourceArg::Nvml => {
-            let mut source = NvmlSource::open_with(NvmlConfig::default())?;
+            let config = NvmlConfig::default();
+            let mut host = HostSampler::new(&config.cluster, &config.node);
+            let mut source = NvmlSource::open_with(config)?;
             let stop = stop_on_signal()?;
             let ticks = (a.duration.as_secs_f64() / a.interval.as_secs_f64()).ceil() as u64;
             let stats = run_sampling_loop(
                 &mut source,
+                Some(&mut host),
                 &sink,
                 a.interval,
                 &stop,
@@ -314,8 +317,13 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let sink = TelemetrySink::open(SinkConfig::new(&a.out))
         .with_context(|| format!("opening {}", a.out.display()))?;
     let mut clock = SystemClock;
+    let mut host = None;
     let mut source: Box<dyn Source> = match a.source {
-        SourceArg::Nvml => Box::new(NvmlSource::open_with(NvmlConfig::default())?),
+        SourceArg::Nvml => {
+            let config = NvmlConfig::default();
+            host = Some(HostSampler::new(&config.cluster, &config.node));
+            Box::new(NvmlSource::open_with(config)?)
+        }
         SourceArg::Sim => {
             if !(a.speedup.is_finite() && a.speedup > 0.0) {
                 bail!("--speedup must be positive");
@@ -339,7 +347,15 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         a.interval,
         a.out.display()
     );
-    let stats = run_sampling_loop(source.as_mut(), &sink, a.interval, &stop, &mut clock, None)?;
+    let stats = run_sampling_loop(
+        source.as_mut(),
+        host.as_mut(),
+        &sink,
+        a.interval,
+        &stop,
+        &mut clock,
+        None,
+    )?;
     let sink_stats = sink.finish()?;
     eprintln!(
         "agent: stopped after {} ticks, {} rows, {} files",
