@@ -41,7 +41,9 @@
 
 use std::sync::Arc;
 
-use marshal_scheduler::domain::{Job, JobId, NodeId, Placement, TopoLevel, Topology, WorkloadKind};
+use marshal_scheduler::domain::{
+    CommPattern, Job, JobId, NodeId, Placement, TopoLevel, Topology, WorkloadKind,
+};
 use marshal_scheduler::sim::{LogEntry, LogKind, SpeedModel};
 use marshal_telemetry::{GpuSample, Health, MemPhase, Source, StepProfile};
 
@@ -636,6 +638,27 @@ impl SimulatedTelemetry {
                 _ => steady,
             };
             let productive = (t - run.start - job.checkpoint.restart_s).max(0.0);
+            let tenants = run
+                .placement
+                .gpu_ids()
+                .map(|g| self.active_runs(g.0 as usize, t).count() as u16)
+                .max()
+                .unwrap_or(1);
+            // The mean over the gang of what the samples report, before noise.
+            let util = match phase {
+                MemPhase::Warmup => 15.0,
+                MemPhase::Checkpoint => 5.0,
+                MemPhase::Steady | MemPhase::Eval => {
+                    let gpus = run.placement.gpu_ids().count().max(1) as f64;
+                    let waiting = if run.straggler.is_some() {
+                        gpus - 1.0
+                    } else {
+                        0.0
+                    };
+                    let factor = (gpus - waiting + waiting * self.opts.straggler_speed) / gpus;
+                    self.opts.base_util_pct * self.compute_share(run) * factor / tenants as f64
+                }
+            };
             let nodes = run
                 .placement
                 .workers
@@ -654,9 +677,35 @@ impl SimulatedTelemetry {
                 gpu_type: self.gpu_types[first].clone(),
                 num_gpus: job.gpu_count(),
                 placement: Arc::from(format!("{nodes}x{per_node}").as_str()),
+                model: self.kind(job).map(|k| Arc::from(k.name.as_str())),
+                batch_size: job.batch_size,
+                comm: Some(Arc::from(comm_name(job.comm))),
+                span: Some(Arc::from(level_name(run.span))),
+                tenants: Some(tenants),
+                gpu_util_pct: Some(util as f32),
             });
         }
         out
+    }
+}
+
+fn comm_name(comm: CommPattern) -> &'static str {
+    match comm {
+        CommPattern::None => "none",
+        CommPattern::DataParallel => "data-parallel",
+        CommPattern::TensorParallel => "tensor-parallel",
+        CommPattern::PipelineParallel => "pipeline-parallel",
+    }
+}
+
+fn level_name(level: TopoLevel) -> &'static str {
+    match level {
+        TopoLevel::Gpu => "gpu",
+        TopoLevel::NvlinkIsland => "nvlink-island",
+        TopoLevel::Node => "node",
+        TopoLevel::Rack => "rack",
+        TopoLevel::Spine => "spine",
+        TopoLevel::Cluster => "cluster",
     }
 }
 

@@ -120,6 +120,11 @@ fn step_profiles_carry_the_speed_models_step_time() {
         "packed: the reference step time"
     );
     assert_eq!((p.num_gpus, p.placement.as_ref()), (4, "1x4"));
+    assert_eq!(p.model.as_deref(), Some("resnet"));
+    assert_eq!(p.comm.as_deref(), Some("data-parallel"));
+    assert_eq!(p.span.as_deref(), Some("nvlink-island"));
+    assert_eq!(p.tenants, Some(1));
+    assert!(p.gpu_util_pct.unwrap() > 80.0, "{:?}", p.gpu_util_pct);
     assert!(p.step > 0);
     let _ = sim.sample_at(601.0);
 }

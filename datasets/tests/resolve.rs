@@ -24,7 +24,11 @@ impl Drop for TempFile {
 }
 
 fn temp_file(name: &str, contents: &str) -> TempFile {
-    let dir = std::env::temp_dir().join(format!("marshal-datasets-{}", std::process::id()));
+    // One directory per file: tests run in parallel, and a shared directory could be
+    // removed by one test's drop between another's create and write.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("marshal-datasets-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, contents).unwrap();

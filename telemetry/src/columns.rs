@@ -543,6 +543,12 @@ pub(crate) struct StepColumns {
     gpu_type: DictBuilder,
     num_gpus: Col<UInt32Type>,
     placement: DictBuilder,
+    model: DictBuilder,
+    batch_size: Col<UInt32Type>,
+    comm: DictBuilder,
+    span: DictBuilder,
+    tenants: Col<UInt16Type>,
+    gpu_util: Col<Float32Type>,
 }
 
 impl Columns<StepProfile> for StepColumns {
@@ -558,6 +564,12 @@ impl Columns<StepProfile> for StepColumns {
             gpu_type: DictBuilder::new(n),
             num_gpus: Col::with_capacity(n),
             placement: DictBuilder::new(n),
+            model: DictBuilder::new(n),
+            batch_size: Col::with_capacity(n),
+            comm: DictBuilder::new(n),
+            span: DictBuilder::new(n),
+            tenants: Col::with_capacity(n),
+            gpu_util: Col::with_capacity(n),
         }
     }
 
@@ -595,6 +607,19 @@ impl Columns<StepProfile> for StepColumns {
         self.gpu_type.append(&r.gpu_type);
         self.num_gpus.append_value(r.num_gpus);
         self.placement.append(&r.placement);
+        self.model.append_option(r.model.as_ref());
+        self.batch_size.append_option(r.batch_size);
+        self.comm.append_option(r.comm.as_ref());
+        self.span.append_option(r.span.as_ref());
+        self.tenants.append_option(r.tenants);
+        let util = r.gpu_util_pct.map(f64::from);
+        match util.and_then(|u| crate::validate::classify(u, 100.0)) {
+            Some(issue) => {
+                report.null(col::GPU_UTIL_PCT, issue);
+                self.gpu_util.append_null();
+            }
+            None => self.gpu_util.append_option(r.gpu_util_pct),
+        }
     }
 
     fn finish(&mut self) -> Result<RecordBatch> {
@@ -609,6 +634,12 @@ impl Columns<StepProfile> for StepColumns {
             self.gpu_type.finish()?,
             Arc::new(self.num_gpus.finish()),
             self.placement.finish()?,
+            self.model.finish()?,
+            Arc::new(self.batch_size.finish()),
+            self.comm.finish()?,
+            self.span.finish()?,
+            Arc::new(self.tenants.finish()),
+            Arc::new(self.gpu_util.finish()),
         ];
         batch(step_schema(), columns, "step profile")
     }

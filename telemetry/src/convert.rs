@@ -427,6 +427,12 @@ impl Record for StepProfile {
         let gpu_type = StrCol::new(batch, col::GPU_TYPE)?;
         let num_gpus = prim::<UInt32Type>(batch, col::NUM_GPUS)?;
         let placement = StrCol::new(batch, col::PLACEMENT)?;
+        let model = StrCol::new(batch, col::MODEL)?;
+        let batch_size = prim::<UInt32Type>(batch, col::BATCH_SIZE)?;
+        let comm = StrCol::new(batch, col::COMM)?;
+        let span = StrCol::new(batch, col::SPAN)?;
+        let tenants = prim::<UInt16Type>(batch, col::TENANTS)?;
+        let gpu_util = prim::<Float32Type>(batch, col::GPU_UTIL_PCT)?;
         (0..batch.num_rows())
             .map(|i| {
                 Ok(StepProfile {
@@ -439,6 +445,12 @@ impl Record for StepProfile {
                     gpu_type: gpu_type.required(i, col::GPU_TYPE)?,
                     num_gpus: num_gpus.value(i),
                     placement: placement.required(i, col::PLACEMENT)?,
+                    model: model.get(i),
+                    batch_size: opt(batch_size, i),
+                    comm: comm.get(i),
+                    span: span.get(i),
+                    tenants: opt(tenants, i),
+                    gpu_util_pct: opt(gpu_util, i),
                 })
             })
             .collect()

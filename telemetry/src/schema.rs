@@ -89,6 +89,12 @@ pub mod col {
     pub const PEAK_MEM_BYTES: &str = "peak_mem_bytes";
     pub const NUM_GPUS: &str = "num_gpus";
     pub const PLACEMENT: &str = "placement";
+    pub const MODEL: &str = "model";
+    pub const BATCH_SIZE: &str = "batch_size";
+    pub const COMM: &str = "comm";
+    pub const SPAN: &str = "span";
+    pub const TENANTS: &str = "tenants";
+    pub const GPU_UTIL_PCT: &str = "gpu_util_pct";
 }
 
 /// Which schema (and which top-level partition) a file belongs to.
@@ -319,6 +325,19 @@ pub struct StepProfile {
     pub num_gpus: u32,
     /// Placement shape, e.g. `2x4` (2 nodes × 4 GPUs).
     pub placement: Arc<str>,
+    /// What the job trains (a workload kind, e.g. `ResNet-50 (batch size 64)`).
+    pub model: Option<Arc<str>>,
+    /// Global batch size.
+    pub batch_size: Option<u32>,
+    /// Communication pattern (`none`, `data-parallel`, `tensor-parallel`, …).
+    pub comm: Option<Arc<str>>,
+    /// Widest topology level the job's GPUs span (`gpu`, `nvlink-island`, `node`,
+    /// `rack`, `spine`, `cluster`).
+    pub span: Option<Arc<str>>,
+    /// Most jobs sharing any one of the job's GPUs, the job included.
+    pub tenants: Option<u16>,
+    /// Mean SM utilisation of the job's GPUs during the step, 0–100.
+    pub gpu_util_pct: Option<f32>,
 }
 
 fn dict() -> DataType {
@@ -431,6 +450,12 @@ pub fn step_schema() -> SchemaRef {
             Field::new(col::GPU_TYPE, dict(), false),
             Field::new(col::NUM_GPUS, UInt32, false),
             Field::new(col::PLACEMENT, dict(), false),
+            Field::new(col::MODEL, dict(), true),
+            Field::new(col::BATCH_SIZE, UInt32, true),
+            Field::new(col::COMM, dict(), true),
+            Field::new(col::SPAN, dict(), true),
+            Field::new(col::TENANTS, UInt16, true),
+            Field::new(col::GPU_UTIL_PCT, Float32, true),
         ];
         with_version(fields, TelemetryKind::Step)
     })

@@ -101,6 +101,12 @@ pub fn step(job: &str, step: u64, ts: i64) -> StepProfile {
         gpu_type: "NVIDIA A100-SXM4-80GB".into(),
         num_gpus: 8,
         placement: "2x4".into(),
+        model: Some("ResNet-50 (batch size 64)".into()),
+        batch_size: Some(512),
+        comm: Some("data-parallel".into()),
+        span: Some("rack".into()),
+        tenants: Some(1),
+        gpu_util_pct: Some(87.0),
     }
 }
 
