@@ -168,7 +168,24 @@ fn the_agent_finalises_its_last_file_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Let it sample for a while.
+    // Wait until it has started sampling (the replay comes first; slow on a busy
+    // machine), then let it sample for a while.
+    let stderr = child.stderr.take().unwrap();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("sampling every") {
+                let _ = started_tx.send(());
+            }
+        }
+    });
+    started_rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the agent starts sampling");
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
         child.try_wait().unwrap().is_none(),

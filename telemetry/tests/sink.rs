@@ -145,9 +145,11 @@ fn files_roll_by_wall_time_and_become_visible_without_flush() {
     let sink = TelemetrySink::open(cfg).unwrap();
     sink.send(gpu_series(&["n1"], 2, DAY0_US, 10)).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // The writer thread publishes the file, then counts it: wait for both.
     let files = loop {
         let l = list_files(dir.path()).unwrap();
-        if !l.files.is_empty() || std::time::Instant::now() > deadline {
+        let counted = sink.stats().rows_written == 20;
+        if (!l.files.is_empty() && counted) || std::time::Instant::now() > deadline {
             break l.files;
         }
         std::thread::sleep(Duration::from_millis(20));
