@@ -413,3 +413,52 @@ fn datasets_workloads_lists_the_enrichment_kinds() {
     assert_eq!(resnet["comm"], "data-parallel");
     assert!(resnet["relative_throughput"]["K80"].as_f64().unwrap() < 0.5);
 }
+
+#[test]
+fn eval_compares_policies_with_intervals_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots");
+    let v = json(&[
+        "eval",
+        "--policies",
+        "fifo,topo-pack",
+        "--trace",
+        &fixture("philly-150.csv"),
+        "--cluster",
+        &fixture("small-cluster.toml"),
+        "--seeds",
+        "3",
+        "--format",
+        "json",
+        "--plots",
+        plots.to_str().unwrap(),
+    ]);
+    let policies = v.as_array().unwrap();
+    assert_eq!(policies.len(), 2);
+    for p in policies {
+        let mean = &p["mean"];
+        for key in RUN_KEYS.iter().filter(|k| **k != "seed") {
+            assert!(mean.get(*key).is_some(), "missing {key}");
+        }
+        assert_eq!(p["runs"].as_array().unwrap().len(), 3);
+        assert!(mean["ci95"]["jct_mean_s"].as_f64().unwrap() >= 0.0);
+    }
+    // The baseline's paired difference from itself is exactly zero.
+    assert_eq!(
+        policies[0]["mean"]["vs_fifo"]["jct_mean_s"]["mean_pct"],
+        0.0
+    );
+    let svg = std::fs::read_to_string(plots.join("jct_cdf.svg")).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 2);
+    let out = marshal(&[
+        "eval",
+        "--policies",
+        "fifo",
+        "--trace",
+        "philly",
+        "--seeds",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2"));
+}

@@ -2,8 +2,10 @@
 
 mod datasets;
 mod demo;
+mod eval;
 mod output;
 mod sim;
+mod svg;
 mod telemetry;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +25,9 @@ pub struct Cli {
 enum Command {
     /// Simulate policies on a trace and a cluster.
     Sim(sim::SimArgs),
+    /// Compare policies on the same workloads and seeds: confidence intervals, paired
+    /// differences, plots.
+    Eval(eval::EvalArgs),
     /// Run the baselines side by side on the bundled traces and print the comparison.
     Demo(demo::DemoArgs),
     /// Describe and sample the traces.
@@ -39,6 +44,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Datasets(args) => datasets::run(args),
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),

@@ -102,6 +102,13 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One simulation's result and, in replay mode, every completed job's JCT in seconds.
+#[derive(Debug)]
+pub struct Run {
+    pub result: SimResult,
+    pub jcts_s: Vec<f64>,
+}
+
 /// A trace on a cluster under one configuration, ready to run policies on.
 #[derive(Debug)]
 pub struct Experiment {
@@ -239,7 +246,8 @@ impl Experiment {
         Ok(std::borrow::Cow::Owned(jobs))
     }
 
-    pub fn run_one(&self, policy: &str, seed: u64) -> anyhow::Result<SimResult> {
+    /// One run, with each completed job's JCT (replay mode; empty in inflation mode).
+    pub fn run_detailed(&self, policy: &str, seed: u64) -> anyhow::Result<Run> {
         let jobs = self.jobs_for(seed)?;
         let jobs = jobs.as_ref();
         let policy = policies::build(policy, jobs)?;
@@ -249,11 +257,22 @@ impl Experiment {
         };
         Ok(match config.mode {
             Mode::Replay => {
-                sim::run_replay(&policy, self.topo.clone(), jobs, &self.trace, &config)?.0
+                let (result, log) =
+                    sim::run_replay(&policy, self.topo.clone(), jobs, &self.trace, &config)?;
+                let submit: std::collections::HashMap<_, _> =
+                    jobs.iter().map(|j| (j.id, j.submit_time)).collect();
+                let jcts_s = log
+                    .iter()
+                    .filter(|e| matches!(e.what, sim::LogKind::Finish))
+                    .filter_map(|e| Some(e.time - submit.get(&e.job)?))
+                    .collect();
+                Run { result, jcts_s }
             }
-            Mode::Inflation { .. } => {
-                sim::run_inflation(&policy, self.topo.clone(), jobs, &self.trace, &config)?.0
-            }
+            Mode::Inflation { .. } => Run {
+                result: sim::run_inflation(&policy, self.topo.clone(), jobs, &self.trace, &config)?
+                    .0,
+                jcts_s: Vec::new(),
+            },
         })
     }
 
@@ -265,6 +284,20 @@ impl Experiment {
         seed: u64,
         seeds: u64,
     ) -> anyhow::Result<Vec<Vec<SimResult>>> {
+        Ok(self
+            .run_all_detailed(policies, seed, seeds)?
+            .into_iter()
+            .map(|runs| runs.into_iter().map(|r| r.result).collect())
+            .collect())
+    }
+
+    /// As [`Experiment::run_all`], keeping each run's JCTs.
+    pub fn run_all_detailed(
+        &self,
+        policies: &[String],
+        seed: u64,
+        seeds: u64,
+    ) -> anyhow::Result<Vec<Vec<Run>>> {
         for p in policies {
             policies::build(p, &[])?;
         }
@@ -275,7 +308,7 @@ impl Experiment {
             .map_or(1, |n| n.get())
             .min(tasks.len());
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: std::sync::Mutex<Vec<Option<anyhow::Result<SimResult>>>> =
+        let results: std::sync::Mutex<Vec<Option<anyhow::Result<Run>>>> =
             std::sync::Mutex::new((0..tasks.len()).map(|_| None).collect());
         std::thread::scope(|scope| {
             for _ in 0..workers {
@@ -283,13 +316,13 @@ impl Experiment {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(&(p, s)) = tasks.get(i) else { break };
-                        let r = self.run_one(&policies[p], s);
+                        let r = self.run_detailed(&policies[p], s);
                         results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
                     }
                 });
             }
         });
-        let mut groups: Vec<Vec<SimResult>> = vec![Vec::new(); policies.len()];
+        let mut groups: Vec<Vec<Run>> = (0..policies.len()).map(|_| Vec::new()).collect();
         for (&(p, _), r) in tasks
             .iter()
             .zip(results.into_inner().unwrap_or_else(|e| e.into_inner()))
