@@ -27,12 +27,9 @@ fn files_under(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     out
 }
 
-#[test]
-fn record_inspect_and_compact_a_simulated_replay() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tel");
-    let out_s = out.to_str().unwrap();
-    let text = ok(&[
+/// Records the simulated telemetry of `itp-195job` into `out`.
+fn record_itp(out: &str, hours: &str, interval: &str, extra: &[&str]) -> String {
+    let mut args = vec![
         "telemetry",
         "record",
         "--source",
@@ -40,14 +37,22 @@ fn record_inspect_and_compact_a_simulated_replay() {
         "--trace",
         "itp-195job",
         "--hours",
-        "2",
+        hours,
         "--interval",
-        "60s",
-        "--stragglers",
-        "0.5",
+        interval,
         "--out",
-        out_s,
-    ]);
+        out,
+    ];
+    args.extend_from_slice(extra);
+    ok(&args)
+}
+
+#[test]
+fn record_inspect_and_compact_a_simulated_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tel");
+    let out_s = out.to_str().unwrap();
+    let text = record_itp(out_s, "2", "60s", &["--stragglers", "0.5"]);
     // 121 ticks × 128 GPUs.
     assert!(text.contains("recorded 15488 GPU samples"), "{text}");
     let summary: Value =
@@ -223,4 +228,39 @@ fn the_agent_finalises_its_last_file_on_sigterm() {
     let gpus = summary["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 4, "one g4dn node's GPUs");
     assert!(gpus[0]["rows"].as_u64().unwrap() >= 5);
+}
+
+#[test]
+fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tel");
+    let out_s = out.to_str().unwrap();
+    record_itp(out_s, "60", "10m", &[]);
+    let text = ok(&["eval", "predictor", "--telemetry", out_s]);
+    assert!(text.contains("held-out jobs"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("held-out jobs"))
+        .unwrap();
+    let mapes: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.strip_suffix('%')?.parse().ok())
+        .collect();
+    assert_eq!(mapes.len(), 2, "{line}");
+    assert!(mapes.iter().all(|m| m.is_finite() && *m >= 0.0), "{line}");
+    let missing = marshal(&[
+        "eval",
+        "predictor",
+        "--telemetry",
+        out_s,
+        "--model",
+        "/nonexistent",
+    ]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("not built yet"));
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let none = marshal(&["eval", "predictor", "--telemetry", empty.to_str().unwrap()]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no usable step profiles"));
 }

@@ -18,11 +18,14 @@ use crate::cli::sim::{Experiment, ModeArg, Run, SimArgs, WorkloadsArg};
 use crate::cli::svg::{Chart, Series};
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct EvalArgs {
+    #[command(subcommand)]
+    what: Option<EvalWhat>,
     /// Policies, comma-separated; differences are against the first.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
-    #[arg(long)]
+    #[arg(long, default_value = "")]
     trace: String,
     #[arg(long)]
     cluster: Option<String>,
@@ -93,7 +96,20 @@ fn value(r: &SimResult, key: &str) -> Option<f64> {
     serde_json::to_value(r).ok()?.get(key)?.as_f64()
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum EvalWhat {
+    /// Step-time predictors on held-out jobs and unseen placements, against the lookup
+    /// and linear baselines.
+    Predictor(crate::cli::predictor::PredictorEvalArgs),
+}
+
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
+    if let Some(EvalWhat::Predictor(p)) = a.what {
+        return crate::cli::predictor::eval(p);
+    }
+    if a.policies.is_empty() || a.trace.is_empty() {
+        anyhow::bail!("marshal eval needs --policies and --trace (or the `predictor` subcommand)");
+    }
     if a.seeds < 2 {
         anyhow::bail!("--seeds must be at least 2 for confidence intervals");
     }

@@ -4,6 +4,7 @@ mod datasets;
 mod demo;
 mod eval;
 mod output;
+mod predictor;
 mod sim;
 mod svg;
 mod telemetry;

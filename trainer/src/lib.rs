@@ -1,4 +1,28 @@
-//! Offline training: featurisation, predictor fitting, RL on the simulator, evaluation
-//! and promotion.
+//! Offline training and evaluation of Marshal's predictors.
 //!
-//! Nothing is implemented yet (issues 5 and 6); the crate exports nothing.
+//! What exists (issue 5, part 1): the training examples read from Parquet step
+//! profiles ([`load_step_examples`]), splits by job with no leakage and splits that hold
+//! out whole placement shapes ([`split_by_job`], [`split_unseen_placements`]), and the
+//! two baselines a learned predictor must beat ([`LookupBaseline`], [`LinearBaseline`])
+//! with the error measure they are judged by ([`mape`]).
+//!
+//! # Design decisions
+//!
+//! - **One example per (job, placement run, co-tenancy)**, not per telemetry row: the
+//!   rows of one run repeat the same answer, so counting them would weight long jobs by
+//!   their length and leak a job into both sides of a split.
+//! - **Splits are by job id hash**, seeded, so every row of a job lands on one side.
+//! - **Baselines are honest**: the lookup table falls back from (model, GPU type, GPUs)
+//!   to (model, GPU type) scaled by GPU count, then to the model, so it always answers;
+//!   the linear model is ridge regression on log step time over the same features the
+//!   network sees in summary form.
+
+mod baselines;
+mod error;
+mod examples;
+mod split;
+
+pub use baselines::{LinearBaseline, LookupBaseline, mape};
+pub use error::TrainerError;
+pub use examples::{StepExample, load_step_examples};
+pub use split::{Split, split_by_job, split_unseen_placements};

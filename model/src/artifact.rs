@@ -1,0 +1,299 @@
+//! Model artifacts: one directory per version.
+//!
+//! ```text
+//! <dir>/weights.bpk          burn's burnpack weights (Module::save_file)
+//! <dir>/config.json          PredictorConfig
+//! <dir>/normalization.json   Normalization
+//! <dir>/meta.json            ArtifactMeta: schema version, feature layout, data hash,
+//!                            evaluation scores, training summary, weights checksum
+//! ```
+//!
+//! [`load`] trusts nothing: every file must exist and parse, the schema version and feature
+//! layout must match this build, and the weights must match the checksum recorded at save
+//! time before burn reads them (burnpack maps tensor data lazily, so a truncated file would
+//! otherwise fail late).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::config::PredictorConfig;
+use crate::error::{ModelError, Result};
+use crate::features::{
+    GPU_FEATURE_NAMES, GPU_FEATURES, JOB_FEATURE_NAMES, JOB_FEATURES, LINK_FEATURE_NAMES,
+    LINK_FEATURES, MEM_PHASE_NAMES, MEM_PHASES,
+};
+use crate::inference::TrainedPredictor;
+use crate::network::PredictorNetwork;
+use crate::normalize::Normalization;
+use crate::train::TrainingSummary;
+
+/// Version of the artifact layout written and read by this build. Bump it whenever the
+/// network architecture, a feature layout or a file format changes meaning.
+pub const ARTIFACT_SCHEMA_VERSION: u32 = 1;
+
+/// Weights file name.
+pub const WEIGHTS_FILE: &str = "weights.bpk";
+/// Configuration file name.
+pub const CONFIG_FILE: &str = "config.json";
+/// Normalisation file name.
+pub const NORMALIZATION_FILE: &str = "normalization.json";
+/// Metadata file name.
+pub const META_FILE: &str = "meta.json";
+
+/// What the caller knows about a model that the model itself does not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ArtifactInfo {
+    /// Hash of the training data (computed by the caller over its inputs).
+    pub training_data_hash: String,
+    /// Evaluation scores by name, e.g. `"holdout_step_time_mape": 7.5`.
+    pub eval_scores: BTreeMap<String, f64>,
+}
+
+/// Contents of `meta.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactMeta {
+    /// [`ARTIFACT_SCHEMA_VERSION`] at save time.
+    pub schema_version: u32,
+    /// Version of this crate that wrote it.
+    pub crate_version: String,
+    /// Number of per-GPU features.
+    pub gpu_features: usize,
+    /// Number of per-link features.
+    pub link_features: usize,
+    /// Number of per-job features.
+    pub job_features: usize,
+    /// Number of memory phases.
+    pub mem_phases: usize,
+    /// Per-GPU feature names (for humans and layout checks).
+    pub gpu_feature_names: Vec<String>,
+    /// Per-link feature names.
+    pub link_feature_names: Vec<String>,
+    /// Per-job feature names.
+    pub job_feature_names: Vec<String>,
+    /// Memory phase names.
+    pub mem_phase_names: Vec<String>,
+    /// The caller's hash of the training data.
+    pub training_data_hash: String,
+    /// The caller's evaluation scores.
+    pub eval_scores: BTreeMap<String, f64>,
+    /// What training achieved.
+    pub training: TrainingSummary,
+    /// FNV-1a 64 of `weights.bpk`, hex.
+    pub weights_fnv1a64: String,
+}
+
+/// A loaded artifact.
+#[derive(Debug, Clone)]
+pub struct LoadedArtifact {
+    /// The predictor, on the CPU (`flex`) device; see [`TrainedPredictor::to_device`].
+    pub predictor: TrainedPredictor,
+    /// Its metadata.
+    pub meta: ArtifactMeta,
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_string()).collect()
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// FNV-1a 64-bit: a dependency-free checksum against truncation and bit rot (not security).
+fn fnv1a64(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// Writes `predictor` to `dir` (created if needed; existing files are replaced).
+pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Result<ArtifactMeta> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let weights = dir.join(WEIGHTS_FILE);
+    predictor
+        .network()
+        .clone()
+        .save_file(&weights)
+        .map_err(|e| ModelError::Backend(format!("writing {}: {e}", weights.display())))?;
+    let bytes = fs::read(&weights).map_err(io_err(&weights))?;
+    let meta = ArtifactMeta {
+        schema_version: ARTIFACT_SCHEMA_VERSION,
+        crate_version: env!("CARGO_PKG_VERSION").to_string(),
+        gpu_features: GPU_FEATURES,
+        link_features: LINK_FEATURES,
+        job_features: JOB_FEATURES,
+        mem_phases: MEM_PHASES,
+        gpu_feature_names: names(&GPU_FEATURE_NAMES),
+        link_feature_names: names(&LINK_FEATURE_NAMES),
+        job_feature_names: names(&JOB_FEATURE_NAMES),
+        mem_phase_names: names(&MEM_PHASE_NAMES),
+        training_data_hash: info.training_data_hash.clone(),
+        eval_scores: info.eval_scores.clone(),
+        training: predictor.summary().clone(),
+        weights_fnv1a64: fnv1a64(&bytes),
+    };
+    let config = dir.join(CONFIG_FILE);
+    predictor.config().save(&config).map_err(io_err(&config))?;
+    write_json(&dir.join(NORMALIZATION_FILE), predictor.normalization())?;
+    write_json(&dir.join(META_FILE), &meta)?;
+    Ok(meta)
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| ModelError::Backend(format!("serialising {}: {e}", path.display())))?;
+    fs::write(path, text).map_err(io_err(path))
+}
+
+fn read(path: PathBuf) -> Result<(PathBuf, Vec<u8>)> {
+    match fs::read(&path) {
+        Ok(bytes) => Ok((path, bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ModelError::MissingFile { path }),
+        Err(source) => Err(ModelError::Io { path, source }),
+    }
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(path: &Path, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| ModelError::CorruptFile {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// (kind, count in the artifact, count in this build, names in the artifact, names here).
+type Layout<'a> = (
+    &'static str,
+    usize,
+    usize,
+    &'a [String],
+    &'static [&'static str],
+);
+
+fn check_layout(meta: &ArtifactMeta) -> Result<()> {
+    if meta.schema_version != ARTIFACT_SCHEMA_VERSION {
+        return Err(ModelError::SchemaVersion {
+            found: meta.schema_version,
+            expected: ARTIFACT_SCHEMA_VERSION,
+        });
+    }
+    let layouts: [Layout<'_>; 4] = [
+        (
+            "gpu",
+            meta.gpu_features,
+            GPU_FEATURES,
+            &meta.gpu_feature_names,
+            &GPU_FEATURE_NAMES,
+        ),
+        (
+            "link",
+            meta.link_features,
+            LINK_FEATURES,
+            &meta.link_feature_names,
+            &LINK_FEATURE_NAMES,
+        ),
+        (
+            "job",
+            meta.job_features,
+            JOB_FEATURES,
+            &meta.job_feature_names,
+            &JOB_FEATURE_NAMES,
+        ),
+        (
+            "memory-phase",
+            meta.mem_phases,
+            MEM_PHASES,
+            &meta.mem_phase_names,
+            &MEM_PHASE_NAMES,
+        ),
+    ];
+    for (kind, found, expected, found_names, expected_names) in layouts {
+        if found != expected || found_names.len() != expected {
+            return Err(ModelError::FeatureCount {
+                kind,
+                found,
+                expected,
+            });
+        }
+        if let Some(i) = (0..expected).find(|&i| found_names[i] != expected_names[i]) {
+            return Err(ModelError::FeatureLayout {
+                kind,
+                detail: format!(
+                    "slot {i} is `{}` in the artifact, `{}` in this build",
+                    found_names[i], expected_names[i]
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks an artifact directory written by [`save`].
+pub fn load(dir: &Path) -> Result<LoadedArtifact> {
+    // Metadata first: a version or layout mismatch is reported before anything else is read.
+    let (meta_path, meta_bytes) = read(dir.join(META_FILE))?;
+    let meta: ArtifactMeta = parse_json(&meta_path, &meta_bytes)?;
+    check_layout(&meta)?;
+
+    let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
+    let config =
+        PredictorConfig::load_binary(&config_bytes).map_err(|e| ModelError::CorruptFile {
+            path: config_path.clone(),
+            reason: e.to_string(),
+        })?;
+    config.validate().map_err(|e| ModelError::CorruptFile {
+        path: config_path,
+        reason: e.to_string(),
+    })?;
+
+    let (norm_path, norm_bytes) = read(dir.join(NORMALIZATION_FILE))?;
+    let normalization: Normalization = parse_json(&norm_path, &norm_bytes)?;
+    normalization
+        .validate()
+        .map_err(|e| ModelError::CorruptFile {
+            path: norm_path,
+            reason: e.to_string(),
+        })?;
+
+    let (weights_path, weights_bytes) = read(dir.join(WEIGHTS_FILE))?;
+    let checksum = fnv1a64(&weights_bytes);
+    if checksum != meta.weights_fnv1a64 {
+        return Err(ModelError::CorruptFile {
+            path: weights_path,
+            reason: format!(
+                "checksum {checksum} differs from {} recorded in meta.json (truncated or modified)",
+                meta.weights_fnv1a64
+            ),
+        });
+    }
+    let device = Device::flex();
+    // The seed is irrelevant: every parameter is overwritten by the loaded record.
+    let skeleton = PredictorNetwork::init(&config, &mut ChaCha8Rng::seed_from_u64(0), &device);
+    let network = skeleton
+        .try_load_file(&weights_path)
+        .map_err(|e| ModelError::CorruptFile {
+            path: weights_path,
+            reason: e.to_string(),
+        })?;
+    let predictor = TrainedPredictor::from_parts(
+        config,
+        normalization,
+        network,
+        meta.training.clone(),
+        device,
+    )?;
+    Ok(LoadedArtifact { predictor, meta })
+}

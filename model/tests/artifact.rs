@@ -1,0 +1,178 @@
+//! Artifact save/load round trip and every load failure.
+
+use std::fs;
+use std::path::Path;
+
+use marshal_model::artifact::{self, META_FILE, WEIGHTS_FILE};
+use marshal_model::{
+    ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ModelError, PlacementGraph, PredictorConfig,
+    TrainedPredictor, fit, synthetic,
+};
+
+fn trained() -> (TrainedPredictor, Vec<PlacementGraph>) {
+    let data = synthetic::dataset(48, 9, 0.05);
+    let config = PredictorConfig::new()
+        .with_hidden_size(8)
+        .with_edge_hidden_size(4)
+        .with_max_epochs(2)
+        .with_seed(3);
+    let predictor = fit(&data[..32], &data[32..], &config, &mut |_| {}).unwrap();
+    let graphs = data[32..].iter().map(|(g, _)| g.clone()).collect();
+    (predictor, graphs)
+}
+
+fn info() -> ArtifactInfo {
+    ArtifactInfo {
+        training_data_hash: "sha256:abc".into(),
+        eval_scores: [("holdout_step_time_mape".to_string(), 12.5)].into(),
+    }
+}
+
+fn saved() -> (tempfile::TempDir, TrainedPredictor, Vec<PlacementGraph>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (predictor, graphs) = trained();
+    artifact::save(dir.path(), &predictor, &info()).unwrap();
+    (dir, predictor, graphs)
+}
+
+fn edit_meta(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join(META_FILE);
+    let mut meta: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(&mut meta);
+    fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
+}
+
+#[test]
+fn round_trip_preserves_predictions_and_metadata() {
+    let (dir, predictor, graphs) = saved();
+    for file in [
+        "weights.bpk",
+        "config.json",
+        "normalization.json",
+        "meta.json",
+    ] {
+        assert!(dir.path().join(file).is_file(), "{file}");
+    }
+    let loaded = artifact::load(dir.path()).unwrap();
+    assert_eq!(loaded.meta.schema_version, ARTIFACT_SCHEMA_VERSION);
+    assert_eq!(loaded.meta.training_data_hash, "sha256:abc");
+    assert_eq!(loaded.meta.eval_scores["holdout_step_time_mape"], 12.5);
+    assert_eq!(loaded.predictor.config(), predictor.config());
+    assert_eq!(loaded.predictor.normalization(), predictor.normalization());
+    assert_eq!(loaded.predictor.summary(), predictor.summary());
+    assert_eq!(
+        loaded.predictor.predict(&graphs).unwrap(),
+        predictor.predict(&graphs).unwrap()
+    );
+}
+
+#[test]
+fn missing_files_are_named() {
+    for file in [
+        "weights.bpk",
+        "config.json",
+        "normalization.json",
+        "meta.json",
+    ] {
+        let (dir, _, _) = saved();
+        fs::remove_file(dir.path().join(file)).unwrap();
+        match artifact::load(dir.path()) {
+            Err(ModelError::MissingFile { path }) => assert!(path.ends_with(file)),
+            other => panic!("{file}: expected MissingFile, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn truncated_or_corrupt_weights_are_rejected() {
+    let (dir, _, _) = saved();
+    let weights = dir.path().join(WEIGHTS_FILE);
+    let bytes = fs::read(&weights).unwrap();
+    fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let err = artifact::load(dir.path()).unwrap_err();
+    assert!(matches!(err, ModelError::CorruptFile { .. }), "{err}");
+
+    let mut flipped = bytes.clone();
+    let mid = flipped.len() - 10;
+    flipped[mid] ^= 0xff;
+    fs::write(&weights, &flipped).unwrap();
+    let err = artifact::load(dir.path()).unwrap_err();
+    assert!(matches!(err, ModelError::CorruptFile { .. }), "{err}");
+
+    // Garbage with a matching checksum still fails cleanly inside burn's reader.
+    fs::write(&weights, b"not a burnpack").unwrap();
+    let sum = {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in b"not a burnpack" {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    };
+    edit_meta(dir.path(), |m| m["weights_fnv1a64"] = sum.into());
+    let err = artifact::load(dir.path()).unwrap_err();
+    assert!(matches!(err, ModelError::CorruptFile { .. }), "{err}");
+}
+
+#[test]
+fn weights_of_a_different_shape_are_rejected() {
+    let (dir, _, _) = saved();
+    // A config whose hidden size disagrees with the stored weights.
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    config["hidden_size"] = 12.into();
+    fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let err = artifact::load(dir.path()).unwrap_err();
+    assert!(matches!(err, ModelError::CorruptFile { .. }), "{err}");
+}
+
+#[test]
+fn corrupt_json_is_rejected() {
+    for file in ["config.json", "normalization.json", "meta.json"] {
+        let (dir, _, _) = saved();
+        fs::write(dir.path().join(file), b"{ truncated").unwrap();
+        match artifact::load(dir.path()) {
+            Err(ModelError::CorruptFile { path, .. }) => assert!(path.ends_with(file)),
+            other => panic!("{file}: expected CorruptFile, got {other:?}"),
+        }
+    }
+    let (dir, _, _) = saved();
+    let path = dir.path().join("normalization.json");
+    let mut norm: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    norm["gpu"]["std"][0] = (-1.0).into();
+    fs::write(&path, serde_json::to_vec(&norm).unwrap()).unwrap();
+    assert!(matches!(
+        artifact::load(dir.path()),
+        Err(ModelError::CorruptFile { .. })
+    ));
+}
+
+#[test]
+fn schema_version_mismatch_is_rejected() {
+    let (dir, _, _) = saved();
+    edit_meta(dir.path(), |m| m["schema_version"] = 999.into());
+    match artifact::load(dir.path()) {
+        Err(ModelError::SchemaVersion { found, expected }) => {
+            assert_eq!((found, expected), (999, ARTIFACT_SCHEMA_VERSION));
+        }
+        other => panic!("expected SchemaVersion, got {other:?}"),
+    }
+}
+
+#[test]
+fn feature_count_and_layout_mismatches_are_rejected() {
+    let (dir, _, _) = saved();
+    edit_meta(dir.path(), |m| m["gpu_features"] = 11.into());
+    match artifact::load(dir.path()) {
+        Err(ModelError::FeatureCount { kind, found, .. }) => assert_eq!((kind, found), ("gpu", 11)),
+        other => panic!("expected FeatureCount, got {other:?}"),
+    }
+    let (dir, _, _) = saved();
+    edit_meta(dir.path(), |m| {
+        m["job_feature_names"][3] = "something_else".into()
+    });
+    match artifact::load(dir.path()) {
+        Err(ModelError::FeatureLayout { kind, .. }) => assert_eq!(kind, "job"),
+        other => panic!("expected FeatureLayout, got {other:?}"),
+    }
+}

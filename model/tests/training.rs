@@ -1,0 +1,210 @@
+//! Training: determinism, learning a known function, input errors.
+
+use marshal_model::{
+    EpochReport, GpuNodeFeatures, ModelError, PlacementGraph, PredictorConfig, Targets, fit,
+    synthetic,
+};
+
+fn small_config() -> PredictorConfig {
+    PredictorConfig::new()
+        .with_hidden_size(16)
+        .with_edge_hidden_size(8)
+        .with_max_epochs(3)
+        .with_batch_size(16)
+        .with_seed(7)
+}
+
+#[test]
+fn same_seed_gives_identical_predictions() {
+    let data = synthetic::dataset(80, 3, 0.05);
+    let (train, valid) = data.split_at(60);
+    let graphs: Vec<PlacementGraph> = valid.iter().map(|(g, _)| g.clone()).collect();
+    let mut reports_a = Vec::new();
+    let a = fit(train, valid, &small_config(), &mut |r| reports_a.push(r)).unwrap();
+    let mut reports_b = Vec::new();
+    let b = fit(train, valid, &small_config(), &mut |r| reports_b.push(r)).unwrap();
+    assert_eq!(reports_a, reports_b);
+    assert_eq!(a.predict(&graphs).unwrap(), b.predict(&graphs).unwrap());
+
+    let c = fit(train, valid, &small_config().with_seed(8), &mut |_| {}).unwrap();
+    assert_ne!(a.predict(&graphs).unwrap(), c.predict(&graphs).unwrap());
+}
+
+fn mape(pred: &[f32], truth: &[f32]) -> f64 {
+    let sum: f64 = pred
+        .iter()
+        .zip(truth)
+        .map(|(p, y)| f64::from((p - y).abs() / y))
+        .sum();
+    100.0 * sum / truth.len() as f64
+}
+
+#[test]
+fn learns_a_synthetic_step_time_function() {
+    // Sized for unoptimised test builds of burn (~1 min); real training runs far longer.
+    let data = synthetic::dataset(400, 11, 0.05);
+    let (train, valid) = data.split_at(320);
+    let config = PredictorConfig::new()
+        .with_hidden_size(16)
+        .with_edge_hidden_size(8)
+        .with_learning_rate(1e-2)
+        .with_max_epochs(30)
+        .with_patience(8)
+        .with_seed(1);
+    let mut reports: Vec<EpochReport> = Vec::new();
+    let predictor = fit(train, valid, &config, &mut |r| reports.push(r)).unwrap();
+
+    let truth: Vec<f32> = valid.iter().map(|(_, t)| t.step_time_s).collect();
+    let graphs: Vec<PlacementGraph> = valid.iter().map(|(g, _)| g.clone()).collect();
+    let predictions = predictor.predict(&graphs).unwrap();
+    let model = mape(
+        &predictions
+            .iter()
+            .map(|p| p.step_time_s)
+            .collect::<Vec<_>>(),
+        &truth,
+    );
+    // The best constant under MAPE is close to the median; use the training median.
+    let mut sorted: Vec<f32> = train.iter().map(|(_, t)| t.step_time_s).collect();
+    sorted.sort_by(f32::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let constant = mape(&vec![median; truth.len()], &truth);
+    eprintln!(
+        "epochs {}, best {}, model MAPE {model:.1} %, constant MAPE {constant:.1} %",
+        reports.len(),
+        predictor.summary().best_epoch
+    );
+    assert!(
+        model < 0.25 * constant,
+        "model {model:.1} % vs constant {constant:.1} %"
+    );
+    assert!(model < 40.0, "model MAPE {model:.1} %");
+
+    // The interval brackets the median and usually the truth.
+    let covered = predictions
+        .iter()
+        .zip(&truth)
+        .filter(|(p, y)| p.step_time_p05 <= **y && **y <= p.step_time_p95)
+        .count();
+    for p in &predictions {
+        assert!(p.step_time_p05 < p.step_time_s && p.step_time_s < p.step_time_p95);
+        assert!(p.relative_uncertainty() > 0.0);
+        assert!((0.0..=100.0).contains(&p.gpu_util_pct));
+    }
+    assert!(
+        covered * 2 > truth.len(),
+        "90% interval covers only {covered}/{}",
+        truth.len()
+    );
+    // Validation loss improved over training.
+    assert!(
+        reports
+            .last()
+            .unwrap()
+            .valid_loss
+            .min(predictor.summary().best_valid_loss)
+            < reports[0].valid_loss
+    );
+}
+
+#[test]
+fn rejects_bad_training_inputs() {
+    let data = synthetic::dataset(10, 1, 0.0);
+    let config = small_config();
+    let err = fit(&[], &data, &config, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, ModelError::InvalidInput { .. }), "{err}");
+    let err = fit(&data, &[], &config, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, ModelError::InvalidInput { .. }), "{err}");
+
+    let mut bad = data.clone();
+    bad[4].0.gpus[0].values[2] = f32::NAN;
+    let err = fit(&bad, &data, &config, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("train[4].graph.gpus[0].values[2] (util_pct)"),
+        "{err}"
+    );
+
+    let mut bad = data.clone();
+    bad[1].1 = Targets {
+        step_time_s: -1.0,
+        ..bad[1].1
+    };
+    let err = fit(&data, &bad, &config, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("valid[1].targets.step_time_s"), "{err}");
+
+    let err = fit(
+        &data,
+        &data,
+        &config.clone().with_hidden_size(0),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("config.hidden_size"), "{err}");
+}
+
+#[test]
+fn prediction_ignores_padding_and_gpu_order_and_rejects_bad_graphs() {
+    let data = synthetic::dataset(60, 5, 0.05);
+    let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
+    let small = data
+        .iter()
+        .find(|(g, _)| g.gpus.len() == 2)
+        .unwrap()
+        .0
+        .clone();
+    let big = data
+        .iter()
+        .find(|(g, _)| g.gpus.len() == 8)
+        .unwrap()
+        .0
+        .clone();
+
+    let alone = predictor.predict(std::slice::from_ref(&small)).unwrap()[0];
+    let padded = predictor.predict(&[big.clone(), small.clone()]).unwrap()[1];
+    assert_close(alone.step_time_s, padded.step_time_s);
+    assert_close(alone.gpu_util_pct, padded.gpu_util_pct);
+
+    // Reverse the GPU order (and relabel links): a graph function must not care.
+    let n = big.gpus.len() as u16;
+    let mut reversed = big.clone();
+    reversed.gpus.reverse();
+    for link in &mut reversed.links {
+        link.0 = n - 1 - link.0;
+        link.1 = n - 1 - link.1;
+    }
+    let p = predictor.predict(&[big.clone(), reversed]).unwrap();
+    assert_close(p[0].step_time_s, p[1].step_time_s);
+    assert_close(p[0].peak_mem_gib[1], p[1].peak_mem_gib[1]);
+
+    assert!(predictor.predict(&[]).unwrap().is_empty());
+    let mut bad = big.clone();
+    bad.links.push((0, 9, bad.links[0].2));
+    let err = predictor
+        .predict(&[small.clone(), bad])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("graph[1].links"), "{err}");
+    let mut bad = small.clone();
+    bad.job.values[1] = f32::INFINITY;
+    let err = predictor.predict(&[bad]).unwrap_err().to_string();
+    assert!(
+        err.contains("graph[0].job.values[1] (log10_params)"),
+        "{err}"
+    );
+    let empty = PlacementGraph {
+        gpus: Vec::<GpuNodeFeatures>::new(),
+        ..small
+    };
+    assert!(predictor.predict(&[empty]).is_err());
+}
+
+fn assert_close(a: f32, b: f32) {
+    assert!(
+        (a - b).abs() <= 1e-4 * a.abs().max(b.abs()).max(1.0),
+        "{a} vs {b}"
+    );
+}

@@ -1,0 +1,11 @@
+use marshal_telemetry::TelemetryError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    #[error("no usable step profiles in {0}")]
+    NoExamples(String),
+    #[error("{0}")]
+    Invalid(String),
+}
