@@ -255,9 +255,60 @@ fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
         out_s,
         "--model",
         "/nonexistent",
+        "--cluster",
+        "elasticflow-128",
     ]);
     assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("not built yet"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent"));
+
+    // Train a (tiny) predictor end to end, save it, load it back for evaluation.
+    let model = dir.path().join("model");
+    let text = ok(&[
+        "train",
+        "predictor",
+        "--telemetry",
+        out_s,
+        "--cluster",
+        "elasticflow-128",
+        "--out",
+        model.to_str().unwrap(),
+        "--max-epochs",
+        "3",
+    ]);
+    assert!(text.contains("held-out jobs: learned"), "{text}");
+    for file in ["meta.json", "config.json", "normalization.json"] {
+        assert!(model.join(file).is_file(), "{file} missing");
+    }
+    let meta = std::fs::read_to_string(model.join("meta.json")).unwrap();
+    assert!(meta.contains("holdout_jobs_step_time_mape"), "{meta}");
+    let text = ok(&[
+        "eval",
+        "predictor",
+        "--telemetry",
+        out_s,
+        "--model",
+        model.to_str().unwrap(),
+        "--cluster",
+        "elasticflow-128",
+    ]);
+    assert!(
+        text.contains("learned predictor on held-out jobs"),
+        "{text}"
+    );
+    // A corrupted artifact is refused with a reason, not a crash.
+    std::fs::write(model.join("meta.json"), b"{ not json").unwrap();
+    let bad = marshal(&[
+        "eval",
+        "predictor",
+        "--telemetry",
+        out_s,
+        "--model",
+        model.to_str().unwrap(),
+        "--cluster",
+        "elasticflow-128",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("meta.json"));
     let empty = dir.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     let none = marshal(&["eval", "predictor", "--telemetry", empty.to_str().unwrap()]);

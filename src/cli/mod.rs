@@ -33,6 +33,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Describe and sample the traces.
     Datasets(datasets::DatasetsArgs),
+    /// Train models offline.
+    Train {
+        #[command(subcommand)]
+        what: TrainWhat,
+    },
     /// Record, inspect and compact Parquet telemetry.
     Telemetry(telemetry::TelemetryArgs),
     /// The node agent: samples telemetry (NVML or simulated) into local Parquet.
@@ -41,11 +46,20 @@ enum Command {
     List,
 }
 
+#[derive(Debug, Subcommand)]
+enum TrainWhat {
+    /// The step-time / memory / utilisation predictor, from step-profile telemetry.
+    Predictor(predictor::TrainPredictorArgs),
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Train {
+            what: TrainWhat::Predictor(args),
+        } => predictor::train(args),
         Command::Datasets(args) => datasets::run(args),
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),

@@ -20,9 +20,11 @@
 mod baselines;
 mod error;
 mod examples;
+mod featurize;
 mod split;
 
 pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;
 pub use examples::{StepExample, load_step_examples};
+pub use featurize::ClusterContext;
 pub use split::{Split, split_by_job, split_unseen_placements};
