@@ -26,6 +26,18 @@ pub struct PredictorEvalArgs {
     seed: u64,
 }
 
+/// The (span, GPU count) shapes of every gang spread beyond one node: the placements
+/// held out as "unseen".
+fn multi_node_shapes(examples: &[StepExample]) -> Vec<(&str, u32)> {
+    examples
+        .iter()
+        .filter(|e| e.nodes > 1)
+        .map(|e| (e.span.as_str(), e.num_gpus))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
 fn errors(split: &Split) -> anyhow::Result<(f64, f64)> {
     let truth: Vec<f64> = split.test.iter().map(|e| e.step_time_s).collect();
     let lookup = LookupBaseline::fit(&split.train)?;
@@ -52,14 +64,7 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
         a.telemetry.display()
     );
     let random = split_by_job(&examples, a.seed, 0.1, 0.2);
-    // Unseen placements: every gang spread beyond one node.
-    let spread: Vec<(&str, u32)> = examples
-        .iter()
-        .filter(|e| e.nodes > 1)
-        .map(|e| (e.span.as_str(), e.num_gpus))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let spread = multi_node_shapes(&examples);
     let unseen = split_unseen_placements(&examples, &spread, a.seed, 0.1);
     println!(
         "{:<34} {:>7} {:>7} {:>12} {:>12}",
@@ -181,13 +186,7 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
     let config = PredictorConfig::new()
         .with_seed(a.seed)
         .with_max_epochs(a.max_epochs);
-    let spread: Vec<(&str, u32)> = examples
-        .iter()
-        .filter(|e| e.nodes > 1)
-        .map(|e| (e.span.as_str(), e.num_gpus))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let spread = multi_node_shapes(&examples);
     let splits = [
         ("held-out jobs", split_by_job(&examples, a.seed, 0.1, 0.2)),
         (
