@@ -230,7 +230,6 @@ impl SimulatedTelemetry {
         let index_of = |id: JobId| jobs.iter().position(|j| j.id == id);
         let mut open: std::collections::BTreeMap<usize, (f64, Placement)> = Default::default();
         let mut runs = Vec::new();
-        let mut last = 0.0f64;
         for e in log {
             let Some(j) = index_of(e.job) else {
                 return Err(AgentError::Config(format!(
@@ -238,7 +237,6 @@ impl SimulatedTelemetry {
                     e.job
                 )));
             };
-            last = last.max(e.time);
             match &e.what {
                 LogKind::Start(p) => {
                     open.insert(j, (e.time, p.clone()));
@@ -305,7 +303,6 @@ impl SimulatedTelemetry {
             .enumerate()
             .map(|(i, _)| Arc::from(format!("GPU-sim-{:08x}-{i:06}", opts.seed as u32)))
             .collect();
-        let _ = last;
         Ok(SimulatedTelemetry {
             counters: vec![Counters::default(); topo.gpus().len()],
             cluster: Arc::from(opts.cluster.as_str()),
@@ -406,14 +403,11 @@ impl SimulatedTelemetry {
             .flat_map(|w| &w.gpus)
             .find(|s| s.gpu.0 as usize == gpu)
             .map_or(1.0, |s| f64::from(s.milli) / 1000.0);
-        let measured = self
-            .kind(job)
-            .and_then(|k| k.peak_memory_gib())
-            .map(|g| g * (1u64 << 30) as f64);
-        measured
-            .unwrap_or(self.opts.default_mem_fraction * total)
-            .min(total)
-            * if measured.is_some() { 1.0 } else { share }
+        // A measured peak is the worker's own; the default is a share of the GPU it holds.
+        match self.kind(job).and_then(|k| k.peak_memory_gib()) {
+            Some(gib) => (gib * (1u64 << 30) as f64).min(total),
+            None => self.opts.default_mem_fraction * total * share,
+        }
     }
 
     /// True step time of `run` at `t`, seconds, if its kind has a reference step time.
