@@ -14,7 +14,7 @@ fn fixture(name: &str) -> String {
 
 mod common;
 
-use common::{marshal, stdout_of};
+use common::{fails_with, marshal, stdout_of};
 
 fn json(args: &[&str]) -> Value {
     serde_json::from_str(&stdout_of(args)).expect("stdout is JSON")
@@ -205,31 +205,33 @@ fn malformed_rows_are_skipped_and_reported_with_file_line_and_field() {
     assert_eq!(v["rejected"], 1, "the 64-GPU job cannot fit 32 GPUs");
 
     std::fs::write(&trace, "").unwrap();
-    let out = marshal(&[
-        "sim",
-        "--cluster",
-        &cluster,
-        "--trace",
-        trace.to_str().unwrap(),
-        "--policy",
-        "fifo",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.csv"));
+    fails_with(
+        &[
+            "sim",
+            "--cluster",
+            &cluster,
+            "--trace",
+            trace.to_str().unwrap(),
+            "--policy",
+            "fifo",
+        ],
+        "bad.csv",
+    );
     std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]
 fn missing_files_and_unknown_clusters_are_clear_errors() {
-    let out = marshal(&[
-        "sim",
-        "--trace",
+    fails_with(
+        &[
+            "sim",
+            "--trace",
+            "/nonexistent/trace.csv",
+            "--policy",
+            "fifo",
+        ],
         "/nonexistent/trace.csv",
-        "--policy",
-        "fifo",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace.csv"));
+    );
     let out = marshal(&[
         "sim",
         "--cluster",
@@ -322,19 +324,20 @@ fn calibration_reports_the_fitted_constants() {
 
 #[test]
 fn pollux_workloads_replay_only_with_enrichment() {
-    let out = marshal(&[
-        "sim",
-        "--trace",
-        "pollux-1",
-        "--cluster",
-        "pollux-64",
-        "--policy",
-        "fifo",
-        "--workloads",
-        "none",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no job durations"));
+    fails_with(
+        &[
+            "sim",
+            "--trace",
+            "pollux-1",
+            "--cluster",
+            "pollux-64",
+            "--policy",
+            "fifo",
+            "--workloads",
+            "none",
+        ],
+        "no job durations",
+    );
     // Enriched (the default), every job completes with a positive JCT.
     let out = marshal(&[
         "sim", "--trace", "pollux-1", "--policy", "tiresias", "--format", "json",
@@ -450,15 +453,16 @@ fn eval_compares_policies_with_intervals_and_plots() {
     );
     let svg = std::fs::read_to_string(plots.join("jct_cdf.svg")).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 2);
-    let out = marshal(&[
-        "eval",
-        "--policies",
-        "fifo",
-        "--trace",
-        "philly",
-        "--seeds",
-        "1",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2"));
+    fails_with(
+        &[
+            "eval",
+            "--policies",
+            "fifo",
+            "--trace",
+            "philly",
+            "--seeds",
+            "1",
+        ],
+        "at least 2",
+    );
 }

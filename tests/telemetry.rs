@@ -9,7 +9,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{marshal, stdout_of as ok};
+use common::{fails_with, marshal, stdout_of as ok};
 
 fn files_under(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
@@ -108,32 +108,35 @@ fn record_inspect_and_compact_a_simulated_replay() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = marshal(&["telemetry", "inspect", "/nonexistent/telemetry"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/telemetry"));
-    let out = marshal(&[
-        "agent",
-        "--source",
-        "sim",
-        "--out",
-        "/tmp/x",
-        "--interval",
-        "0s",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("positive duration"));
-    let out = marshal(&[
-        "telemetry",
-        "record",
-        "--source",
-        "sim",
-        "--out",
-        "/tmp/x",
-        "--stragglers",
-        "2",
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("straggler fraction"));
+    fails_with(
+        &["telemetry", "inspect", "/nonexistent/telemetry"],
+        "/nonexistent/telemetry",
+    );
+    fails_with(
+        &[
+            "agent",
+            "--source",
+            "sim",
+            "--out",
+            "/tmp/x",
+            "--interval",
+            "0s",
+        ],
+        "positive duration",
+    );
+    fails_with(
+        &[
+            "telemetry",
+            "record",
+            "--source",
+            "sim",
+            "--out",
+            "/tmp/x",
+            "--stragglers",
+            "2",
+        ],
+        "straggler fraction",
+    );
 }
 
 #[test]
@@ -248,18 +251,19 @@ fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
         .collect();
     assert_eq!(mapes.len(), 2, "{line}");
     assert!(mapes.iter().all(|m| m.is_finite() && *m >= 0.0), "{line}");
-    let missing = marshal(&[
-        "eval",
-        "predictor",
-        "--telemetry",
-        out_s,
-        "--model",
+    fails_with(
+        &[
+            "eval",
+            "predictor",
+            "--telemetry",
+            out_s,
+            "--model",
+            "/nonexistent",
+            "--cluster",
+            "elasticflow-128",
+        ],
         "/nonexistent",
-        "--cluster",
-        "elasticflow-128",
-    ]);
-    assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent"));
+    );
 
     // Train a (tiny) predictor end to end, save it, load it back for evaluation.
     let model = dir.path().join("model");
@@ -297,21 +301,23 @@ fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
     );
     // A corrupted artifact is refused with a reason, not a crash.
     std::fs::write(model.join("meta.json"), b"{ not json").unwrap();
-    let bad = marshal(&[
-        "eval",
-        "predictor",
-        "--telemetry",
-        out_s,
-        "--model",
-        model.to_str().unwrap(),
-        "--cluster",
-        "elasticflow-128",
-    ]);
-    assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("meta.json"));
+    fails_with(
+        &[
+            "eval",
+            "predictor",
+            "--telemetry",
+            out_s,
+            "--model",
+            model.to_str().unwrap(),
+            "--cluster",
+            "elasticflow-128",
+        ],
+        "meta.json",
+    );
     let empty = dir.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    let none = marshal(&["eval", "predictor", "--telemetry", empty.to_str().unwrap()]);
-    assert!(!none.status.success());
-    assert!(String::from_utf8_lossy(&none.stderr).contains("no usable step profiles"));
+    fails_with(
+        &["eval", "predictor", "--telemetry", empty.to_str().unwrap()],
+        "no usable step profiles",
+    );
 }

@@ -178,7 +178,10 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
                 &discovered,
                 &node,
                 cpu_milli,
-                host_memory_mib().unwrap_or(0),
+                HostSampler::new("", &node)
+                    .sample(0)
+                    .host_mem_total_bytes
+                    .map_or(0, |b| b >> 20),
                 &marshal_scheduler::domain::GpuCatalog::default(),
             );
             let out = serde_json::json!({
@@ -190,14 +193,6 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// `MemTotal` of `/proc/meminfo`, MiB.
-fn host_memory_mib() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
 }
 
 /// Replays the trace and wraps the log as a simulated source.

@@ -21,3 +21,15 @@ pub fn stdout_of(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).expect("stdout is UTF-8")
 }
+
+/// Runs `marshal args`, asserts it failed and that its error mentions `needle`.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn fails_with(args: &[&str], needle: &str) {
+    let out = marshal(args);
+    assert!(!out.status.success(), "marshal {args:?} should have failed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(needle),
+        "marshal {args:?}: {err:?} lacks {needle:?}"
+    );
+}

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use ndarray::{Array1, Array2};
 
+use crate::examples::median;
 use crate::{StepExample, TrainerError};
 
 /// Mean absolute percentage error of `predicted` against `truth`, in percent.
@@ -21,19 +22,9 @@ pub fn mape(predicted: &[f64], truth: &[f64]) -> f64 {
 }
 
 fn collapse<K: Ord>(m: BTreeMap<K, Vec<f64>>) -> BTreeMap<K, f64> {
-    m.into_iter().map(|(k, v)| (k, median(v))).collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    m.into_iter()
+        .map(|(k, v)| (k, median(v).unwrap_or(f64::NAN)))
+        .collect()
 }
 
 /// Median step time per (model, GPU type, GPU count), falling back to (model, GPU type),
@@ -72,7 +63,7 @@ impl LookupBaseline {
             exact: collapse(exact),
             by_type: collapse(by_type),
             by_model: collapse(by_model),
-            global: median(train.iter().map(|e| e.step_time_s).collect()),
+            global: median(train.iter().map(|e| e.step_time_s).collect()).unwrap_or(f64::NAN),
         })
     }
 

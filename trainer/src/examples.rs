@@ -37,7 +37,8 @@ fn parse_shape(placement: &str) -> Option<(u32, u32)> {
     Some((n.parse().ok()?, g.parse().ok()?))
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The median (the mean of the middle two for an even count); `None` when empty.
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
