@@ -280,7 +280,12 @@ fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
         "3",
     ]);
     assert!(text.contains("held-out jobs: learned"), "{text}");
-    for file in ["meta.json", "config.json", "normalization.json"] {
+    for file in [
+        "meta.json",
+        "config.json",
+        "normalization.json",
+        "history.json",
+    ] {
         assert!(model.join(file).is_file(), "{file} missing");
     }
     let meta = std::fs::read_to_string(model.join("meta.json")).unwrap();

@@ -37,7 +37,7 @@ use crate::train::TrainingSummary;
 
 /// Version of the artifact layout written and read by this build. Bump it whenever the
 /// network architecture, a feature layout or a file format changes meaning.
-pub const ARTIFACT_SCHEMA_VERSION: u32 = 1;
+pub const ARTIFACT_SCHEMA_VERSION: u32 = 2;
 
 /// Weights file name.
 pub const WEIGHTS_FILE: &str = "weights.bpk";

@@ -38,20 +38,22 @@ pub const LINK_FEATURE_NAMES: [&str; LINK_FEATURES] = [
 ];
 
 /// Number of per-job features.
-pub const JOB_FEATURES: usize = 11;
+pub const JOB_FEATURES: usize = 13;
 /// Names of the per-job features, in slot order.
 pub const JOB_FEATURE_NAMES: [&str; JOB_FEATURES] = [
-    "num_gpus",           // gang size
-    "log10_params",       // log10 of the model's parameter count
-    "log2_global_batch",  // log2 of the global batch size
-    "log2_seq_len",       // log2 of the sequence length (0 when not a sequence model)
-    "parallel_data",      // one-hot parallelism: data parallel
-    "parallel_tensor",    // one-hot parallelism: tensor parallel
-    "parallel_pipeline",  // one-hot parallelism: pipeline parallel
-    "parallel_none",      // one-hot parallelism: single worker / none
-    "precision_bytes",    // bytes per parameter of the compute precision (2 = bf16)
-    "is_inference",       // 1 for inference/serving, 0 for training
+    "log2_num_gpus", // log2 of the gang size (log, so larger gangs than trained on stay in range)
+    "log10_params",  // log10 of the model's parameter count
+    "log2_global_batch", // log2 of the global batch size
+    "log2_seq_len",  // log2 of the sequence length (0 when not a sequence model)
+    "parallel_data", // one-hot parallelism: data parallel
+    "parallel_tensor", // one-hot parallelism: tensor parallel
+    "parallel_pipeline", // one-hot parallelism: pipeline parallel
+    "parallel_none", // one-hot parallelism: single worker / none
+    "precision_bytes", // bytes per parameter of the compute precision (2 = bf16)
+    "is_inference",  // 1 for inference/serving, 0 for training
     "comm_compute_ratio", // profiled or estimated communication / compute time
+    "log_history_step_s", // ln of the step time seen for the same job kind before (0 = none)
+    "history_level", // how specific that history is: 0 none, 1 kind, 2 + GPU type, 3 + GPU count
 ];
 
 /// Most GPUs one placement graph may have. Larger gangs are summarised by the featuriser
@@ -273,7 +275,7 @@ mod tests {
             g.validate("g")
                 .unwrap_err()
                 .to_string()
-                .contains("g.job.values[0] (num_gpus)")
+                .contains("g.job.values[0] (log2_num_gpus)")
         );
     }
 

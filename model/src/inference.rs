@@ -17,6 +17,11 @@ const Z95: f32 = 1.644_853_6;
 /// Graphs per forward pass inside [`TrainedPredictor::predict`]; bounds the `B×N×N×H`
 /// message tensor for callers that pass thousands of candidates at once.
 const PREDICT_CHUNK: usize = 256;
+/// Predicted mean log step time is held within this many standard deviations of the
+/// training set's: inputs far from anything trained on (an interconnect never seen) must
+/// not overflow into an infinite or zero step time. The interval still says how unsure the
+/// model is.
+const MAX_STEP_Z: f32 = 6.0;
 
 /// Predicted resources for one placement.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,7 +134,9 @@ impl TrainedPredictor {
         let util = to_vec(raw.util)?;
         let log_std = norm.log_step_time.std[0];
         for i in 0..graphs.len() {
-            let mu = norm.log_step_time.invert(0, mean[i]);
+            let mu = norm
+                .log_step_time
+                .invert(0, mean[i].clamp(-MAX_STEP_Z, MAX_STEP_Z));
             let sigma = (0.5 * log_var[i]).exp() * log_std;
             let mut peak_mem_gib = [0.0; MEM_PHASES];
             for (p, slot) in peak_mem_gib.iter_mut().enumerate() {

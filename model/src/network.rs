@@ -9,7 +9,13 @@
 //! z      = [masked mean_i h_i, masked max_i h_i, relu(W_j job)]
 //! t      = relu(W_t z)
 //! heads  = (μ, log σ²) of standardised ln step time; 4 peak-memory values; utilisation
+//! μ     += w_s · job                                       linear skip from the job features
 //! ```
+//!
+//! The skip exists because the step time of a placement is, to first order, the job's own
+//! history (the `log_history_step_s` job feature) and the graph explains the rest: a linear
+//! path lets the network carry that history to the output unchanged, also for values outside
+//! the range it was trained on, where a ReLU trunk would saturate.
 //!
 //! The message layer on the concatenation `[h_i, h_j, e_ij]` is computed as the sum of three
 //! linear maps (`A h_i + B h_j + C e_ij`), which is the same function but avoids materialising
@@ -49,6 +55,7 @@ pub struct PredictorNetwork {
     rounds: Vec<MessageRound>,
     trunk: Linear,
     step_head: Linear,
+    step_skip: Linear,
     mem_head: Linear,
     util_head: Linear,
 }
@@ -113,6 +120,7 @@ impl PredictorNetwork {
             rounds,
             trunk: linear(rng, 3 * h, h, true, device),
             step_head: linear(rng, h, 2, true, device),
+            step_skip: linear(rng, JOB_FEATURES, 1, false, device),
             mem_head: linear(rng, h, MEM_PHASES, true, device),
             util_head: linear(rng, h, 1, true, device),
         }
@@ -151,7 +159,7 @@ impl PredictorNetwork {
 
         let step = self.step_head.forward(t.clone());
         NetworkOutput {
-            step_mean: step.clone().narrow(1, 0, 1),
+            step_mean: step.clone().narrow(1, 0, 1) + self.step_skip.forward(batch.job.clone()),
             step_log_var: step.narrow(1, 1, 1).clamp(LOG_VAR_MIN, LOG_VAR_MAX),
             peak_mem: self.mem_head.forward(t.clone()),
             util: self.util_head.forward(t),

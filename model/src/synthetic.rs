@@ -52,7 +52,7 @@ pub fn graph(rng: &mut ChaCha8Rng, gpus: usize) -> PlacementGraph {
         }
     }
     let mut job = [0f32; JOB_FEATURES];
-    job[0] = gpus as f32;
+    job[0] = (gpus as f32).log2();
     job[1] = rng.random_range(8.0..11.0); // 100M .. 100B parameters
     job[2] = rng.random_range(5.0..10.0);
     job[3] = rng.random_range(9.0..13.0);

@@ -1,21 +1,23 @@
-//! `marshal eval predictor`: step-time prediction error on held-out jobs and on placement
-//! shapes never seen in training.
+//! `marshal train predictor` and `marshal eval predictor`: step-time prediction error on
+//! held-out jobs and on placement shapes never seen in training, against the baselines.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Args;
 use marshal_model::{ArtifactInfo, PredictorConfig, Targets};
 use marshal_trainer::{
-    ClusterContext, LinearBaseline, LookupBaseline, Split, StepExample, load_step_examples, mape,
-    split_by_job, split_unseen_placements,
+    ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, Split, StepExample, StepHistory,
+    load_step_examples, mape, split_by_job, split_unseen_placements,
 };
 
 #[derive(Debug, Args)]
 pub struct PredictorEvalArgs {
-    /// Telemetry directory with step profiles (`marshal telemetry record`).
-    #[arg(long)]
-    telemetry: PathBuf,
+    /// Telemetry directories with step profiles (`marshal telemetry record`); repeat the
+    /// flag to pool several recordings of the same cluster (e.g. one per policy, so that
+    /// jobs are seen on different placements).
+    #[arg(long, required = true)]
+    telemetry: Vec<PathBuf>,
     /// A trained predictor artifact. Without one, only the baselines are evaluated.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -26,19 +28,95 @@ pub struct PredictorEvalArgs {
     seed: u64,
 }
 
-/// The (span, GPU count) shapes of every gang spread beyond one node: the placements
-/// held out as "unseen".
-fn multi_node_shapes(examples: &[StepExample]) -> Vec<(&str, u32)> {
-    examples
-        .iter()
-        .filter(|e| e.nodes > 1)
-        .map(|e| (e.span.as_str(), e.num_gpus))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect()
+#[derive(Debug, Args)]
+pub struct TrainPredictorArgs {
+    /// Telemetry directories with step profiles; repeat the flag to pool recordings.
+    #[arg(long, required = true)]
+    telemetry: Vec<PathBuf>,
+    /// The cluster the telemetry came from (a preset or a spec file).
+    #[arg(long)]
+    cluster: String,
+    /// Artifact directory to write.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[arg(long, default_value_t = 200)]
+    max_epochs: usize,
 }
 
-fn errors(split: &Split) -> anyhow::Result<(f64, f64)> {
+/// One way of holding examples out, named for reports and artifact scores.
+struct NamedSplit {
+    name: &'static str,
+    key: &'static str,
+    split: Split,
+}
+
+/// The three test sets every report uses:
+/// - held-out jobs (by job hash);
+/// - unseen shapes: every other multi-GPU (span, GPU count) class in sorted order, so
+///   training keeps some packed and some spread gangs while the test holds spread
+///   variants of GPU counts trained packed, and GPU counts not trained at that span;
+/// - all multi-node placements held out: the strictest test, where training has no
+///   InfiniBand link at all.
+fn splits(examples: &[StepExample], seed: u64) -> Vec<NamedSplit> {
+    let shapes = |keep: &dyn Fn(&StepExample) -> bool| -> Vec<(&str, u32)> {
+        examples
+            .iter()
+            .filter(|e| keep(e))
+            .map(|e| (e.span.as_str(), e.num_gpus))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    let every_other: Vec<(&str, u32)> = shapes(&|e| e.num_gpus > 1)
+        .into_iter()
+        .skip(1)
+        .step_by(2)
+        .collect();
+    let multi_node = shapes(&|e| e.nodes > 1);
+    vec![
+        NamedSplit {
+            name: "held-out jobs",
+            key: "holdout_jobs",
+            split: split_by_job(examples, seed, 0.1, 0.2),
+        },
+        NamedSplit {
+            name: "unseen shapes (alternate classes)",
+            key: "unseen_shapes",
+            split: split_unseen_placements(examples, &every_other, seed, 0.1),
+        },
+        NamedSplit {
+            name: "unseen placements (all multi-node)",
+            key: "unseen_placements",
+            split: split_unseen_placements(examples, &multi_node, seed, 0.1),
+        },
+    ]
+}
+
+fn load(dirs: &[PathBuf]) -> anyhow::Result<Vec<StepExample>> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        let (examples, report) = load_step_examples(dir)
+            .with_context(|| format!("reading step profiles from {}", dir.display()))?;
+        for e in &report.errors {
+            eprintln!("warning: skipped {}: {}", e.path.display(), e.reason);
+        }
+        all.extend(examples);
+    }
+    let jobs: std::collections::BTreeSet<&str> = all.iter().map(|e| e.job_id.as_str()).collect();
+    println!(
+        "{} examples ({} jobs) from {} telemetry director{}",
+        all.len(),
+        jobs.len(),
+        dirs.len(),
+        if dirs.len() == 1 { "y" } else { "ies" }
+    );
+    Ok(all)
+}
+
+/// Step-time MAPE of the lookup and linear baselines trained on the split.
+fn baseline_errors(split: &Split) -> anyhow::Result<(f64, f64)> {
     let truth: Vec<f64> = split.test.iter().map(|e| e.step_time_s).collect();
     let lookup = LookupBaseline::fit(&split.train)?;
     let linear = LinearBaseline::fit(&split.train, 1e-2)?;
@@ -49,44 +127,33 @@ fn errors(split: &Split) -> anyhow::Result<(f64, f64)> {
     ))
 }
 
+fn usable(s: &NamedSplit) -> bool {
+    !(s.split.train.is_empty() || s.split.valid.is_empty() || s.split.test.is_empty())
+}
+
 pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
-    let (examples, report) = load_step_examples(&a.telemetry)
-        .with_context(|| format!("reading step profiles from {}", a.telemetry.display()))?;
-    for e in &report.errors {
-        eprintln!("warning: skipped {}: {}", e.path.display(), e.reason);
-    }
-    let jobs: std::collections::BTreeSet<&str> =
-        examples.iter().map(|e| e.job_id.as_str()).collect();
+    let examples = load(&a.telemetry)?;
+    let splits = splits(&examples, a.seed);
     println!(
-        "{} examples ({} jobs) from {}",
-        examples.len(),
-        jobs.len(),
-        a.telemetry.display()
-    );
-    let random = split_by_job(&examples, a.seed, 0.1, 0.2);
-    let spread = multi_node_shapes(&examples);
-    let unseen = split_unseen_placements(&examples, &spread, a.seed, 0.1);
-    println!(
-        "{:<34} {:>7} {:>7} {:>12} {:>12}",
+        "{:<36} {:>7} {:>7} {:>12} {:>12}",
         "test set", "train", "test", "lookup MAPE", "linear MAPE"
     );
-    for (name, split) in [
-        ("held-out jobs", &random),
-        ("unseen placements (multi-node)", &unseen),
-    ] {
-        if split.test.is_empty() || split.train.is_empty() {
+    for s in &splits {
+        if s.split.test.is_empty() || s.split.train.is_empty() {
             println!(
-                "{name:<34} {:>7} {:>7}   (empty side: not evaluated)",
-                split.train.len(),
-                split.test.len()
+                "{:<36} {:>7} {:>7}   (empty side: not evaluated)",
+                s.name,
+                s.split.train.len(),
+                s.split.test.len()
             );
             continue;
         }
-        let (lookup, linear) = errors(split)?;
+        let (lookup, linear) = baseline_errors(&s.split)?;
         println!(
-            "{name:<34} {:>7} {:>7} {:>11.1}% {:>11.1}%",
-            split.train.len(),
-            split.test.len(),
+            "{:<36} {:>7} {:>7} {:>11.1}% {:>11.1}%",
+            s.name,
+            s.split.train.len(),
+            s.split.test.len(),
             lookup,
             linear
         );
@@ -98,8 +165,9 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
     let cluster = a.cluster.as_deref().context("--model needs --cluster")?;
     let loaded = marshal_model::artifact::load(dir)
         .with_context(|| format!("loading the predictor {}", dir.display()))?;
+    let history = StepHistory::load(&dir.join(HISTORY_FILE))?;
     let ctx = context(cluster)?;
-    let (mape, coverage) = model_errors(&loaded.predictor, &ctx, &random.test)?;
+    let (mape, coverage) = model_errors(&loaded.predictor, &ctx, &history, &splits[0].split.test)?;
     println!(
         "learned predictor on held-out jobs: step-time MAPE {mape:.1} %, 90 % interval holds {coverage:.0} % of truths"
     );
@@ -115,18 +183,46 @@ fn context(cluster: &str) -> anyhow::Result<ClusterContext> {
 
 fn graphs(
     ctx: &ClusterContext,
+    history: &StepHistory,
     examples: &[StepExample],
 ) -> Vec<(marshal_model::PlacementGraph, Targets)> {
-    examples.iter().filter_map(|e| ctx.featurize(e)).collect()
+    examples
+        .iter()
+        .filter_map(|e| ctx.featurize(e, history))
+        .collect()
+}
+
+/// Most gangs in a trace are one GPU, whose step time does not depend on placement; the
+/// few multi-GPU examples are the ones that teach the network what spreading costs.
+/// Repeating each multi-GPU example (up to 8 times, until the two groups weigh about the
+/// same) keeps the single-GPU majority from drowning them out. Training side only.
+fn rebalanced(
+    mut data: Vec<(marshal_model::PlacementGraph, Targets)>,
+) -> Vec<(marshal_model::PlacementGraph, Targets)> {
+    let multi: Vec<_> = data
+        .iter()
+        .filter(|(g, _)| g.gpus.len() > 1)
+        .cloned()
+        .collect();
+    if multi.is_empty() {
+        return data;
+    }
+    let single = data.len() - multi.len();
+    let repeats = (single / multi.len()).clamp(1, 8);
+    for _ in 1..repeats {
+        data.extend(multi.iter().cloned());
+    }
+    data
 }
 
 /// Step-time MAPE and the share of truths inside the predicted 90 % interval.
 fn model_errors(
     predictor: &marshal_model::TrainedPredictor,
     ctx: &ClusterContext,
+    history: &StepHistory,
     test: &[StepExample],
 ) -> anyhow::Result<(f64, f64)> {
-    let data = graphs(ctx, test);
+    let data = graphs(ctx, history, test);
     let batch: Vec<_> = data.iter().map(|(g, _)| g.clone()).collect();
     let predictions = predictor.predict(&batch)?;
     let truth: Vec<f64> = data.iter().map(|(_, t)| f64::from(t.step_time_s)).collect();
@@ -145,23 +241,6 @@ fn model_errors(
     ))
 }
 
-#[derive(Debug, Args)]
-pub struct TrainPredictorArgs {
-    /// Telemetry directory with step profiles.
-    #[arg(long)]
-    telemetry: PathBuf,
-    /// The cluster the telemetry came from (a preset or a spec file).
-    #[arg(long)]
-    cluster: String,
-    /// Artifact directory to write.
-    #[arg(long)]
-    out: PathBuf,
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    #[arg(long, default_value_t = 200)]
-    max_epochs: usize,
-}
-
 /// FNV-1a over the examples' identities and answers: the artifact's data hash.
 fn data_hash(examples: &[StepExample]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -177,68 +256,104 @@ fn data_hash(examples: &[StepExample]) -> String {
     format!("fnv1a64:{h:016x}")
 }
 
-/// Trains on held-out-job and unseen-placement splits, reports both against the
-/// baselines, and saves the held-out-job model.
+/// Trains one predictor per test set, reports each against the baselines, and saves the
+/// held-out-jobs model with the history its inputs were computed from.
 pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
-    let (examples, _) = load_step_examples(&a.telemetry)
-        .with_context(|| format!("reading step profiles from {}", a.telemetry.display()))?;
+    let examples = load(&a.telemetry)?;
     let ctx = context(&a.cluster)?;
     let config = PredictorConfig::new()
         .with_seed(a.seed)
         .with_max_epochs(a.max_epochs);
-    let spread = multi_node_shapes(&examples);
-    let splits = [
-        ("held-out jobs", split_by_job(&examples, a.seed, 0.1, 0.2)),
-        (
-            "unseen placements (multi-node)",
-            split_unseen_placements(&examples, &spread, a.seed, 0.1),
-        ),
-    ];
     let mut scores = std::collections::BTreeMap::new();
     let mut saved = None;
-    for (i, (name, split)) in splits.iter().enumerate() {
-        if split.train.is_empty() || split.valid.is_empty() || split.test.is_empty() {
-            println!("{name}: a side is empty, skipped");
+    for s in splits(&examples, a.seed) {
+        if !usable(&s) {
+            println!("{}: a side is empty, skipped", s.name);
             continue;
         }
+        let split = &s.split;
+        let history = StepHistory::fit(&split.train);
         let started = std::time::Instant::now();
         let mut epochs = 0;
         let predictor = marshal_model::train::fit(
-            &graphs(&ctx, &split.train),
-            &graphs(&ctx, &split.valid),
+            &rebalanced(graphs(&ctx, &history, &split.train)),
+            &graphs(&ctx, &history, &split.valid),
             &config,
             &mut |r| epochs = r.epoch,
         )?;
-        let (model_mape, coverage) = model_errors(&predictor, &ctx, &split.test)?;
-        let (lookup, linear) = errors(split)?;
+        let (model_mape, coverage) = model_errors(&predictor, &ctx, &history, &split.test)?;
+        let (lookup, linear) = baseline_errors(split)?;
         println!(
-            "{name}: learned {model_mape:.1} % (90 % interval holds {coverage:.0} %), lookup {lookup:.1} %, \
+            "{}: learned {model_mape:.1} % (90 % interval holds {coverage:.0} %), lookup {lookup:.1} %, \
              linear {linear:.1} % step-time MAPE; {} train / {} test examples, {epochs} epochs in {:.1} s",
+            s.name,
             split.train.len(),
             split.test.len(),
             started.elapsed().as_secs_f64()
         );
-        let key = if i == 0 {
-            "holdout_jobs"
-        } else {
-            "unseen_placements"
-        };
+        let key = s.key;
         scores.insert(format!("{key}_step_time_mape"), model_mape);
         scores.insert(format!("{key}_interval90_coverage_pct"), coverage);
         scores.insert(format!("{key}_lookup_mape"), lookup);
         scores.insert(format!("{key}_linear_mape"), linear);
-        if i == 0 {
-            saved = Some(predictor);
+        if key == "holdout_jobs" {
+            saved = Some((predictor, history));
         }
     }
-    let predictor = saved.context("the held-out-job split had an empty side: nothing to save")?;
+    let (predictor, history) =
+        saved.context("the held-out-job split had an empty side: nothing to save")?;
     scores.insert("split_seed".into(), a.seed as f64);
     let info = ArtifactInfo {
         training_data_hash: data_hash(&examples),
         eval_scores: scores,
     };
-    marshal_model::artifact::save(&a.out, &predictor, &info)
-        .with_context(|| format!("saving {}", a.out.display()))?;
+    save(&a.out, &predictor, &history, &info)?;
     println!("saved {}", a.out.display());
     Ok(())
+}
+
+fn save(
+    out: &Path,
+    predictor: &marshal_model::TrainedPredictor,
+    history: &StepHistory,
+    info: &ArtifactInfo,
+) -> anyhow::Result<()> {
+    marshal_model::artifact::save(out, predictor, info)
+        .with_context(|| format!("saving {}", out.display()))?;
+    history.save(&out.join(HISTORY_FILE))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use marshal_model::{GpuNodeFeatures, PlacementGraph};
+
+    fn graph(gpus: usize) -> (PlacementGraph, Targets) {
+        let g = PlacementGraph {
+            gpus: vec![GpuNodeFeatures::default(); gpus],
+            ..Default::default()
+        };
+        let t = Targets {
+            step_time_s: gpus as f32,
+            peak_mem_gib: [f32::NAN; 4],
+            gpu_util_pct: f32::NAN,
+        };
+        (g, t)
+    }
+
+    #[test]
+    fn multi_gpu_examples_are_repeated_until_they_weigh_like_the_single_gpu_ones() {
+        let data: Vec<_> = (0..10)
+            .map(|_| graph(1))
+            .chain([graph(2), graph(4)])
+            .collect();
+        let out = rebalanced(data);
+        let multi = out.iter().filter(|(g, _)| g.gpus.len() > 1).count();
+        assert_eq!((out.len() - multi, multi), (10, 10));
+        // Never more than 8 copies, and nothing to do without multi-GPU examples.
+        let data: Vec<_> = (0..100).map(|_| graph(1)).chain([graph(8)]).collect();
+        assert_eq!(rebalanced(data).len(), 108);
+        assert_eq!(rebalanced(vec![graph(1); 3]).len(), 3);
+    }
 }

@@ -192,10 +192,18 @@ fn solve_spd(mut a: Array2<f64>, b: Array1<f64>) -> Option<Array1<f64>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn ex(job: &str, model: &str, gpus: u32, nodes: u32, span: &str, t: f64) -> StepExample {
+    /// A one-row example for tests.
+    pub(crate) fn ex(
+        job: &str,
+        model: &str,
+        gpus: u32,
+        nodes: u32,
+        span: &str,
+        t: f64,
+    ) -> StepExample {
         StepExample {
             job_id: job.into(),
             model: model.into(),

@@ -19,7 +19,7 @@ use marshal_model::{
 };
 use marshal_scheduler::domain::{TopoLevel, Topology, WorkloadCatalog};
 
-use crate::StepExample;
+use crate::{StepExample, StepHistory};
 
 /// What the featuriser needs of a cluster.
 #[derive(Clone, Debug)]
@@ -89,8 +89,13 @@ impl ClusterContext {
     }
 
     /// The example's graph and targets; `None` when the placement has more GPUs than a
-    /// graph may hold.
-    pub fn featurize(&self, e: &StepExample) -> Option<(PlacementGraph, Targets)> {
+    /// graph may hold. `history` supplies the job's history features (see
+    /// [`StepHistory`]).
+    pub fn featurize(
+        &self,
+        e: &StepExample,
+        history: &StepHistory,
+    ) -> Option<(PlacementGraph, Targets)> {
         let n = (e.nodes * e.gpus_per_node) as usize;
         if n == 0 || n > MAX_GPUS_PER_GRAPH {
             return None;
@@ -153,9 +158,10 @@ impl ClusterContext {
             "pipeline-parallel" => [0.0, 0.0, 1.0, 0.0],
             _ => [0.0, 0.0, 0.0, 1.0],
         };
+        let recalled = history.recall(e);
         let job = JobFeatures {
             values: [
-                e.num_gpus as f32,
+                (e.num_gpus.max(1) as f32).log2(),
                 params.log10() as f32,
                 e.batch_size.map_or(0.0, |b| (b as f32).log2()),
                 0.0,
@@ -166,6 +172,8 @@ impl ClusterContext {
                 4.0,
                 0.0,
                 (comm / (1.0 - comm).max(1e-3)) as f32,
+                recalled.map_or(0.0, |r| r.step_time_s.ln() as f32),
+                recalled.map_or(0.0, |r| f32::from(r.level)),
             ],
         };
         let mem = e.peak_mem_gib.map(|m| m.map_or(f32::NAN, |v| v as f32));

@@ -21,10 +21,12 @@ mod baselines;
 mod error;
 mod examples;
 mod featurize;
+mod history;
 mod split;
 
 pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;
 pub use examples::{StepExample, load_step_examples};
 pub use featurize::ClusterContext;
+pub use history::{HISTORY_FILE, HistoryEntry, Recalled, StepHistory};
 pub use split::{Split, split_by_job, split_unseen_placements};

@@ -1,0 +1,194 @@
+//! What earlier jobs of the same kind measured: the predictor's "history" job feature.
+//!
+//! A scheduler that has run a kind of job before knows roughly how long its steps take;
+//! the network's task is then the placement's effect on top of that. The history of an
+//! example is the median step time of *other* jobs of the same kind, as specific as the
+//! data allows: same kind, GPU type and GPU count (level 3), same kind and GPU type
+//! (level 2), same kind (level 1), or nothing (level 0).
+//!
+//! The example's own job is always left out. Without that, a training example whose key
+//! holds only its own job would see its answer as a feature, the network would learn to
+//! copy it, and at test time (where jobs are new) the copy would be worth much less.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::examples::median;
+use crate::{StepExample, TrainerError};
+
+/// File name of the history inside a predictor artifact directory.
+pub const HISTORY_FILE: &str = "history.json";
+
+/// One earlier measurement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub job_id: String,
+    pub model: String,
+    pub gpu_type: String,
+    pub num_gpus: u32,
+    pub step_time_s: f64,
+}
+
+/// Step times of earlier jobs, indexed at three levels of specificity.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepHistory {
+    entries: Vec<HistoryEntry>,
+    by_count: BTreeMap<(String, String, u32), Vec<usize>>,
+    by_type: BTreeMap<(String, String), Vec<usize>>,
+    by_model: BTreeMap<String, Vec<usize>>,
+}
+
+/// A history lookup: the median step time and how specific it is (1..=3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recalled {
+    pub step_time_s: f64,
+    pub level: u8,
+}
+
+impl StepHistory {
+    /// The history of the training examples (valid and test examples must not be in it).
+    pub fn fit(train: &[StepExample]) -> Self {
+        Self::from_entries(
+            train
+                .iter()
+                .filter(|e| e.step_time_s.is_finite() && e.step_time_s > 0.0)
+                .map(|e| HistoryEntry {
+                    job_id: e.job_id.clone(),
+                    model: e.model.clone(),
+                    gpu_type: e.gpu_type.clone(),
+                    num_gpus: e.num_gpus,
+                    step_time_s: e.step_time_s,
+                })
+                .collect(),
+        )
+    }
+
+    fn from_entries(entries: Vec<HistoryEntry>) -> Self {
+        let mut h = StepHistory::default();
+        for (i, e) in entries.iter().enumerate() {
+            h.by_count
+                .entry((e.model.clone(), e.gpu_type.clone(), e.num_gpus))
+                .or_default()
+                .push(i);
+            h.by_type
+                .entry((e.model.clone(), e.gpu_type.clone()))
+                .or_default()
+                .push(i);
+            h.by_model.entry(e.model.clone()).or_default().push(i);
+        }
+        h.entries = entries;
+        h
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The most specific history of `e`'s kind, leaving out `e`'s own job.
+    pub fn recall(&self, e: &StepExample) -> Option<Recalled> {
+        let others = |ids: Option<&Vec<usize>>| {
+            let times: Vec<f64> = ids?
+                .iter()
+                .map(|&i| &self.entries[i])
+                .filter(|h| h.job_id != e.job_id)
+                .map(|h| h.step_time_s)
+                .collect();
+            median(times)
+        };
+        let levels = [
+            (
+                3,
+                others(
+                    self.by_count
+                        .get(&(e.model.clone(), e.gpu_type.clone(), e.num_gpus)),
+                ),
+            ),
+            (
+                2,
+                others(self.by_type.get(&(e.model.clone(), e.gpu_type.clone()))),
+            ),
+            (1, others(self.by_model.get(&e.model))),
+        ];
+        levels
+            .into_iter()
+            .find_map(|(level, t)| t.map(|step_time_s| Recalled { step_time_s, level }))
+    }
+
+    /// Writes the history as JSON (an artifact keeps it beside the weights, since the
+    /// network's inputs depend on it).
+    pub fn save(&self, path: &Path) -> Result<(), TrainerError> {
+        let json = serde_json::to_string(&self.entries)
+            .map_err(|e| TrainerError::Invalid(format!("serialising history: {e}")))?;
+        std::fs::write(path, json)
+            .map_err(|e| TrainerError::Invalid(format!("writing {}: {e}", path.display())))
+    }
+
+    /// Reads a history written by [`StepHistory::save`]; a damaged file is an error that
+    /// names it.
+    pub fn load(path: &Path) -> Result<Self, TrainerError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TrainerError::Invalid(format!("reading {}: {e}", path.display())))?;
+        let entries: Vec<HistoryEntry> = serde_json::from_str(&text).map_err(|e| {
+            TrainerError::Invalid(format!("{}: not a step history: {e}", path.display()))
+        })?;
+        if let Some(bad) = entries
+            .iter()
+            .find(|e| !(e.step_time_s.is_finite() && e.step_time_s > 0.0))
+        {
+            return Err(TrainerError::Invalid(format!(
+                "{}: job {} has step time {}, not a positive number",
+                path.display(),
+                bad.job_id,
+                bad.step_time_s
+            )));
+        }
+        Ok(Self::from_entries(entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(job: &str, model: &str, gpus: u32, t: f64) -> StepExample {
+        crate::baselines::tests::ex(job, model, gpus, 1, "node", t)
+    }
+
+    #[test]
+    fn recalls_the_most_specific_history_of_other_jobs() {
+        let train = [
+            example("a", "bert", 4, 1.0),
+            example("b", "bert", 4, 3.0),
+            example("c", "bert", 8, 10.0),
+        ];
+        let h = StepHistory::fit(&train);
+        // A new 4-GPU bert job: median of a and b at level 3.
+        let r = h.recall(&example("new", "bert", 4, 0.0)).unwrap();
+        assert_eq!((r.step_time_s, r.level), (2.0, 3));
+        // Job a itself sees only b at its own count.
+        let r = h.recall(&train[0]).unwrap();
+        assert_eq!((r.step_time_s, r.level), (3.0, 3));
+        // Job c alone at 8 GPUs: falls back to the kind on V100 without itself.
+        let r = h.recall(&train[2]).unwrap();
+        assert_eq!((r.step_time_s, r.level), (2.0, 2));
+        assert_eq!(h.recall(&example("x", "gpt", 1, 0.0)), None);
+    }
+
+    #[test]
+    fn saves_loads_and_names_a_damaged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(HISTORY_FILE);
+        let h = StepHistory::fit(&[example("a", "bert", 4, 1.5)]);
+        h.save(&path).unwrap();
+        assert_eq!(StepHistory::load(&path).unwrap(), h);
+        std::fs::write(&path, "[{\"job_id\":").unwrap();
+        let err = StepHistory::load(&path).unwrap_err().to_string();
+        assert!(err.contains(HISTORY_FILE), "{err}");
+    }
+}
