@@ -52,6 +52,7 @@ mod features;
 mod inference;
 pub mod network;
 mod normalize;
+pub mod policy;
 pub mod synthetic;
 pub mod train;
 

@@ -4,4 +4,6 @@
 pub mod domain;
 pub mod framework;
 pub mod policies;
+#[cfg(feature = "service")]
+pub mod service;
 pub mod sim;

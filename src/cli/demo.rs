@@ -1,4 +1,5 @@
-//! `marshal demo`: the baselines side by side on bundled traces.
+//! `marshal demo`: the baselines and the shipped learned policy side by side on bundled
+//! traces.
 
 use clap::Args;
 
@@ -22,6 +23,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "best-fit",
         "fgd",
         "topo-pack",
+        "learned",
     ]
     .map(String::from)
     .to_vec();
@@ -36,11 +38,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         )
     };
     let experiment = Experiment::load(&inflation)?;
-    output::print(
-        &experiment.run_all(&fgd_policies, 42, args.seeds)?,
-        Format::Table,
-        stdout,
-    )?;
+    let groups = experiment.run_all(&fgd_policies, 42, args.seeds)?;
+    output::print(&groups, Format::Table, stdout)?;
+    print_fallback_rate(&experiment, &groups);
     println!(
         "(published, 10 seeds: random 851, dot-product 583, gpu-clustering 519, gpu-packing 511, best-fit 443, fgd 296 unallocated GPUs at 100 %)\n"
     );
@@ -52,6 +52,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "tiresias",
         "priority",
         "sjf-oracle",
+        "learned",
     ]
     .map(String::from)
     .to_vec();
@@ -68,11 +69,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
          there; the demo replays week 4 (11,437 jobs) on a 64-GPU H100 cluster instead, where they do.\n"
     );
     let experiment = Experiment::load(&replay)?;
-    output::print(
-        &experiment.run_all(&replay_policies, 42, 1)?,
-        Format::Table,
-        stdout,
-    )?;
+    let groups = experiment.run_all(&replay_policies, 42, 1)?;
+    output::print(&groups, Format::Table, stdout)?;
+    print_fallback_rate(&experiment, &groups);
 
     // Pollux's eight 160-job workloads on Pollux's testbed, beside the published figure.
     let pollux_policies: Vec<String> = ["fifo", "best-fit", "topo-pack", "tiresias", "sjf-oracle"]
@@ -102,4 +101,25 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  (published by Pollux on the same workloads: Tiresias 1.12, Optimus 1.58, Pollux 0.76)"
     );
     Ok(())
+}
+
+/// The learned policy's line: which heuristic it falls back to and how often it did.
+fn print_fallback_rate(experiment: &Experiment, groups: &[Vec<marshal_scheduler::sim::SimResult>]) {
+    let Some(setup) = &experiment.learned else {
+        return;
+    };
+    for runs in groups {
+        let rates: Vec<f64> = runs.iter().filter_map(|r| r.fallback_rate).collect();
+        if !rates.is_empty() {
+            println!(
+                "learned (shipped model, gate from its artifact): the fallback ({}) decided {:.1} % of placements{}",
+                setup.fallback,
+                100.0 * rates.iter().sum::<f64>() / rates.len() as f64,
+                match &setup.model.scorer {
+                    Err(why) => format!(" — no model: {why}"),
+                    Ok(_) => String::new(),
+                }
+            );
+        }
+    }
 }

@@ -46,6 +46,12 @@ pub struct EvalArgs {
     max_arrived_pct: f64,
     #[arg(long, value_enum, default_value_t = WorkloadsArg::Measured)]
     workloads: WorkloadsArg,
+    /// The `learned` policy's artifact directory (default: `models/policy-default`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The `learned` policy's fallback heuristic (default: the artifact's for the mode).
+    #[arg(long)]
+    fallback: Option<String>,
 }
 
 /// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
@@ -117,6 +123,8 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         mode: a.mode,
         max_arrived_pct: a.max_arrived_pct,
         workloads: a.workloads,
+        model: a.model.clone(),
+        fallback: a.fallback.clone(),
         ..SimArgs::replay(&a.trace, a.cluster.clone(), a.policies.clone(), a.seed)
     };
     let experiment = Experiment::load(&sim_args)?;
@@ -191,6 +199,18 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
                     )
                 ));
                 println!("{line}");
+            }
+            for (policy, v) in a.policies.iter().zip(&per_policy) {
+                if let Some(rate) = v["mean"]["fallback_rate"].as_f64() {
+                    let fallback = experiment
+                        .learned
+                        .as_ref()
+                        .map_or("?", |l| l.fallback.as_str());
+                    println!(
+                        "{policy}: fallback ({fallback}) decided {:.1} % of placements",
+                        100.0 * rate
+                    );
+                }
             }
             if let Some(dir) = &a.plots {
                 println!("plots in {}", dir.display());

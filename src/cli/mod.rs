@@ -4,7 +4,9 @@ mod datasets;
 mod demo;
 mod eval;
 mod output;
+mod policy;
 mod predictor;
+mod serve;
 mod sim;
 mod svg;
 mod telemetry;
@@ -42,6 +44,8 @@ enum Command {
     Telemetry(telemetry::TelemetryArgs),
     /// The node agent: samples telemetry (NVML or simulated) into local Parquet.
     Agent(telemetry::AgentArgs),
+    /// The online scheduler: gRPC primary mode, advisor, admin (see the README).
+    Serve(serve::ServeArgs),
     /// List policies, bundled traces and cluster presets.
     List,
 }
@@ -50,6 +54,8 @@ enum Command {
 enum TrainWhat {
     /// The step-time / memory / utilisation predictor, from step-profile telemetry.
     Predictor(predictor::TrainPredictorArgs),
+    /// The learned placement policy: behaviour cloning, then REINFORCE in the simulator.
+    Policy(policy::TrainPolicyArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -60,9 +66,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train {
             what: TrainWhat::Predictor(args),
         } => predictor::train(args),
+        Command::Train {
+            what: TrainWhat::Policy(args),
+        } => policy::train(args),
         Command::Datasets(args) => datasets::run(args),
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),
+        Command::Serve(args) => serve::run(args),
         Command::List => {
             println!(
                 "policies: {}",

@@ -71,6 +71,12 @@ pub struct SimArgs {
     /// Replay mode: workload enrichment.
     #[arg(long, value_enum, default_value_t = WorkloadsArg::Measured)]
     pub workloads: WorkloadsArg,
+    /// The `learned` policy's artifact directory (default: `models/policy-default`).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// The `learned` policy's fallback heuristic (default: the artifact's for the mode).
+    #[arg(long)]
+    pub fallback: Option<String>,
 }
 
 impl SimArgs {
@@ -91,6 +97,8 @@ impl SimArgs {
             repair_hours: 4.0,
             trace_gpu: None,
             workloads: WorkloadsArg::Measured,
+            model: None,
+            fallback: None,
         }
     }
 }
@@ -118,6 +126,8 @@ pub struct Experiment {
     pub jobs: Vec<Job>,
     pub config: SimConfig,
     enrichment: Option<Enrichment>,
+    /// The `learned` policy's model and fallback, when it is among the policies.
+    pub learned: Option<crate::cli::policy::LearnedSetup>,
 }
 
 #[derive(Debug)]
@@ -222,6 +232,17 @@ impl Experiment {
             jobs,
             config,
             enrichment,
+            learned: args
+                .policy
+                .iter()
+                .any(|p| p == policies::learned::LEARNED)
+                .then(|| {
+                    crate::cli::policy::LearnedSetup::load(
+                        args.model.as_deref(),
+                        args.fallback.as_deref(),
+                        args.mode,
+                    )
+                }),
         };
         // Fail now, not in a worker thread, if a job cannot be enriched.
         experiment.jobs_for(args.seed)?;
@@ -250,12 +271,12 @@ impl Experiment {
     pub fn run_detailed(&self, policy: &str, seed: u64) -> anyhow::Result<Run> {
         let jobs = self.jobs_for(seed)?;
         let jobs = jobs.as_ref();
-        let policy = policies::build(policy, jobs)?;
+        let (policy, gate) = crate::cli::policy::build_policy(policy, jobs, self.learned.as_ref())?;
         let config = SimConfig {
             seed,
             ..self.config.clone()
         };
-        Ok(match config.mode {
+        let mut run = match config.mode {
             Mode::Replay => {
                 let (result, log) =
                     sim::run_replay(&policy, self.topo.clone(), jobs, &self.trace, &config)?;
@@ -273,7 +294,9 @@ impl Experiment {
                     .0,
                 jcts_s: Vec::new(),
             },
-        })
+        };
+        run.result.fallback_rate = gate.map(|g| g.snapshot().fallback_rate());
+        Ok(run)
     }
 
     /// Runs every (policy, seed) pair, spread over the machine's cores, and groups the
@@ -299,7 +322,7 @@ impl Experiment {
         seeds: u64,
     ) -> anyhow::Result<Vec<Vec<Run>>> {
         for p in policies {
-            policies::build(p, &[])?;
+            crate::cli::policy::check_name(p)?;
         }
         let tasks: Vec<(usize, u64)> = (0..policies.len())
             .flat_map(|p| (seed..seed + seeds.max(1)).map(move |s| (p, s)))

@@ -22,6 +22,7 @@ mod error;
 mod examples;
 mod featurize;
 mod history;
+pub mod policy;
 mod split;
 
 pub use baselines::{LinearBaseline, LookupBaseline, mape};

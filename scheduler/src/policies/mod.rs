@@ -15,6 +15,7 @@
 //! | `sjf-oracle` | true remaining work | tightest topology domain | – |
 
 mod fgd;
+pub mod learned;
 mod order;
 mod preempt;
 mod scorers;

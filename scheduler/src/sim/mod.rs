@@ -142,4 +142,8 @@ pub struct SimResult {
     pub alloc_pct_by_arrived: Option<BTreeMap<String, f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unallocated_gpus_at_100: Option<f64>,
+    /// The learned policy only: share of its placement decisions the fallback heuristic
+    /// made (set by the caller, which holds the policy's counters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_rate: Option<f64>,
 }

@@ -683,6 +683,7 @@ impl Replay<'_> {
             wall_s: started.elapsed().as_secs_f64(),
             alloc_pct_by_arrived: None,
             unallocated_gpus_at_100: None,
+            fallback_rate: None,
         }
     }
 }

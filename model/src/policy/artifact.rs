@@ -1,0 +1,303 @@
+//! Policy artifacts: one directory per version.
+//!
+//! ```text
+//! <dir>/weights.bpk          burn's burnpack weights of the PolicyNetwork
+//! <dir>/config.json          PolicyConfig
+//! <dir>/normalization.json   FeatureStats (standardisation + distance percentile)
+//! <dir>/meta.json            PolicyMeta: schema version, feature layout, gate thresholds,
+//!                            fallback heuristics, data hash, evaluation scores, checksum
+//! ```
+//! [`load_policy`] trusts nothing: every file must exist and parse, the schema version and
+//! the feature layout must match this build, and the weights must match their checksum.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::config::PolicyConfig;
+use super::features::{CANDIDATE_FEATURE_NAMES, JOB_FEATURE_NAMES};
+use super::network::PolicyNetwork;
+use super::scorer::{FeatureStats, PolicyScorer};
+use crate::error::{ModelError, Result};
+
+/// Layout version of policy artifacts. Bump when the network, a feature slot or a file
+/// changes meaning.
+pub const POLICY_SCHEMA_VERSION: u32 = 1;
+
+const WEIGHTS_FILE: &str = "weights.bpk";
+const CONFIG_FILE: &str = "config.json";
+const STATS_FILE: &str = "normalization.json";
+const META_FILE: &str = "meta.json";
+
+/// Contents of `meta.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyMeta {
+    pub schema_version: u32,
+    pub crate_version: String,
+    pub job_feature_names: Vec<String>,
+    pub candidate_feature_names: Vec<String>,
+    /// The gate sends a decision to the fallback when the probability margin is below this
+    /// (chosen on validation traces by the trainer).
+    pub margin_threshold: f32,
+    /// … or when the input distance exceeds this.
+    pub distance_limit: f32,
+    /// Fallback heuristic per objective (`"replay"`, `"inflation"`).
+    pub fallback: BTreeMap<String, String>,
+    /// Hash of the traces and settings trained on (computed by the caller).
+    pub training_data_hash: String,
+    /// Evaluation scores by name.
+    pub eval_scores: BTreeMap<String, f64>,
+    /// Training settings and summary (episodes, seconds, …) by name.
+    pub training: BTreeMap<String, f64>,
+    /// FNV-1a 64 of `weights.bpk`, hex.
+    pub weights_fnv1a64: String,
+}
+
+/// A loaded policy.
+#[derive(Debug, Clone)]
+pub struct PolicyArtifact {
+    pub scorer: PolicyScorer,
+    pub config: PolicyConfig,
+    pub meta: PolicyMeta,
+}
+
+fn fnv1a64(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_string()).collect()
+}
+
+/// Writes a policy to `dir`. `meta`'s layout, version and checksum fields are filled here.
+pub fn save_policy(
+    dir: &Path,
+    network: &PolicyNetwork,
+    config: &PolicyConfig,
+    stats: &FeatureStats,
+    mut meta: PolicyMeta,
+) -> Result<PolicyMeta> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let weights = dir.join(WEIGHTS_FILE);
+    network
+        .clone()
+        .save_file(&weights)
+        .map_err(|e| ModelError::Backend(format!("writing {}: {e}", weights.display())))?;
+    let bytes = fs::read(&weights).map_err(io_err(&weights))?;
+    meta.schema_version = POLICY_SCHEMA_VERSION;
+    meta.crate_version = env!("CARGO_PKG_VERSION").to_string();
+    meta.job_feature_names = names(&JOB_FEATURE_NAMES);
+    meta.candidate_feature_names = names(&CANDIDATE_FEATURE_NAMES);
+    meta.weights_fnv1a64 = fnv1a64(&bytes);
+    let config_path = dir.join(CONFIG_FILE);
+    config.save(&config_path).map_err(io_err(&config_path))?;
+    write_json(&dir.join(STATS_FILE), stats)?;
+    write_json(&dir.join(META_FILE), &meta)?;
+    Ok(meta)
+}
+
+impl PolicyMeta {
+    /// Metadata with the caller's fields; layout fields are filled by [`save_policy`].
+    pub fn new(margin_threshold: f32, distance_limit: f32) -> PolicyMeta {
+        PolicyMeta {
+            schema_version: POLICY_SCHEMA_VERSION,
+            crate_version: String::new(),
+            job_feature_names: Vec::new(),
+            candidate_feature_names: Vec::new(),
+            margin_threshold,
+            distance_limit,
+            fallback: BTreeMap::new(),
+            training_data_hash: String::new(),
+            eval_scores: BTreeMap::new(),
+            training: BTreeMap::new(),
+            weights_fnv1a64: String::new(),
+        }
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| ModelError::Backend(format!("serialising {}: {e}", path.display())))?;
+    fs::write(path, text).map_err(io_err(path))
+}
+
+fn read(path: PathBuf) -> Result<(PathBuf, Vec<u8>)> {
+    match fs::read(&path) {
+        Ok(bytes) => Ok((path, bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ModelError::MissingFile { path }),
+        Err(source) => Err(ModelError::Io { path, source }),
+    }
+}
+
+fn corrupt(path: &Path, reason: impl ToString) -> ModelError {
+    ModelError::CorruptFile {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+fn check_layout(kind: &'static str, found: &[String], expected: &[&str]) -> Result<()> {
+    if found.len() != expected.len() {
+        return Err(ModelError::FeatureCount {
+            kind,
+            found: found.len(),
+            expected: expected.len(),
+        });
+    }
+    if let Some(i) = (0..expected.len()).find(|&i| found[i] != expected[i]) {
+        return Err(ModelError::FeatureLayout {
+            kind,
+            detail: format!(
+                "slot {i} is `{}` in the artifact, `{}` in this build",
+                found[i], expected[i]
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Reads and checks a policy directory written by [`save_policy`].
+pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
+    let (meta_path, meta_bytes) = read(dir.join(META_FILE))?;
+    // The version is read on its own first: a model from another schema may lack fields
+    // this build expects, and should be refused as "other version", not as "corrupt".
+    #[derive(Deserialize)]
+    struct Version {
+        schema_version: u32,
+    }
+    let version: Version =
+        serde_json::from_slice(&meta_bytes).map_err(|e| corrupt(&meta_path, e))?;
+    if version.schema_version != POLICY_SCHEMA_VERSION {
+        return Err(ModelError::SchemaVersion {
+            found: version.schema_version,
+            expected: POLICY_SCHEMA_VERSION,
+        });
+    }
+    let meta: PolicyMeta =
+        serde_json::from_slice(&meta_bytes).map_err(|e| corrupt(&meta_path, e))?;
+    check_layout("policy job", &meta.job_feature_names, &JOB_FEATURE_NAMES)?;
+    check_layout(
+        "policy candidate",
+        &meta.candidate_feature_names,
+        &CANDIDATE_FEATURE_NAMES,
+    )?;
+    if !(meta.margin_threshold.is_finite() && meta.distance_limit > 0.0) {
+        return Err(corrupt(
+            &meta_path,
+            "gate thresholds must be finite and positive",
+        ));
+    }
+    let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
+    let config = PolicyConfig::load_binary(&config_bytes).map_err(|e| corrupt(&config_path, e))?;
+    config.validate().map_err(|e| corrupt(&config_path, e))?;
+    let (stats_path, stats_bytes) = read(dir.join(STATS_FILE))?;
+    let stats: FeatureStats =
+        serde_json::from_slice(&stats_bytes).map_err(|e| corrupt(&stats_path, e))?;
+    stats.validate().map_err(|e| corrupt(&stats_path, e))?;
+    let (weights_path, weights_bytes) = read(dir.join(WEIGHTS_FILE))?;
+    let checksum = fnv1a64(&weights_bytes);
+    if checksum != meta.weights_fnv1a64 {
+        return Err(corrupt(
+            &weights_path,
+            format!(
+                "checksum {checksum} differs from {} recorded in meta.json (truncated or modified)",
+                meta.weights_fnv1a64
+            ),
+        ));
+    }
+    let device = Device::flex();
+    // Every parameter is overwritten by the loaded record; the seed is irrelevant.
+    let skeleton = PolicyNetwork::init(&config, &mut ChaCha8Rng::seed_from_u64(0), &device);
+    let network = skeleton
+        .try_load_file(&weights_path)
+        .map_err(|e| corrupt(&weights_path, e))?;
+    let scorer = PolicyScorer::new(&network, stats).map_err(|e| corrupt(&stats_path, e))?;
+    Ok(PolicyArtifact {
+        scorer,
+        config,
+        meta,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::features::{CANDIDATE_FEATURES, DecisionFeatures, JOB_FEATURES};
+
+    fn saved(dir: &Path) -> PolicyScorer {
+        let d = DecisionFeatures {
+            job: [1.0; JOB_FEATURES],
+            candidates: vec![[0.5; CANDIDATE_FEATURES], [2.0; CANDIDATE_FEATURES]],
+        };
+        let stats = FeatureStats::fit(&[&d]);
+        let config = PolicyConfig::new().with_hidden_size(8);
+        let net = PolicyNetwork::init(&config, &mut ChaCha8Rng::seed_from_u64(3), &Device::flex());
+        let mut meta = PolicyMeta::new(0.2, 5.0);
+        meta.fallback.insert("replay".into(), "topo-pack".into());
+        save_policy(dir, &net, &config, &stats, meta).unwrap();
+        PolicyScorer::new(&net, stats).unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_every_kind_of_damage_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        let scorer = saved(&dir);
+        let loaded = load_policy(&dir).unwrap();
+        assert_eq!(loaded.scorer, scorer);
+        assert_eq!(loaded.meta.fallback["replay"], "topo-pack");
+
+        // Missing directory.
+        let err = load_policy(&tmp.path().join("nope")).unwrap_err();
+        assert!(matches!(err, ModelError::MissingFile { .. }), "{err}");
+        // Truncated weights.
+        let w = dir.join(WEIGHTS_FILE);
+        let bytes = fs::read(&w).unwrap();
+        fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(err.contains("checksum"), "{err}");
+        fs::write(&w, &bytes).unwrap();
+        // Another schema.
+        let m = dir.join(META_FILE);
+        let text = fs::read_to_string(&m).unwrap();
+        fs::write(
+            &m,
+            text.replace("\"schema_version\": 1", "\"schema_version\": 99"),
+        )
+        .unwrap();
+        let err = load_policy(&dir).unwrap_err();
+        assert!(
+            matches!(err, ModelError::SchemaVersion { found: 99, .. }),
+            "{err}"
+        );
+        // Another feature layout.
+        fs::write(&m, text.replace("fgd_score", "something_else")).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(err.contains("fgd_score"), "{err}");
+        // Garbage metadata.
+        fs::write(&m, "{not json").unwrap();
+        assert!(matches!(
+            load_policy(&dir).unwrap_err(),
+            ModelError::CorruptFile { .. }
+        ));
+    }
+}

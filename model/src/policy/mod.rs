@@ -1,0 +1,40 @@
+//! The placement policy network: scores each (pending job, candidate placement) pair, plus
+//! a "wait / reserve" action, and says how sure it is.
+//!
+//! # Design decisions
+//!
+//! - **Scores, never decides feasibility.** The scheduler generates feasible candidates with
+//!   deterministic code and fills one [`DecisionFeatures`] per decision (fixed, named slots:
+//!   [`JOB_FEATURE_NAMES`], [`CANDIDATE_FEATURE_NAMES`]); the network only ranks them. A bad
+//!   model can make a schedule worse, never invalid.
+//! - **One MLP per candidate, softmax over candidates.** The input is the job's features
+//!   joined with the candidate's (context features such as the cluster's free capacity live
+//!   in the job part, so every candidate sees them). A shared MLP gives a logit per
+//!   candidate; the policy is the softmax over the decision's candidates. A value head on
+//!   the job part is REINFORCE's learned baseline.
+//! - **Training in burn, serving in plain Rust.** [`PolicyNetwork`] (burn, autodiff, AdamW)
+//!   is what trains and what is saved; [`PolicyScorer`] copies its weights into flat arrays
+//!   for decisions, because a tensor library's per-op overhead (tens of µs) would dominate
+//!   an MLP over 10 candidates. A test pins the two forward passes to the same numbers.
+//! - **Confidence** ([`Scored`]): the probability margin between the two best candidates,
+//!   and the distance of the inputs from the training data (RMS of the standardised
+//!   features, with the standardisation fitted on the training decisions and saved with the
+//!   weights). The gate in the scheduler compares them with thresholds stored in the
+//!   artifact.
+
+mod artifact;
+mod config;
+mod features;
+mod network;
+mod scorer;
+mod train;
+
+pub use artifact::{POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta, load_policy, save_policy};
+pub use config::PolicyConfig;
+pub use features::{
+    CANDIDATE_FEATURE_NAMES, CANDIDATE_FEATURES, DecisionFeatures, INPUT_FEATURES,
+    JOB_FEATURE_NAMES, JOB_FEATURES, MAX_CANDIDATES,
+};
+pub use network::PolicyNetwork;
+pub use scorer::{FeatureStats, PolicyScorer, Scored};
+pub use train::{PolicyLearner, Sample, StepReport};

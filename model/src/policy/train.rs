@@ -1,0 +1,343 @@
+//! Training the policy: behaviour cloning (cross-entropy on a heuristic's choices), then
+//! REINFORCE with a learned value baseline. The caller (the trainer crate) runs episodes
+//! in the simulator and hands over [`Sample`]s; this module only does the gradient steps.
+
+use burn::module::Module;
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Tensor, TensorData};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use super::config::PolicyConfig;
+use super::features::{DecisionFeatures, INPUT_FEATURES, JOB_FEATURES, MAX_CANDIDATES};
+use super::network::PolicyNetwork;
+use super::scorer::{FeatureStats, PolicyScorer};
+use crate::error::{ModelError, Result};
+
+/// One recorded decision and what came of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub decision: DecisionFeatures,
+    /// Index of the candidate taken (the heuristic's, for cloning).
+    pub chosen: usize,
+    /// Return that followed the decision (policy gradient only), in the caller's units.
+    pub ret: f32,
+}
+
+/// Losses of one pass over a set of samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// Mean negative log-likelihood of the chosen candidates.
+    pub nll: f64,
+    /// Share of samples whose chosen candidate is the network's top choice.
+    pub agreement: f64,
+    /// Mean squared error of the value head (policy gradient only; 0 for cloning).
+    pub value_mse: f64,
+}
+
+/// The network being trained, its optimiser and the input statistics.
+pub struct PolicyLearner {
+    config: PolicyConfig,
+    stats: FeatureStats,
+    network: PolicyNetwork,
+    optim: ModuleOptimizer,
+    device: Device,
+    rng: ChaCha8Rng,
+}
+
+impl std::fmt::Debug for PolicyLearner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyLearner")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A padded batch: inputs `[B·K, F]`, candidate mask and one-hot choice `[B, K]`.
+struct Batch {
+    inputs: Tensor<2>,
+    jobs: Tensor<2>,
+    mask: Tensor<2>,
+    chosen: Tensor<2>,
+    returns: Tensor<2>,
+    len: usize,
+}
+
+impl PolicyLearner {
+    /// A fresh network on burn's CPU backend with autodiff. `stats` standardise inputs
+    /// (fit them on the decisions to be cloned).
+    pub fn new(config: PolicyConfig, stats: FeatureStats) -> Result<PolicyLearner> {
+        config.validate()?;
+        stats.validate()?;
+        let device = Device::flex().autodiff();
+        device.seed(config.seed);
+        let mut init = ChaCha8Rng::seed_from_u64(config.seed);
+        let network = PolicyNetwork::init(&config, &mut init, &device);
+        Ok(PolicyLearner {
+            rng: ChaCha8Rng::seed_from_u64(config.seed ^ 0x504f_4c49_4359),
+            optim: AdamWConfig::new().with_weight_decay(1e-5).init(),
+            config,
+            stats,
+            network,
+            device,
+        })
+    }
+
+    /// The serving form of the current weights.
+    pub fn scorer(&self) -> Result<PolicyScorer> {
+        PolicyScorer::new(&self.network.valid(), self.stats.clone())
+    }
+
+    /// The current weights without autodiff (what an artifact saves).
+    pub fn network(&self) -> PolicyNetwork {
+        self.network.valid()
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &FeatureStats {
+        &self.stats
+    }
+
+    fn batch(&self, samples: &[&Sample]) -> Result<Batch> {
+        let b = samples.len();
+        let k = MAX_CANDIDATES;
+        let mut inputs = vec![0.0f32; b * k * INPUT_FEATURES];
+        let mut jobs = vec![0.0f32; b * JOB_FEATURES];
+        let mut mask = vec![0.0f32; b * k];
+        let mut chosen = vec![0.0f32; b * k];
+        let mut returns = vec![0.0f32; b];
+        for (i, s) in samples.iter().enumerate() {
+            s.decision.validate()?;
+            if s.chosen >= s.decision.candidates.len() {
+                return Err(ModelError::invalid(
+                    "sample.chosen",
+                    format!("{} of {} candidates", s.chosen, s.decision.candidates.len()),
+                ));
+            }
+            for c in 0..s.decision.candidates.len() {
+                let x = self.stats.standardise(&s.decision, c);
+                let at = (i * k + c) * INPUT_FEATURES;
+                inputs[at..at + INPUT_FEATURES].copy_from_slice(&x);
+                mask[i * k + c] = 1.0;
+            }
+            jobs[i * JOB_FEATURES..(i + 1) * JOB_FEATURES]
+                .copy_from_slice(&self.stats.standardise(&s.decision, 0)[..JOB_FEATURES]);
+            chosen[i * k + s.chosen] = 1.0;
+            returns[i] = s.ret;
+        }
+        let d = &self.device;
+        Ok(Batch {
+            inputs: Tensor::from_data(TensorData::new(inputs, [b * k, INPUT_FEATURES]), d),
+            jobs: Tensor::from_data(TensorData::new(jobs, [b, JOB_FEATURES]), d),
+            mask: Tensor::from_data(TensorData::new(mask, [b, k]), d),
+            chosen: Tensor::from_data(TensorData::new(chosen, [b, k]), d),
+            returns: Tensor::from_data(TensorData::new(returns, [b, 1]), d),
+            len: b,
+        })
+    }
+
+    /// Masked log-softmax over each decision's candidates, `[B, K]`.
+    fn log_probs(&self, batch: &Batch) -> Tensor<2> {
+        let logits = self
+            .network
+            .logits(batch.inputs.clone())
+            .reshape([batch.len, MAX_CANDIDATES]);
+        // Padding gets a very negative logit, so it has probability 0.
+        log_softmax(logits + (batch.mask.clone() - 1.0) * 1e9, 1)
+    }
+
+    /// One shuffled pass of behaviour cloning (cross-entropy on `chosen`).
+    pub fn clone_epoch(&mut self, samples: &[Sample]) -> Result<StepReport> {
+        self.pass(samples, false)
+    }
+
+    /// One shuffled pass of REINFORCE with the value head as baseline: advantages are the
+    /// returns minus the value prediction, standardised over the pass; the value head is
+    /// fitted to the returns in the same steps.
+    pub fn policy_gradient_epoch(&mut self, samples: &[Sample]) -> Result<StepReport> {
+        self.pass(samples, true)
+    }
+
+    fn pass(&mut self, samples: &[Sample], reinforce: bool) -> Result<StepReport> {
+        if samples.is_empty() {
+            return Err(ModelError::invalid("samples", "no decisions to learn from"));
+        }
+        let mut order: Vec<usize> = (0..samples.len()).collect();
+        order.shuffle(&mut self.rng);
+        let (mut nll_sum, mut agree, mut mse_sum) = (0.0, 0usize, 0.0);
+        // Advantage scale over the whole pass, so every batch uses one normalisation.
+        let adv_scale = if reinforce {
+            let rets: Vec<f64> = samples.iter().map(|s| f64::from(s.ret)).collect();
+            let m = rets.iter().sum::<f64>() / rets.len() as f64;
+            let v = rets.iter().map(|r| (r - m).powi(2)).sum::<f64>() / rets.len() as f64;
+            (v.sqrt().max(1e-6)) as f32
+        } else {
+            1.0
+        };
+        for chunk in order.chunks(self.config.batch_size) {
+            let refs: Vec<&Sample> = chunk.iter().map(|&i| &samples[i]).collect();
+            let batch = self.batch(&refs)?;
+            let logp = self.log_probs(&batch);
+            let chosen_logp = (logp.clone() * batch.chosen.clone()).sum_dim(1); // [B,1]
+            let lp = logp
+                .clone()
+                .try_into_data()
+                .map_err(|e| ModelError::Backend(format!("{e:?}")))?
+                .try_into_vec::<f32>()
+                .map_err(|e| ModelError::Backend(format!("{e:?}")))?;
+            for (i, s) in refs.iter().enumerate() {
+                let row = &lp[i * MAX_CANDIDATES..(i + 1) * MAX_CANDIDATES];
+                let top = (0..MAX_CANDIDATES).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+                agree += usize::from(top == s.chosen);
+            }
+            let nll = chosen_logp.clone().neg().mean();
+            let (loss, lr) = if reinforce {
+                let value = self.network.value(batch.jobs.clone());
+                let adv = (batch.returns.clone() - value.clone().detach()) / adv_scale;
+                let value_loss = (value - batch.returns.clone() / adv_scale).square().mean();
+                let entropy = (logp.clone().exp() * logp).sum_dim(1).neg().mean();
+                mse_sum +=
+                    scalar(value_loss.clone())? * (adv_scale as f64).powi(2) * refs.len() as f64;
+                let pg = (chosen_logp * adv).neg().mean();
+                (
+                    pg + value_loss * 0.5 - entropy * self.config.entropy_coef as f32,
+                    self.config.pg_learning_rate,
+                )
+            } else {
+                (nll.clone(), self.config.bc_learning_rate)
+            };
+            let nll_value = scalar(nll)?;
+            if !nll_value.is_finite() {
+                return Err(ModelError::Training(format!(
+                    "policy loss became {nll_value}; lower the learning rate"
+                )));
+            }
+            nll_sum += nll_value * refs.len() as f64;
+            let grads = GradientsParams::from_grads(loss.backward(), &self.network);
+            self.network = self.optim.step(lr, self.network.clone(), grads);
+        }
+        let n = samples.len() as f64;
+        Ok(StepReport {
+            nll: nll_sum / n,
+            agreement: agree as f64 / n,
+            value_mse: mse_sum / n,
+        })
+    }
+}
+
+fn scalar<const D: usize>(t: Tensor<D>) -> Result<f64> {
+    t.try_into_data()
+        .map_err(|e| ModelError::Backend(format!("{e:?}")))?
+        .try_into_vec::<f32>()
+        .map_err(|e| ModelError::Backend(format!("{e:?}")))?
+        .first()
+        .map(|v| f64::from(*v))
+        .ok_or_else(|| ModelError::Backend("empty tensor".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::features::{CANDIDATE_FEATURES, JOB_FEATURES};
+
+    /// Decisions where the right candidate is the one with the largest slot 4.
+    fn samples(n: usize) -> Vec<Sample> {
+        (0..n)
+            .map(|i| {
+                let k = 2 + i % 4;
+                let candidates: Vec<[f32; CANDIDATE_FEATURES]> = (0..k)
+                    .map(|c| {
+                        let mut f = [0.0; CANDIDATE_FEATURES];
+                        f[4] = ((i * 7 + c * 13) % 11) as f32;
+                        f[1] = (c % 3) as f32;
+                        f
+                    })
+                    .collect();
+                let chosen = (0..k)
+                    .max_by(|&a, &b| {
+                        candidates[a][4]
+                            .total_cmp(&candidates[b][4])
+                            .then(b.cmp(&a))
+                    })
+                    .unwrap_or(0);
+                Sample {
+                    decision: DecisionFeatures {
+                        job: [(i % 5) as f32; JOB_FEATURES],
+                        candidates,
+                    },
+                    chosen,
+                    ret: (i % 3) as f32,
+                }
+            })
+            .collect()
+    }
+
+    fn learner(seed: u64, data: &[Sample]) -> PolicyLearner {
+        let refs: Vec<&DecisionFeatures> = data.iter().map(|s| &s.decision).collect();
+        let config = PolicyConfig::new().with_seed(seed).with_batch_size(64);
+        PolicyLearner::new(config, FeatureStats::fit(&refs)).unwrap()
+    }
+
+    #[test]
+    fn cloning_learns_a_simple_rule_and_serving_matches_burn() {
+        let data = samples(400);
+        let mut l = learner(1, &data);
+        let first = l.clone_epoch(&data).unwrap();
+        let mut last = first;
+        for _ in 0..40 {
+            last = l.clone_epoch(&data).unwrap();
+        }
+        assert!(last.nll < first.nll, "{first:?} → {last:?}");
+        assert!(last.agreement > 0.9, "{last:?}");
+        // The plain-Rust scorer computes the burn network's function.
+        let scorer = l.scorer().unwrap();
+        let net = l.network();
+        let d = &data[3].decision;
+        let xs: Vec<f32> = (0..d.candidates.len())
+            .flat_map(|c| scorer.stats().standardise(d, c))
+            .collect();
+        let inputs = Tensor::from_data(
+            TensorData::new(xs, [d.candidates.len(), INPUT_FEATURES]),
+            &Device::flex(),
+        );
+        let burn_logits = net
+            .logits(inputs)
+            .into_data()
+            .try_into_vec::<f32>()
+            .unwrap();
+        let ours = scorer.score(d).unwrap();
+        for (a, b) in burn_logits.iter().zip(&ours.logits) {
+            assert!((a - b).abs() < 1e-4, "{burn_logits:?} vs {:?}", ours.logits);
+        }
+        assert!((ours.probs.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        assert!(ours.margin >= 0.0 && ours.margin <= 1.0);
+    }
+
+    #[test]
+    fn same_seed_same_weights_and_reinforce_runs() {
+        let data = samples(200);
+        let run = |seed| {
+            let mut l = learner(seed, &data);
+            l.clone_epoch(&data).unwrap();
+            let r = l.policy_gradient_epoch(&data).unwrap();
+            assert!(r.nll.is_finite() && r.value_mse.is_finite());
+            l.scorer().unwrap()
+        };
+        assert_eq!(run(5), run(5));
+        assert_ne!(run(5), run(6));
+    }
+
+    #[test]
+    fn bad_samples_are_errors_not_panics() {
+        let mut data = samples(4);
+        let mut l = learner(0, &data);
+        data[0].chosen = 99;
+        assert!(l.clone_epoch(&data).is_err());
+        assert!(l.clone_epoch(&[]).is_err());
+    }
+}

@@ -1,0 +1,241 @@
+//! Load generator for the online service: submit-and-place throughput and latency on
+//! loopback.
+//!
+//! ```sh
+//! cargo run --release -p marshal-scheduler --features service --example loadgen -- \
+//!     [--jobs 20000] [--concurrency 64] [--nodes 1250] [--policy topo-pack] [--seed 42]
+//!     [--no-fsync]
+//! ```
+//!
+//! Starts a server in process on 127.0.0.1 (a fresh redb file in the temp directory,
+//! every commit durable), registers `--nodes` nodes of 8 × H100, then `--concurrency`
+//! clients submit `--jobs` jobs of a seeded mix (1/2/4/8 whole GPUs, GPU shares, two-node
+//! gangs). A job counts as placed when its Submit reply says PLACED: the reply comes
+//! after the placement is durable. Each client then reports the job completed, as the
+//! node's agent would, so the cluster does not fill up. Latency is Submit's round trip.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use marshal_scheduler::domain::ClusterSpec;
+use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
+use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
+use marshal_scheduler::service::{self, NoModel, ServiceConfig, pb, tokio, tonic};
+use rand::{Rng, SeedableRng};
+
+struct Args {
+    jobs: usize,
+    concurrency: usize,
+    nodes: u32,
+    policy: String,
+    seed: u64,
+    fsync: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        jobs: 20_000,
+        concurrency: 64,
+        nodes: 1250,
+        policy: "topo-pack".into(),
+        seed: 42,
+        fsync: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--no-fsync" {
+            a.fsync = false;
+            continue;
+        }
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let num = |v: &str| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--jobs" => a.jobs = num(&value)? as usize,
+            "--concurrency" => a.concurrency = num(&value)?.max(1) as usize,
+            "--nodes" => a.nodes = num(&value)?.max(1) as u32,
+            "--policy" => a.policy = value,
+            "--seed" => a.seed = num(&value)?,
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    Ok(a)
+}
+
+fn spec_for(rng: &mut rand_chacha::ChaCha8Rng) -> pb::JobSpec {
+    use pb::gpu_demand::Kind;
+    let r: u32 = rng.random_range(0..100);
+    let (workers, kind) = match r {
+        0..40 => (1, Kind::Whole(1)),
+        40..60 => (1, Kind::Whole(2)),
+        60..72 => (1, Kind::Whole(4)),
+        72..80 => (1, Kind::Whole(8)),
+        80..97 => (1, Kind::Milli(if r.is_multiple_of(2) { 250 } else { 500 })),
+        _ => (2, Kind::Whole(8)),
+    };
+    pb::JobSpec {
+        workers,
+        gpu: Some(pb::GpuDemand { kind: Some(kind) }),
+        cpu_milli: 1000,
+        memory_mib: 4096,
+        ..Default::default()
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::exit(2);
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("marshal-loadgen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let cluster = ClusterSpec::from_toml(&format!(
+        "name = \"loadgen\"\n[[nodes]]\ncount = {}\nname_prefix = \"node\"\ngpu_model = \"H100\"\ngpus = 8\nnvlink_domain = 8\ncpu_milli = 224000\nmemory_mib = 2097152\n",
+        a.nodes
+    ))
+    .expect("cluster spec");
+    let config = ServiceConfig {
+        listen: "127.0.0.1:0".into(),
+        db: dir.join("loadgen.redb"),
+        policy: a.policy.clone(),
+        durable_commits: a.fsync,
+        ..ServiceConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = runtime.block_on(run(a, config, cluster));
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        eprintln!("loadgen: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(a: Args, config: ServiceConfig, cluster: ClusterSpec) -> Result<(), String> {
+    let handle = service::start(config, cluster, Arc::new(NoModel))
+        .await
+        .map_err(|e| e.to_string())?;
+    let url = format!("http://{}", handle.addr);
+    let channels: Vec<tonic::transport::Channel> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(
+                tonic::transport::Endpoint::from_shared(url.clone())
+                    .map_err(|e| e.to_string())?
+                    .connect()
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        v
+    };
+    let mut nodes = NodeServiceClient::new(channels[0].clone());
+    for i in 0..a.nodes {
+        nodes
+            .register(pb::RegisterNodeRequest {
+                node: Some(pb::NodeInfo {
+                    name: format!("node-{i}"),
+                    gpu_model: "H100".into(),
+                    gpus: 8,
+                    nvlink_domain: 8,
+                    cpu_milli: 224_000,
+                    memory_mib: 2_097_152,
+                }),
+                running: vec![],
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let per_client = a.jobs.div_ceil(a.concurrency);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..a.concurrency {
+        let ch = channels[c % channels.len()].clone();
+        let n = per_client.min(a.jobs.saturating_sub(c * per_client));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed + c as u64);
+        tasks.push(tokio::spawn(async move {
+            let mut jobs = JobServiceClient::new(ch.clone());
+            let mut agent = NodeServiceClient::new(ch);
+            let mut latencies = Vec::with_capacity(n);
+            let mut not_placed = 0usize;
+            for _ in 0..n {
+                let spec = spec_for(&mut rng);
+                let t = Instant::now();
+                let job = jobs
+                    .submit(pb::SubmitRequest { spec: Some(spec) })
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_inner()
+                    .job
+                    .ok_or("no job in reply")?;
+                let took = t.elapsed();
+                if job.state != pb::JobState::Placed as i32 {
+                    not_placed += 1;
+                    continue;
+                }
+                latencies.push(took);
+                agent
+                    .report_job(pb::ReportJobRequest {
+                        node: job.placement[0].node.clone(),
+                        job_id: job.id,
+                        state: pb::JobState::Completed as i32,
+                        message: String::new(),
+                        attempt: job.attempts,
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>((latencies, not_placed))
+        }));
+    }
+    let mut latencies = Vec::with_capacity(a.jobs);
+    let mut not_placed = 0;
+    for t in tasks {
+        let (l, np) = t.await.map_err(|e| e.to_string())??;
+        latencies.extend(l);
+        not_placed += np;
+    }
+    let wall = started.elapsed();
+    latencies.sort();
+    let metrics = handle.core.metrics.render();
+    let commits = metrics
+        .lines()
+        .find(|l| l.starts_with("marshal_commit_duration_seconds_count"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("?")
+        .to_string();
+    println!(
+        "jobs {} placed-on-submit {} (not placed at once: {not_placed}), concurrency {}, {} nodes × 8 H100, policy {}, fsync {}",
+        a.jobs,
+        latencies.len(),
+        a.concurrency,
+        a.nodes,
+        a.policy,
+        a.fsync
+    );
+    println!(
+        "wall {:.2} s, submit-and-place throughput {:.0} jobs/s (each job also reported completed)",
+        wall.as_secs_f64(),
+        latencies.len() as f64 / wall.as_secs_f64()
+    );
+    println!(
+        "submit latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {commits} durable commits",
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    );
+    handle.shutdown().await.map_err(|e| e.to_string())?;
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! Advise: what the policy would do on a foreign scheduler's cluster and queue.
+//! Stateless: the cluster is rebuilt from the snapshot for each call, and nothing here
+//! touches the primary scheduler's state (decision records aside, for Explain).
+
+use std::sync::Arc;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::domain::{
+    ClusterSpec, ClusterState, GpuDemand, GpuId, GpuModelSet, GpuShare, Job, JobId, LinkSpec,
+    NodeId, Placement, Topology, WorkerPlacement,
+};
+use crate::framework::{Context, Pending, can_ever_fit, run_cycle};
+use crate::service::convert::{job_from_spec, node_group};
+use crate::service::error::ServiceError;
+use crate::service::model::DecisionPath;
+use crate::service::pb;
+use crate::service::records::{DecisionRecord, Verdict, WorkerRecord, candidates};
+
+pub const MAX_SNAPSHOT_NODES: usize = 20_000;
+pub const MAX_PENDING: usize = 10_000;
+
+fn prefixed(prefix: &str, e: ServiceError) -> ServiceError {
+    match e {
+        ServiceError::InvalidArgument(m) => ServiceError::InvalidArgument(format!("{prefix}{m}")),
+        other => other,
+    }
+}
+
+/// A job that holds what a snapshot says is in use, so the rebuilt state has it taken.
+fn occupant(gpu: GpuDemand, cpu_milli: u32, memory_mib: u64) -> Job {
+    let mut job = Job::whole_gpus(JobId(0), 1, 0.0, 0.0);
+    job.name = "snapshot-usage".into();
+    job.gpu = gpu;
+    job.cpu_milli = cpu_milli;
+    job.memory_mib = memory_mib;
+    job.gpu_models = GpuModelSet::ANY;
+    job
+}
+
+/// The cluster state a snapshot describes.
+pub fn snapshot_state(
+    snapshot: Option<&pb::ClusterSnapshot>,
+) -> Result<ClusterState, ServiceError> {
+    let snap = snapshot.ok_or_else(|| ServiceError::invalid("cluster", "missing"))?;
+    if snap.nodes.is_empty() || snap.nodes.len() > MAX_SNAPSHOT_NODES {
+        return Err(ServiceError::invalid(
+            "cluster.nodes",
+            format!(
+                "{} nodes; must be 1..={MAX_SNAPSHOT_NODES}",
+                snap.nodes.len()
+            ),
+        ));
+    }
+    let mut groups = Vec::with_capacity(snap.nodes.len());
+    let mut names = std::collections::HashSet::new();
+    for (i, n) in snap.nodes.iter().enumerate() {
+        let g = node_group(&format!("cluster.nodes[{i}].node"), n.node.as_ref())?;
+        if !names.insert(g.names[0].clone()) {
+            return Err(ServiceError::invalid(
+                &format!("cluster.nodes[{i}].node.name"),
+                format!("{:?} appears twice", g.names[0]),
+            ));
+        }
+        groups.push(g);
+    }
+    let spec = ClusterSpec {
+        name: if snap.name.is_empty() {
+            "snapshot".into()
+        } else {
+            snap.name.clone()
+        },
+        nodes_per_rack: if snap.nodes_per_rack == 0 {
+            16
+        } else {
+            snap.nodes_per_rack
+        },
+        racks_per_spine: if snap.racks_per_spine == 0 {
+            8
+        } else {
+            snap.racks_per_spine
+        },
+        links: LinkSpec::default(),
+        gpu_models: vec![],
+        node_groups: groups,
+    };
+    let topo = Topology::build(&spec).map_err(|e| ServiceError::invalid("cluster", e))?;
+    let mut state = ClusterState::new(Arc::new(topo));
+    for (i, n) in snap.nodes.iter().enumerate() {
+        let node = NodeId(i as u32);
+        let field = format!("cluster.nodes[{i}]");
+        let first_gpu = state.topology().node(node).gpus.start;
+        let gpus = state.topology().node(node).gpu_count() as u32;
+        for (k, u) in n.gpus_used.iter().enumerate() {
+            if u.index >= gpus || u.milli == 0 || u.milli > 1000 {
+                return Err(ServiceError::invalid(
+                    &format!("{field}.gpus_used[{k}]"),
+                    format!(
+                        "GPU {} with {} milli in use (node has {gpus} GPUs; milli 1..=1000)",
+                        u.index, u.milli
+                    ),
+                ));
+            }
+            let demand = if u.milli == 1000 {
+                GpuDemand::Whole(1)
+            } else {
+                GpuDemand::Milli(u.milli as u16)
+            };
+            let gpu = GpuId(first_gpu + u.index);
+            let placement = Placement {
+                workers: vec![WorkerPlacement {
+                    node,
+                    gpus: vec![GpuShare::for_demand(gpu, demand)],
+                }],
+            };
+            state
+                .allocate(&occupant(demand, 0, 0), &placement)
+                .map_err(|e| ServiceError::invalid(&format!("{field}.gpus_used[{k}]"), e))?;
+        }
+        if n.cpu_used_milli > 0 || n.memory_used_mib > 0 {
+            let placement = Placement {
+                workers: vec![WorkerPlacement { node, gpus: vec![] }],
+            };
+            state
+                .allocate(
+                    &occupant(GpuDemand::None, n.cpu_used_milli, n.memory_used_mib),
+                    &placement,
+                )
+                .map_err(|e| ServiceError::invalid(&field, e))?;
+        }
+        if !n.schedulable {
+            state.set_node_up(node, false);
+        }
+    }
+    Ok(state)
+}
+
+/// Recommendations for `req`, with the decision records behind them (ids unset: the
+/// caller numbers them).
+pub fn advise(
+    req: &pb::AdviseRequest,
+    default_policy: &str,
+    path: &DecisionPath,
+    now_us: i64,
+) -> Result<(String, Vec<pb::Recommendation>, Vec<DecisionRecord>), ServiceError> {
+    let mut state = snapshot_state(req.cluster.as_ref())?;
+    if req.pending.len() > MAX_PENDING {
+        return Err(ServiceError::invalid(
+            "pending",
+            format!("{} jobs; at most {MAX_PENDING} per call", req.pending.len()),
+        ));
+    }
+    let policy_name = if req.policy.is_empty() {
+        default_policy
+    } else {
+        &req.policy
+    };
+    let policy =
+        crate::policies::build(policy_name, &[]).map_err(|e| ServiceError::invalid("policy", e))?;
+    let now_s = now_us as f64 / 1e6;
+    let mut jobs = Vec::with_capacity(req.pending.len());
+    for (i, p) in req.pending.iter().enumerate() {
+        if p.id.is_empty() {
+            return Err(ServiceError::invalid(
+                &format!("pending[{i}].id"),
+                "missing",
+            ));
+        }
+        if !(p.waited_s.is_finite() && p.waited_s >= 0.0) {
+            return Err(ServiceError::invalid(
+                &format!("pending[{i}].waited_s"),
+                "must be a finite non-negative number",
+            ));
+        }
+        let submit = (now_s - p.waited_s).max(0.0);
+        let (job, _) = job_from_spec(
+            p.spec.as_ref(),
+            JobId(i as u32 + 1),
+            submit,
+            &state.topology().catalog,
+        )
+        .map_err(|e| prefixed(&format!("pending[{i}]."), e))?;
+        jobs.push(job);
+    }
+    let before = state.clone();
+    let topo = state.topology_arc().clone();
+    let mut verdicts: Vec<(Verdict, String, Option<Placement>)> = vec![
+        (
+            Verdict::Wait,
+            "does not fit the free capacity now".into(),
+            None
+        );
+        jobs.len()
+    ];
+    let mut schedulable = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        match can_ever_fit(job, &topo) {
+            Ok(()) => schedulable.push(i),
+            Err(why) => verdicts[i] = (Verdict::Reject, why, None),
+        }
+    }
+    let pending: Vec<Pending> = schedulable
+        .iter()
+        .map(|&i| Pending {
+            job: &jobs[i],
+            stats: crate::framework::JobStats {
+                queued_since: jobs[i].submit_time,
+                remaining_work: jobs[i].total_work,
+                ..Default::default()
+            },
+        })
+        .collect();
+    // A fixed seed: the same snapshot and queue always get the same advice.
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut ctx = Context::new(now_s, &mut rng);
+    let decisions = run_cycle(&policy, &mut state, &pending, &[], &mut ctx);
+    for (k, placement) in decisions.placed {
+        verdicts[schedulable[k]] = (Verdict::Place, String::new(), Some(placement));
+    }
+    for (k, why) in decisions.rejected {
+        verdicts[schedulable[k]] = (Verdict::Reject, why, None);
+    }
+    for (k, why) in decisions.errors {
+        verdicts[schedulable[k]] = (Verdict::Wait, format!("placement error: {why}"), None);
+    }
+    let mut recs = Vec::with_capacity(jobs.len());
+    let mut records = Vec::with_capacity(jobs.len());
+    for ((p, job), (verdict, reason, placement)) in req.pending.iter().zip(&jobs).zip(verdicts) {
+        let empty = Placement::default();
+        let (feasible, list) = candidates(job, &before, placement.as_ref().unwrap_or(&empty));
+        let workers = placement
+            .as_ref()
+            .map(|pl| WorkerRecord::of(pl, &topo))
+            .unwrap_or_default();
+        recs.push(pb::Recommendation {
+            job_id: p.id.clone(),
+            verdict: crate::service::records::verdict_to_pb(verdict) as i32,
+            placement: WorkerRecord::to_pb(&workers),
+            reason: reason.clone(),
+            decision_id: 0,
+            path: path.label.clone(),
+            confidence: path.confidence,
+        });
+        records.push(DecisionRecord {
+            id: 0,
+            source: "advise".into(),
+            at_us: now_us,
+            job: p.id.clone(),
+            spec: job.clone(),
+            policy: policy.name.clone(),
+            path: path.label.clone(),
+            confidence: path.confidence,
+            verdict,
+            reason,
+            placement: workers,
+            queue_depth: req.pending.len() as u32,
+            idle_gpus: before.idle_gpus(),
+            feasible_nodes: feasible,
+            candidates: list,
+        });
+    }
+    Ok((policy.name.clone(), recs, records))
+}

@@ -1,0 +1,434 @@
+//! The gRPC services: thin adapters from requests to the core and back.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::service::convert::{job_id, job_to_pb, state_from_pb};
+use crate::service::core::{Core, Event, now_us};
+use crate::service::error::ServiceError;
+use crate::service::pb;
+use crate::service::pb::admin_service_server::AdminService;
+use crate::service::pb::advisor_service_server::AdvisorService;
+use crate::service::pb::job_service_server::JobService;
+use crate::service::pb::node_service_server::NodeService;
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// All four services share one core.
+#[derive(Clone, Debug)]
+pub struct Api {
+    pub core: Arc<Core>,
+    /// Flips on shutdown, ending every open stream so the server can stop.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+const MAX_LIST: u32 = 10_000;
+
+impl Api {
+    fn job(&self, id: u32) -> Result<pb::Job, ServiceError> {
+        let inner = self.core.lock();
+        Ok(job_to_pb(inner.record(id)?, &inner.topo))
+    }
+
+    /// Forwards events that `keep` maps to a message, until the watcher goes away.
+    fn forward<T: Send + 'static>(
+        &self,
+        mut rx: broadcast::Receiver<Arc<Event>>,
+        first: Vec<T>,
+        keep: impl Fn(&Event) -> Option<T> + Send + 'static,
+    ) -> Stream_<T> {
+        let (tx, out) = mpsc::channel(1024);
+        let shutdown = crate::service::core::stopped(self.shutdown.clone());
+        tokio::spawn(async move {
+            tokio::pin!(shutdown);
+            for item in first {
+                if tx.send(Ok(item)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let event = tokio::select! {
+                    e = rx.recv() => e,
+                    _ = tx.closed() => return,
+                    _ = &mut shutdown => {
+                        let _ = tx.send(Err(Status::unavailable("the scheduler is shutting down"))).await;
+                        return;
+                    }
+                };
+                match event {
+                    Ok(e) => {
+                        if let Some(item) = keep(&e)
+                            && tx.send(Ok(item)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::resource_exhausted(format!(
+                                "this watcher fell {n} events behind; re-read the state and watch again"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Box::pin(ReceiverStream::new(out))
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for Api {
+    async fn submit(
+        &self,
+        req: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let spec = req.into_inner().spec;
+        let id = self
+            .core
+            .mutate(|inner| inner.submit(spec.as_ref(), now_us()))
+            .await?;
+        Ok(Response::new(pb::SubmitResponse {
+            job: Some(self.job(id)?),
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let req = req.into_inner();
+        let id = job_id("job_id", req.job_id)?.0;
+        self.core
+            .mutate(|inner| inner.cancel(id, &req.reason, now_us()))
+            .await?;
+        Ok(Response::new(pb::CancelResponse {
+            job: Some(self.job(id)?),
+        }))
+    }
+
+    async fn get(
+        &self,
+        req: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::GetJobResponse>, Status> {
+        let id = job_id("job_id", req.into_inner().job_id)?.0;
+        Ok(Response::new(pb::GetJobResponse {
+            job: Some(self.job(id)?),
+        }))
+    }
+
+    async fn list(
+        &self,
+        req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let req = req.into_inner();
+        let limit = match req.limit {
+            0 => 1000,
+            n if n > MAX_LIST => {
+                return Err(
+                    ServiceError::invalid("limit", format!("{n}; at most {MAX_LIST}")).into(),
+                );
+            }
+            n => n,
+        } as usize;
+        let states = req
+            .states
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| state_from_pb(&format!("states[{i}]"), s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let after = u32::try_from(req.after_id).unwrap_or(u32::MAX);
+        let inner = self.core.lock();
+        let mut jobs = Vec::new();
+        let mut next = 0;
+        for (id, r) in inner.jobs.range(after.saturating_add(1)..) {
+            if (!states.is_empty() && !states.contains(&r.state))
+                || (!req.tenant.is_empty() && r.job.tenant != req.tenant)
+            {
+                continue;
+            }
+            if jobs.len() == limit {
+                next = *id as u64 - 1;
+                break;
+            }
+            jobs.push(job_to_pb(r, &inner.topo));
+        }
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs,
+            next_after_id: next,
+        }))
+    }
+
+    type WatchEventsStream = Stream_<pb::JobEvent>;
+
+    async fn watch_events(
+        &self,
+        req: Request<pb::WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        let ids = req.into_inner().job_ids;
+        let rx = self.core.events.subscribe();
+        Ok(Response::new(self.forward(rx, vec![], move |e| match e {
+            Event::Job(j) if ids.is_empty() || ids.contains(&j.job_id) => Some(j.clone()),
+            _ => None,
+        })))
+    }
+}
+
+#[tonic::async_trait]
+impl NodeService for Api {
+    async fn register(
+        &self,
+        req: Request<pb::RegisterNodeRequest>,
+    ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        let req = req.into_inner();
+        let reg = self
+            .core
+            .mutate(|inner| inner.register(&req, now_us()))
+            .await?;
+        let inner = self.core.lock();
+        tracing::info!(node = %req.node.as_ref().map(|n| n.name.as_str()).unwrap_or(""), "registered");
+        Ok(Response::new(pb::RegisterNodeResponse {
+            status: Some(inner.node_status(reg.node)),
+            stop: reg.stop,
+        }))
+    }
+
+    async fn stream_telemetry(
+        &self,
+        req: Request<Streaming<pb::TelemetrySample>>,
+    ) -> Result<Response<pb::TelemetryAck>, Status> {
+        let mut stream = req.into_inner();
+        let mut ack = pb::TelemetryAck::default();
+        while let Some(sample) = stream.message().await? {
+            let result = self.core.lock().telemetry(&sample);
+            match result {
+                Ok(changed) => {
+                    ack.accepted += 1;
+                    if changed {
+                        self.core.wake();
+                    }
+                }
+                Err(why) => {
+                    ack.rejected += 1;
+                    if ack.first_error.is_empty() {
+                        ack.first_error = why;
+                    }
+                }
+            }
+        }
+        let m = &self.core.metrics;
+        m.telemetry
+            .get_or_create(&vec![("outcome", "accepted")])
+            .inc_by(ack.accepted);
+        m.telemetry
+            .get_or_create(&vec![("outcome", "rejected")])
+            .inc_by(ack.rejected);
+        Ok(Response::new(ack))
+    }
+
+    type WatchAssignmentsStream = Stream_<pb::Assignment>;
+
+    async fn watch_assignments(
+        &self,
+        req: Request<pb::WatchAssignmentsRequest>,
+    ) -> Result<Response<Self::WatchAssignmentsStream>, Status> {
+        let name = req.into_inner().node;
+        // Snapshot and subscription under one lock: every later change arrives as an
+        // event, every earlier one is in the snapshot (some may come twice; agents
+        // apply assignments idempotently).
+        let (node, first, rx, epoch) = {
+            let inner = self.core.lock();
+            let node = inner.node_id("node", &name)?;
+            if !inner.nodes[node.0 as usize].registered {
+                return Err(ServiceError::FailedPrecondition(format!(
+                    "node {name} has not registered; call Register first"
+                ))
+                .into());
+            }
+            let mut first = inner.node_assignments(node);
+            first.push(pb::Assignment {
+                action: pb::AssignmentAction::Synced as i32,
+                ..Default::default()
+            });
+            (
+                node,
+                first,
+                self.core.events.subscribe(),
+                self.core.current_epoch_locked(&inner),
+            )
+        };
+        // The snapshot may hold changes not yet durable: send it only once they are.
+        self.core.wake();
+        self.core.wait_durable(epoch).await?;
+        Ok(Response::new(self.forward(rx, first, move |e| match e {
+            Event::Assignment {
+                node: n,
+                assignment,
+            } if *n == node => Some(assignment.clone()),
+            _ => None,
+        })))
+    }
+
+    async fn report_job(
+        &self,
+        req: Request<pb::ReportJobRequest>,
+    ) -> Result<Response<pb::ReportJobResponse>, Status> {
+        let req = req.into_inner();
+        let id = self
+            .core
+            .mutate(|inner| inner.report(&req, now_us()))
+            .await?;
+        Ok(Response::new(pb::ReportJobResponse {
+            job: Some(self.job(id)?),
+        }))
+    }
+
+    async fn drain(
+        &self,
+        req: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::NodeStatus>, Status> {
+        let req = req.into_inner();
+        let n = self
+            .core
+            .mutate(|inner| inner.drain(&req.node, &req.reason, now_us()))
+            .await?;
+        Ok(Response::new(self.core.lock().node_status(n)))
+    }
+
+    async fn cordon(
+        &self,
+        req: Request<pb::CordonRequest>,
+    ) -> Result<Response<pb::NodeStatus>, Status> {
+        let req = req.into_inner();
+        let n = self
+            .core
+            .mutate(|inner| inner.cordon(&req.node, req.cordon, &req.reason))
+            .await?;
+        Ok(Response::new(self.core.lock().node_status(n)))
+    }
+
+    async fn list_nodes(
+        &self,
+        _req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let inner = self.core.lock();
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: inner
+                .topo
+                .node_ids()
+                .map(|n| inner.node_status(n))
+                .collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl AdvisorService for Api {
+    async fn advise(
+        &self,
+        req: Request<pb::AdviseRequest>,
+    ) -> Result<Response<pb::AdviseResponse>, Status> {
+        let req = req.into_inner();
+        let core = self.core.clone();
+        let path = core.model.decision_path(if req.policy.is_empty() {
+            &core.policy_name
+        } else {
+            &req.policy
+        });
+        let policy = core.policy_name.clone();
+        // Building a cluster and running a cycle is CPU work: keep it off the I/O threads.
+        let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
+            crate::service::advisor::advise(&req, &policy, &path, now_us())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("advise task: {e}")))??;
+        self.core
+            .mutate(|inner| {
+                for (rec, record) in recs.iter_mut().zip(records.iter_mut()) {
+                    record.id = inner.next_decision;
+                    rec.decision_id = record.id;
+                    inner.next_decision += 1;
+                }
+                inner.dirty.meta = true;
+                inner.dirty.decisions.append(&mut records);
+                Ok(())
+            })
+            .await?;
+        Ok(Response::new(pb::AdviseResponse {
+            recommendations: recs,
+            policy: name,
+        }))
+    }
+
+    async fn explain(
+        &self,
+        req: Request<pb::ExplainRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        let id = req.into_inner().decision_id;
+        if id == 0 {
+            return Err(ServiceError::invalid("decision_id", "missing (ids start at 1)").into());
+        }
+        let store = self.core.store.clone();
+        let record = tokio::task::spawn_blocking(move || store.decision(id))
+            .await
+            .map_err(|e| Status::internal(format!("explain task: {e}")))?
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::not_found(format!("decision {id} does not exist")))?;
+        let catalog = self.core.lock().topo.catalog.clone();
+        Ok(Response::new(record.to_pb(&catalog)))
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Api {
+    async fn reload_model(
+        &self,
+        req: Request<pb::ReloadModelRequest>,
+    ) -> Result<Response<pb::ModelInfo>, Status> {
+        let path = req.into_inner().path;
+        let path = (!path.is_empty()).then(|| std::path::PathBuf::from(path));
+        let status = self
+            .core
+            .model
+            .reload(path.as_deref(), &self.core.policy_name)
+            .map_err(|e| match e {
+                crate::service::model::ModelError::Unsupported(m) => Status::failed_precondition(m),
+                e @ crate::service::model::ModelError::Rejected { .. } => {
+                    Status::invalid_argument(e.to_string())
+                }
+            })?;
+        Ok(Response::new(self.model_info(status)))
+    }
+
+    async fn model_info(
+        &self,
+        _req: Request<pb::ModelInfoRequest>,
+    ) -> Result<Response<pb::ModelInfo>, Status> {
+        let status = self.core.model.status(&self.core.policy_name);
+        Ok(Response::new(self.model_info(status)))
+    }
+}
+
+impl Api {
+    fn model_info(&self, s: crate::service::model::ModelStatus) -> pb::ModelInfo {
+        let m = &self.core.metrics;
+        let count = |path| m.decisions.get_or_create(&vec![("path", path)]).get();
+        pb::ModelInfo {
+            loaded: s.loaded,
+            name: s.name,
+            version: s.version,
+            path: s.path,
+            policy: self.core.policy_name.clone(),
+            detail: s.detail,
+            decisions: count("heuristic") + count("learned") + count("fallback"),
+            fallback_decisions: count("fallback"),
+        }
+    }
+}

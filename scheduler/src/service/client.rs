@@ -1,0 +1,203 @@
+//! The agent's side of the node protocol, for `marshal agent --scheduler URL`: a channel
+//! (plain, TLS or mutual TLS) with a bearer token, the node-service calls, and the
+//! reconnect backoff. Wire types are the generated ones; an agent maps its discovered
+//! topology to [`pb::NodeInfo`] and its job processes to assignments.
+
+use std::time::Duration;
+
+use tonic::codegen::InterceptedService;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Status, Streaming};
+
+use crate::service::pb;
+use crate::service::pb::node_service_client::NodeServiceClient;
+
+#[derive(Clone, Debug, Default)]
+pub struct ClientConfig {
+    /// `http://host:port` or `https://host:port`.
+    pub url: String,
+    pub token: Option<String>,
+    /// CA (PEM) the server's certificate must chain to; TLS when set.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to verify the server's certificate against (defaults to the URL's host).
+    pub domain: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("scheduler URL {url:?}: {message}")]
+    Url { url: String, message: String },
+    #[error("token: {0}")]
+    Token(String),
+    #[error("connecting: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Call(#[from] Status),
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone, Debug)]
+pub struct Token(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Token {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+pub async fn connect(config: &ClientConfig) -> Result<Channel, ClientError> {
+    let url_err = |m: String| ClientError::Url {
+        url: config.url.clone(),
+        message: m,
+    };
+    let mut endpoint = Endpoint::from_shared(config.url.clone())
+        .map_err(|e| url_err(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    if let Some(ca) = &config.ca_pem {
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some(d) = &config.domain {
+            tls = tls.domain_name(d.clone());
+        }
+        if let Some((cert, key)) = &config.identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    Ok(endpoint.connect().await?)
+}
+
+/// A node agent's connection to the scheduler.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    client: NodeServiceClient<InterceptedService<Channel, Token>>,
+    node: String,
+}
+
+impl AgentClient {
+    pub async fn connect(config: &ClientConfig, node: &str) -> Result<Self, ClientError> {
+        let token = config
+            .token
+            .as_ref()
+            .map(|t| {
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| ClientError::Token("not printable ASCII".into()))
+            })
+            .transpose()?;
+        let channel = connect(config).await?;
+        Ok(AgentClient {
+            client: NodeServiceClient::with_interceptor(channel, Token(token)),
+            node: node.to_string(),
+        })
+    }
+
+    /// Registers with the hardware found and the jobs running now; returns what to stop
+    /// and what the node should run.
+    pub async fn register(
+        &mut self,
+        info: pb::NodeInfo,
+        running: Vec<pb::RunningJob>,
+    ) -> Result<pb::RegisterNodeResponse, ClientError> {
+        Ok(self
+            .client
+            .register(pb::RegisterNodeRequest {
+                node: Some(info),
+                running,
+            })
+            .await?
+            .into_inner())
+    }
+
+    pub async fn assignments(&mut self) -> Result<Streaming<pb::Assignment>, ClientError> {
+        Ok(self
+            .client
+            .watch_assignments(pb::WatchAssignmentsRequest {
+                node: self.node.clone(),
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Reports what the job's placement `attempt` did (0 skips the attempt check).
+    pub async fn report(
+        &mut self,
+        job_id: u64,
+        attempt: u32,
+        state: pb::JobState,
+        message: &str,
+    ) -> Result<pb::Job, ClientError> {
+        self.client
+            .report_job(pb::ReportJobRequest {
+                node: self.node.clone(),
+                job_id,
+                state: state as i32,
+                message: message.to_string(),
+                attempt,
+            })
+            .await?
+            .into_inner()
+            .job
+            .ok_or_else(|| ClientError::Call(Status::internal("reply without a job")))
+    }
+
+    /// Sends a batch of samples as one telemetry stream.
+    pub async fn telemetry(
+        &mut self,
+        samples: Vec<pb::TelemetrySample>,
+    ) -> Result<pb::TelemetryAck, ClientError> {
+        Ok(self
+            .client
+            .stream_telemetry(tokio_stream::iter(samples))
+            .await?
+            .into_inner())
+    }
+}
+
+/// Exponential backoff with a cap, for reconnecting: 100 ms, 200 ms, … up to `max`.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub fn new(max: Duration) -> Self {
+        Backoff {
+            next: Duration::from_millis(100),
+            max,
+        }
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    /// After a successful session.
+    pub fn reset(&mut self) {
+        self.next = Duration::from_millis(100);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(500));
+        let delays: Vec<u128> = (0..5).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, vec![100, 200, 400, 500, 500]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 100);
+    }
+}

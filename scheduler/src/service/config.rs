@@ -1,0 +1,170 @@
+//! `marshal serve` configuration (TOML). Every field has a default, so an empty file is
+//! a valid development configuration; [`ServiceConfig::validate`] checks the values.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::service::error::StartError;
+
+/// Shortest bearer token accepted: 128 bits of hex, so a token cannot be guessed.
+pub const MIN_TOKEN_LEN: usize = 32;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// gRPC listen address; port 0 picks a free port (printed at start).
+    pub listen: String,
+    /// The redb database file (created when missing).
+    pub db: PathBuf,
+    /// Cluster inventory: a preset name or a TOML spec / node CSV path. Resolved by the
+    /// binary (`marshal_datasets::load_cluster`); the library takes the built spec.
+    pub cluster: String,
+    /// Policy name (see `marshal list`).
+    pub policy: String,
+    /// Longest wait between cycles when nothing happens (time-driven decisions such as
+    /// a preemption protection running out). Events trigger cycles immediately.
+    pub cycle_interval_ms: u64,
+    /// Nodes take work only after their agent registered. `false` treats the whole
+    /// inventory as up (dry runs, load tests without agents).
+    pub require_registration: bool,
+    /// Placements a job gets before an agent-reported failure becomes final.
+    pub max_attempts: u32,
+    /// Job failures on one node before it is quarantined (taken out of scheduling).
+    pub quarantine_after: u32,
+    /// Prometheus `/metrics` HTTP address; absent: no metrics endpoint.
+    pub metrics_listen: Option<String>,
+    /// Seed of the policy's random stream (tie-breaking, `random` policy).
+    pub seed: u64,
+    /// fsync every commit. `false` is for measuring the scheduler without the disk: a
+    /// crash then loses recent changes, which breaks the recovery guarantees.
+    pub durable_commits: bool,
+    pub security: SecurityConfig,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// Bearer tokens for clients (jobs, advisor, admin). With any token configured,
+    /// calls without a valid `authorization: Bearer <token>` are refused.
+    pub client_tokens: Vec<String>,
+    /// Bearer tokens for node agents (node service).
+    pub agent_tokens: Vec<String>,
+    /// Server certificate and key (PEM): TLS on.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to: mutual TLS on.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            listen: "127.0.0.1:50051".into(),
+            db: PathBuf::from("marshal.redb"),
+            cluster: "dgx-h100-64".into(),
+            policy: "topo-pack".into(),
+            cycle_interval_ms: 1000,
+            require_registration: true,
+            max_attempts: 3,
+            quarantine_after: 3,
+            metrics_listen: None,
+            seed: 42,
+            durable_commits: true,
+            security: SecurityConfig::default(),
+        }
+    }
+}
+
+impl ServiceConfig {
+    pub fn from_toml(text: &str) -> Result<Self, StartError> {
+        let config: ServiceConfig =
+            toml::from_str(text).map_err(|e| StartError::Config(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, StartError> {
+        self.listen
+            .parse()
+            .map_err(|e| StartError::Config(format!("listen = {:?}: {e}", self.listen)))
+    }
+
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, StartError> {
+        self.metrics_listen
+            .as_deref()
+            .map(|a| {
+                a.parse()
+                    .map_err(|e| StartError::Config(format!("metrics_listen = {a:?}: {e}")))
+            })
+            .transpose()
+    }
+
+    pub fn validate(&self) -> Result<(), StartError> {
+        let bad = |m: String| Err(StartError::Config(m));
+        self.listen_addr()?;
+        self.metrics_addr()?;
+        if self.db.as_os_str().is_empty() {
+            return bad("db: empty path".into());
+        }
+        if let Err(e) = crate::policies::build(&self.policy, &[]) {
+            return bad(format!("policy: {e}"));
+        }
+        if !(1..=60_000).contains(&self.cycle_interval_ms) {
+            return bad(format!(
+                "cycle_interval_ms = {}: must be 1..=60000",
+                self.cycle_interval_ms
+            ));
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts must be at least 1".into());
+        }
+        if self.quarantine_after == 0 {
+            return bad("quarantine_after must be at least 1".into());
+        }
+        let s = &self.security;
+        for (field, tokens) in [
+            ("client_tokens", &s.client_tokens),
+            ("agent_tokens", &s.agent_tokens),
+        ] {
+            for (i, t) in tokens.iter().enumerate() {
+                if t.len() < MIN_TOKEN_LEN || !t.chars().all(|c| c.is_ascii_graphic()) {
+                    return bad(format!(
+                        "security.{field}[{i}]: at least {MIN_TOKEN_LEN} printable ASCII characters without spaces"
+                    ));
+                }
+            }
+        }
+        if s.tls_cert.is_some() != s.tls_key.is_some() {
+            return bad("security: tls_cert and tls_key go together".into());
+        }
+        if s.client_ca.is_some() && s.tls_cert.is_none() {
+            return bad("security.client_ca (mutual TLS) needs tls_cert and tls_key".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_the_default_and_valid() {
+        let c = ServiceConfig::from_toml("").unwrap();
+        assert_eq!(c, ServiceConfig::default());
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = |t: &str| ServiceConfig::from_toml(t).unwrap_err().to_string();
+        assert!(err("policy = \"bestfit\"").contains("unknown policy"));
+        assert!(err("listen = \"nowhere\"").contains("listen"));
+        assert!(err("cycle_interval_ms = 0").contains("cycle_interval_ms"));
+        assert!(err("[security]\nclient_tokens = [\"short\"]").contains("client_tokens[0]"));
+        assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
+        assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));
+        assert!(err("polcy = \"fifo\"").contains("unknown field"));
+    }
+}

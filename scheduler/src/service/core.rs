@@ -1,0 +1,409 @@
+//! The scheduler's in-memory state, its recovery from the store, and the driver that
+//! runs cycles and group-commits every change before anyone hears of it.
+//!
+//! Ordering rule: a change becomes visible (reply, job event, assignment to an agent)
+//! only after the transaction holding it is durable. So after `kill -9` nothing an
+//! agent or client was told is missing from the database, and nothing in the database
+//! is duplicated: allocations are re-applied to a fresh cluster state and checked
+//! against capacity on restart.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::{Notify, broadcast, watch};
+
+use crate::domain::{ClusterSpec, ClusterState, NodeId, Topology};
+use crate::framework::Policy;
+use crate::service::config::ServiceConfig;
+use crate::service::error::{ServiceError, StartError};
+use crate::service::jobs::{JobRecord, JobState};
+use crate::service::metrics::Metrics;
+use crate::service::model::ModelSlot;
+use crate::service::pb;
+use crate::service::records::{DecisionRecord, NodeRecord};
+use crate::service::store::{Batch, META_NEXT_DECISION, META_NEXT_JOB, Store};
+
+/// Capacity of the event fan-out; a watcher that falls further behind is cut off and
+/// told to re-list (assignment watchers get the full state again on reconnect).
+pub const EVENT_BUFFER: usize = 1 << 16;
+
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// Resolves once `rx` reads `true` (or its sender is gone).
+pub async fn stopped(mut rx: watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Something watchers hear about, after it is durable.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Job(pb::JobEvent),
+    Assignment {
+        node: NodeId,
+        assignment: pb::Assignment,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Dirty {
+    pub jobs: BTreeSet<u32>,
+    pub nodes: BTreeSet<u32>,
+    pub decisions: Vec<DecisionRecord>,
+    pub events: Vec<Event>,
+    pub meta: bool,
+}
+
+/// The last durable epoch, or why persisting stopped.
+#[derive(Debug, Clone, Default)]
+pub struct Committed {
+    pub epoch: u64,
+    pub error: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Inner {
+    pub topo: Arc<Topology>,
+    pub state: ClusterState,
+    pub(crate) policy: Policy,
+    pub(crate) rng: ChaCha8Rng,
+    pub jobs: BTreeMap<u32, JobRecord>,
+    /// Waiting jobs (pending, preempted, requeued).
+    pub queue: BTreeSet<u32>,
+    /// Placed and running jobs.
+    pub active: BTreeSet<u32>,
+    pub nodes: Vec<NodeRecord>,
+    pub node_index: HashMap<String, NodeId>,
+    pub(crate) idempotency: HashMap<String, u32>,
+    pub(crate) next_job: u32,
+    pub(crate) next_decision: u64,
+    pub(crate) event_seq: u64,
+    /// The epoch that changes made now belong to.
+    pub(crate) epoch: u64,
+    pub(crate) dirty: Dirty,
+    pub(crate) needs_cycle: bool,
+    pub(crate) require_registration: bool,
+    pub(crate) max_attempts: u32,
+    pub(crate) quarantine_after: u32,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+pub struct Core {
+    inner: Mutex<Inner>,
+    wake: Notify,
+    committed: watch::Sender<Committed>,
+    pub events: broadcast::Sender<Arc<Event>>,
+    pub store: Arc<Store>,
+    pub metrics: Arc<Metrics>,
+    pub model: Arc<dyn ModelSlot>,
+    pub policy_name: String,
+    cycle_interval: Duration,
+}
+
+impl Core {
+    /// Builds the state from the inventory and whatever the store holds.
+    pub fn restore(
+        config: &ServiceConfig,
+        spec: &ClusterSpec,
+        store: Arc<Store>,
+        metrics: Arc<Metrics>,
+        model: Arc<dyn ModelSlot>,
+    ) -> Result<Core, StartError> {
+        let topo = Arc::new(Topology::build(spec).map_err(|e| StartError::Cluster(e.to_string()))?);
+        let policy = crate::policies::build(&config.policy, &[])
+            .map_err(|e| StartError::Policy(e.to_string()))?;
+        let loaded = store.load().map_err(|e| StartError::Database {
+            path: config.db.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let node_index: HashMap<String, NodeId> = topo
+            .node_ids()
+            .map(|n| (topo.node(n).name.clone(), n))
+            .collect();
+        let mut inner = Inner {
+            state: ClusterState::new(topo.clone()),
+            topo: topo.clone(),
+            policy,
+            rng: ChaCha8Rng::seed_from_u64(config.seed),
+            jobs: BTreeMap::new(),
+            queue: BTreeSet::new(),
+            active: BTreeSet::new(),
+            nodes: vec![NodeRecord::default(); topo.nodes().len()],
+            node_index,
+            idempotency: HashMap::new(),
+            next_job: loaded.next_job.clamp(1, u32::MAX as u64) as u32,
+            next_decision: loaded.next_decision.max(1),
+            event_seq: 0,
+            epoch: 1,
+            dirty: Dirty::default(),
+            needs_cycle: true,
+            require_registration: config.require_registration,
+            max_attempts: config.max_attempts,
+            quarantine_after: config.quarantine_after,
+            metrics: metrics.clone(),
+        };
+        for (name, record) in loaded.nodes {
+            match inner.node_index.get(&name) {
+                Some(n) => inner.nodes[n.0 as usize] = record,
+                None => {
+                    tracing::warn!(node = %name, "stored node is not in the inventory; ignored")
+                }
+            }
+        }
+        let now = now_us();
+        for mut record in loaded.jobs {
+            let id = record.job.id.0;
+            inner.next_job = inner.next_job.max(id.saturating_add(1));
+            if record.state.is_active() {
+                // Re-applying every allocation to an empty state is the capacity check:
+                // two stored jobs claiming one GPU cannot both be restored.
+                let restored = match &record.placement {
+                    Some(p) => inner
+                        .state
+                        .allocate(&record.job, p)
+                        .map_err(|e| e.to_string()),
+                    None => Err("no placement stored".to_string()),
+                };
+                if let Err(why) = restored {
+                    tracing::warn!(job = id, %why, "allocation not restored; job requeued");
+                    let _ = record.transition(
+                        JobState::Requeued,
+                        format!("allocation could not be restored after a restart: {why}"),
+                        None,
+                        now,
+                    );
+                    inner.dirty.jobs.insert(id);
+                }
+            }
+            if record.state.is_waiting() {
+                inner.queue.insert(id);
+            } else if record.state.is_active() {
+                inner.active.insert(id);
+            }
+            if let Some(key) = &record.idempotency_key {
+                inner.idempotency.insert(key.clone(), id);
+            }
+            inner.jobs.insert(id, record);
+        }
+        for n in topo.node_ids() {
+            inner.refresh_node(n);
+        }
+        metrics
+            .capacity_milli
+            .set(inner.state.capacity_milli() as i64);
+        let (committed, _) = watch::channel(Committed::default());
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        Ok(Core {
+            inner: Mutex::new(inner),
+            wake: Notify::new(),
+            committed,
+            events,
+            store,
+            metrics,
+            model,
+            policy_name: config.policy.clone(),
+            cycle_interval: Duration::from_millis(config.cycle_interval_ms),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock is a bug; the state it guards is still the
+        // best information there is, so keep serving rather than poison every call.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the state, then waits until its changes are durable.
+    pub async fn mutate<T>(
+        &self,
+        f: impl FnOnce(&mut Inner) -> Result<T, ServiceError>,
+    ) -> Result<T, ServiceError> {
+        self.check_writable()?;
+        let (out, epoch) = {
+            let mut inner = self.lock();
+            let out = f(&mut inner)?;
+            (out, inner.epoch)
+        };
+        self.wake.notify_one();
+        self.wait_durable(epoch).await?;
+        Ok(out)
+    }
+
+    pub fn check_writable(&self) -> Result<(), ServiceError> {
+        match &self.committed.borrow().error {
+            Some(e) => Err(ServiceError::Unavailable(format!(
+                "the scheduler stopped accepting changes after a storage failure ({e}); restart it"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    pub async fn wait_durable(&self, epoch: u64) -> Result<(), ServiceError> {
+        let mut rx = self.committed.subscribe();
+        loop {
+            {
+                let c = rx.borrow_and_update();
+                if let Some(e) = &c.error {
+                    return Err(ServiceError::Unavailable(format!("not persisted: {e}")));
+                }
+                if c.epoch >= epoch {
+                    return Ok(());
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Err(ServiceError::Unavailable(
+                    "the server is shutting down".into(),
+                ));
+            }
+        }
+    }
+
+    /// The open epoch, read under a lock the caller already holds.
+    pub fn current_epoch_locked(&self, inner: &Inner) -> u64 {
+        inner.epoch
+    }
+
+    pub fn committed(&self) -> watch::Receiver<Committed> {
+        self.committed.subscribe()
+    }
+
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The driver: waits for an event or the cycle interval, runs a cycle when something
+    /// changed, commits the batch, then publishes it. Returns after a final commit once
+    /// `shutdown` flips.
+    pub async fn drive(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut last_cycle = Instant::now();
+        loop {
+            let stopping = tokio::select! {
+                _ = self.wake.notified() => false,
+                _ = tokio::time::sleep(self.cycle_interval) => false,
+                r = shutdown.changed() => r.is_err() || *shutdown.borrow(),
+            };
+            let (epoch, batch, events) = {
+                let mut inner = self.lock();
+                if inner.needs_cycle || last_cycle.elapsed() >= self.cycle_interval {
+                    last_cycle = Instant::now();
+                    let started = Instant::now();
+                    let path = self.model.decision_path(&self.policy_name);
+                    inner.cycle(now_us(), &path);
+                    self.metrics
+                        .cycle_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                }
+                inner.update_gauges(&self.metrics);
+                inner.take_batch()
+            };
+            if !batch.is_empty() {
+                let store = self.store.clone();
+                let started = Instant::now();
+                let result = tokio::task::spawn_blocking(move || store.commit(&batch)).await;
+                self.metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                let error = match result {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(format!("commit task: {e}")),
+                };
+                if let Some(error) = error {
+                    tracing::error!(%error, "commit failed; refusing further changes");
+                    self.committed.send_modify(|c| c.error = Some(error));
+                    return;
+                }
+            }
+            self.committed.send_modify(|c| c.epoch = epoch);
+            for event in events {
+                // No receiver is not an error: nobody is watching.
+                let _ = self.events.send(Arc::new(event));
+            }
+            if stopping {
+                return;
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Whether node `n` takes new work, applied to the cluster state.
+    pub fn refresh_node(&mut self, n: NodeId) {
+        let r = &self.nodes[n.0 as usize];
+        let up = (r.registered || !self.require_registration) && !r.cordoned && !r.quarantined;
+        self.state.set_node_up(n, up);
+    }
+
+    pub fn mark_node(&mut self, n: NodeId) {
+        self.dirty.nodes.insert(n.0);
+        self.refresh_node(n);
+        self.needs_cycle = true;
+    }
+
+    pub fn push_event(&mut self, event: Event) {
+        self.dirty.events.push(event);
+    }
+
+    pub fn next_seq(&mut self) -> u64 {
+        self.event_seq += 1;
+        self.event_seq
+    }
+
+    pub fn update_gauges(&self, m: &Metrics) {
+        m.queue_depth.set(self.queue.len() as i64);
+        m.active_jobs.set(self.active.len() as i64);
+        m.allocated_milli.set(self.state.allocated_milli() as i64);
+        m.schedulable_nodes.set(
+            self.topo
+                .node_ids()
+                .filter(|&n| self.state.node_is_up(n))
+                .count() as i64,
+        );
+    }
+
+    /// Closes the current epoch: its records serialised, its events to publish.
+    fn take_batch(&mut self) -> (u64, Batch, Vec<Event>) {
+        let epoch = self.epoch;
+        self.epoch += 1;
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut batch = Batch::default();
+        for id in dirty.jobs {
+            if let Some(r) = self.jobs.get(&id) {
+                match serde_json::to_vec(r) {
+                    Ok(bytes) => batch.jobs.push((id as u64, bytes)),
+                    Err(e) => tracing::error!(job = id, error = %e, "job record not serialisable"),
+                }
+            }
+        }
+        for n in dirty.nodes {
+            let name = self.topo.node(NodeId(n)).name.clone();
+            if let Ok(bytes) = serde_json::to_vec(&self.nodes[n as usize]) {
+                batch.nodes.push((name, bytes));
+            }
+        }
+        for d in &dirty.decisions {
+            if let Ok(bytes) = serde_json::to_vec(d) {
+                batch.decisions.push((d.id, bytes));
+            }
+        }
+        if dirty.meta {
+            batch.meta.push((META_NEXT_JOB, self.next_job as u64));
+            batch.meta.push((META_NEXT_DECISION, self.next_decision));
+        }
+        (epoch, batch, dirty.events)
+    }
+}

@@ -1,0 +1,321 @@
+//! Job transitions with their side effects (allocation, events, assignments), and one
+//! scheduling cycle: the same `framework::run_cycle` the simulator drives, on the wall
+//! clock.
+
+use std::collections::HashMap;
+
+use crate::domain::{ClusterState, GpuDemand, Placement};
+use crate::framework::{Context, JobStats, Pending, Running, run_cycle};
+use crate::service::convert::{placement_to_pb, slot_to_pb, state_to_pb};
+use crate::service::core::{Event, Inner};
+use crate::service::error::ServiceError;
+use crate::service::jobs::{JobRecord, JobState};
+use crate::service::model::DecisionPath;
+use crate::service::pb;
+use crate::service::records::{DecisionRecord, Verdict, WorkerRecord, candidates};
+
+fn stats(r: &JobRecord, now_s: f64) -> JobStats {
+    let running = if r.state.is_active() {
+        (now_s - r.placed_at_s).max(0.0) * r.job.gpu_milli() as f64 / 1000.0
+    } else {
+        0.0
+    };
+    JobStats {
+        attained_gpu_s: r.attained_gpu_s + running,
+        remaining_work: r.job.total_work,
+        queued_since: r.queued_since_s,
+        last_run_s: 0.0,
+    }
+}
+
+impl Inner {
+    pub fn record(&self, id: u32) -> Result<&JobRecord, ServiceError> {
+        self.jobs
+            .get(&id)
+            .ok_or_else(|| ServiceError::NotFound(format!("job {id} does not exist")))
+    }
+
+    /// The assignments that start (or stop) every worker of `r` under `placement`.
+    pub fn assignments(
+        &self,
+        r: &JobRecord,
+        placement: &Placement,
+        action: pb::AssignmentAction,
+        reason: &str,
+    ) -> Vec<(crate::domain::NodeId, pb::Assignment)> {
+        placement
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let gpus: Vec<pb::GpuSlot> =
+                    w.gpus.iter().map(|s| slot_to_pb(s, &self.topo)).collect();
+                let mut env = HashMap::new();
+                if action == pb::AssignmentAction::Start {
+                    env.insert("MARSHAL_JOB_ID".into(), r.job.id.0.to_string());
+                    env.insert("MARSHAL_JOB_NAME".into(), r.job.name.clone());
+                    env.insert("MARSHAL_WORKER".into(), i.to_string());
+                    env.insert("MARSHAL_WORLD_SIZE".into(), r.job.workers.to_string());
+                    let list: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
+                    env.insert("CUDA_VISIBLE_DEVICES".into(), list.join(","));
+                    match r.job.gpu {
+                        GpuDemand::Milli(m) => {
+                            env.insert("MARSHAL_GPU_MILLI".into(), m.to_string());
+                        }
+                        // The agent maps the profile to a MIG instance UUID; the scheduler
+                        // does not know the instances' UUIDs.
+                        GpuDemand::Mig { compute, memory } => {
+                            env.insert(
+                                "MARSHAL_MIG_PROFILE".into(),
+                                format!("{compute}c/{memory}m"),
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+                (
+                    w.node,
+                    pb::Assignment {
+                        job_id: r.job.id.0 as u64,
+                        action: action as i32,
+                        worker: i as u32,
+                        gpus,
+                        env,
+                        reason: reason.to_string(),
+                        attempt: r.attempts,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Moves job `id` to `to`, keeping queue, allocations and watchers in step. Leaving
+    /// an active state releases the allocation when `release` is set (a cycle has
+    /// already released its victims) and tells the job's nodes to stop it.
+    pub fn set_state(
+        &mut self,
+        id: u32,
+        to: JobState,
+        reason: String,
+        placement: Option<Placement>,
+        release: bool,
+        now: i64,
+    ) -> Result<(), ServiceError> {
+        let record = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| ServiceError::NotFound(format!("job {id} does not exist")))?;
+        let old = record.placement.clone();
+        let was_active = record.state.is_active();
+        record
+            .transition(to, reason, placement, now)
+            .map_err(|e| ServiceError::FailedPrecondition(e.to_string()))?;
+        if to.is_waiting() {
+            self.queue.insert(id);
+            self.needs_cycle = true;
+        } else {
+            self.queue.remove(&id);
+        }
+        if to.is_active() {
+            self.active.insert(id);
+        } else {
+            self.active.remove(&id);
+        }
+        let record = &self.jobs[&id];
+        let mut events = Vec::new();
+        if was_active
+            && !to.is_active()
+            && let Some(p) = &old
+        {
+            if release {
+                self.state.release(&record.job, p);
+            }
+            self.needs_cycle = true;
+            events.extend(self.assignments(record, p, pb::AssignmentAction::Stop, &record.reason));
+        }
+        if to == JobState::Placed
+            && let Some(p) = &record.placement
+        {
+            events.extend(self.assignments(record, p, pb::AssignmentAction::Start, ""));
+        }
+        let job_event = pb::JobEvent {
+            job_id: id as u64,
+            state: state_to_pb(to) as i32,
+            reason: record.reason.clone(),
+            placement: record
+                .placement
+                .as_ref()
+                .map(|p| placement_to_pb(p, &self.topo))
+                .unwrap_or_default(),
+            at_us: now,
+            seq: 0,
+        };
+        for (node, assignment) in events {
+            self.push_event(Event::Assignment { node, assignment });
+        }
+        let seq = self.next_seq();
+        self.push_event(Event::Job(pb::JobEvent { seq, ..job_event }));
+        self.dirty.jobs.insert(id);
+        self.metrics.transition(to.name());
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &mut self,
+        id: u32,
+        verdict: Verdict,
+        reason: &str,
+        placement: Option<&Placement>,
+        before: &ClusterState,
+        queue_depth: u32,
+        path: &DecisionPath,
+        now: i64,
+    ) -> u64 {
+        let decision = self.next_decision;
+        self.next_decision += 1;
+        self.dirty.meta = true;
+        let job = &self.jobs[&id].job;
+        let empty = Placement::default();
+        let (feasible, list) = candidates(job, before, placement.unwrap_or(&empty));
+        let record = DecisionRecord {
+            id: decision,
+            source: "cycle".into(),
+            at_us: now,
+            job: id.to_string(),
+            spec: job.clone(),
+            policy: self.policy.name.clone(),
+            path: path.label.clone(),
+            confidence: path.confidence,
+            verdict,
+            reason: reason.to_string(),
+            placement: placement
+                .map(|p| WorkerRecord::of(p, &self.topo))
+                .unwrap_or_default(),
+            queue_depth,
+            idle_gpus: before.idle_gpus(),
+            feasible_nodes: feasible,
+            candidates: list,
+        };
+        self.dirty.decisions.push(record);
+        self.metrics.decision(path.kind);
+        decision
+    }
+
+    /// One scheduling cycle over the whole queue.
+    pub fn cycle(&mut self, now: i64, path: &DecisionPath) {
+        self.needs_cycle = false;
+        if self.queue.is_empty() {
+            return;
+        }
+        let now_s = now as f64 / 1e6;
+        let before = self.state.clone();
+        let queue_depth = self.queue.len() as u32;
+        let pending_ids: Vec<u32> = self.queue.iter().copied().collect();
+        let running_ids: Vec<u32> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|id| self.jobs[id].placement.is_some())
+            .collect();
+        let decisions = {
+            let Inner {
+                jobs,
+                state,
+                policy,
+                rng,
+                ..
+            } = self;
+            let pending: Vec<Pending> = pending_ids
+                .iter()
+                .map(|id| Pending {
+                    job: &jobs[id].job,
+                    stats: stats(&jobs[id], now_s),
+                })
+                .collect();
+            let running: Vec<Running> = running_ids
+                .iter()
+                .filter_map(|id| {
+                    let r = &jobs[id];
+                    Some(Running {
+                        job: &r.job,
+                        placement: r.placement.as_ref()?,
+                        stats: stats(r, now_s),
+                        started_at: r.placed_at_s,
+                        lost_work_s: 0.0,
+                    })
+                })
+                .collect();
+            let mut ctx = Context::new(now_s, rng);
+            run_cycle(policy, state, &pending, &running, &mut ctx)
+        };
+        for k in decisions.preempted {
+            let id = running_ids[k];
+            self.metrics.preemptions.inc();
+            if let Err(e) = self.set_state(
+                id,
+                JobState::Preempted,
+                "preempted for a higher-ranked job".into(),
+                None,
+                false,
+                now,
+            ) {
+                tracing::error!(job = id, error = %e, "preemption not recorded");
+            }
+        }
+        for (i, placement) in decisions.placed {
+            let id = pending_ids[i];
+            let d = self.decide(
+                id,
+                Verdict::Place,
+                "",
+                Some(&placement),
+                &before,
+                queue_depth,
+                path,
+                now,
+            );
+            let submitted = self.jobs[&id].submitted_at_us;
+            if self.jobs[&id].attempts == 0 {
+                self.metrics
+                    .submit_to_place_seconds
+                    .observe((now - submitted).max(0) as f64 / 1e6);
+            }
+            if let Some(r) = self.jobs.get_mut(&id) {
+                r.decision_id = d;
+            }
+            if let Err(e) = self.set_state(
+                id,
+                JobState::Placed,
+                String::new(),
+                Some(placement),
+                false,
+                now,
+            ) {
+                tracing::error!(job = id, error = %e, "placement not recorded");
+            }
+        }
+        for (i, why) in decisions.rejected {
+            let id = pending_ids[i];
+            let d = self.decide(
+                id,
+                Verdict::Reject,
+                &why,
+                None,
+                &before,
+                queue_depth,
+                path,
+                now,
+            );
+            if let Some(r) = self.jobs.get_mut(&id) {
+                r.decision_id = d;
+            }
+            if let Err(e) = self.set_state(id, JobState::Rejected, why, None, false, now) {
+                tracing::error!(job = id, error = %e, "rejection not recorded");
+            }
+        }
+        for (i, error) in decisions.errors {
+            tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
+        }
+    }
+}

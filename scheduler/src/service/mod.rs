@@ -1,0 +1,45 @@
+//! The online scheduler service (feature `service`): Marshal as the primary scheduler
+//! over gRPC, and the stateless advisor.
+//!
+//! - [`pb`]: the generated `marshal.v1` types and services (wire types stop at
+//!   [`convert`]; policy code never sees them).
+//! - [`jobs`]: the job state machine; [`core`] the in-memory state, recovery and the
+//!   cycle driver with group commit; [`cycle`] and [`ops`] the transitions;
+//!   [`store`] redb persistence; [`advisor`] Advise on a snapshot.
+//! - [`api`] the gRPC adapters, [`auth`] bearer tokens, [`metrics`] Prometheus,
+//!   [`server`] wiring (TLS, health, reflection, shutdown), [`model`] the learned-model
+//!   slot, [`config`] the TOML configuration.
+
+/// Generated protobuf and gRPC code for `marshal.v1`.
+#[allow(clippy::all, missing_debug_implementations)]
+pub mod pb {
+    tonic::include_proto!("marshal.v1");
+}
+
+/// The encoded descriptor set of the `marshal.v1` protos (for gRPC reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/marshal_v1_descriptor.bin"));
+
+pub mod advisor;
+pub mod api;
+pub mod auth;
+pub mod client;
+pub mod config;
+pub mod convert;
+pub mod core;
+mod cycle;
+pub mod error;
+pub mod jobs;
+pub mod metrics;
+pub mod model;
+mod ops;
+pub mod records;
+pub mod server;
+pub mod store;
+
+pub use config::{SecurityConfig, ServiceConfig};
+pub use error::{ServiceError, StartError};
+pub use model::{ModelSlot, NoModel};
+pub use server::{ServerHandle, start};
+/// Re-exported so clients (tests, the load generator, agents) use the same versions.
+pub use {tokio, tonic, tonic_health};

@@ -1,0 +1,387 @@
+//! Requests that change state, applied under the scheduler's lock: submit, cancel,
+//! agent reports, node registration with reconciliation, drain, cordon, telemetry.
+
+use crate::domain::{JobId, NodeId};
+use crate::framework::can_ever_fit;
+use crate::service::convert::{job_from_spec, node_counts, node_group};
+use crate::service::core::{Event, Inner};
+use crate::service::error::ServiceError;
+use crate::service::jobs::{JobRecord, JobState};
+use crate::service::pb;
+
+/// What a registering agent is told.
+#[derive(Debug)]
+pub struct Registration {
+    pub node: NodeId,
+    pub stop: Vec<pb::RunningJob>,
+}
+
+impl Inner {
+    pub fn node_id(&self, field: &str, name: &str) -> Result<NodeId, ServiceError> {
+        if name.is_empty() {
+            return Err(ServiceError::invalid(field, "missing"));
+        }
+        self.node_index.get(name).copied().ok_or_else(|| {
+            ServiceError::NotFound(format!(
+                "node {name:?} is not in the inventory of cluster {} ({} nodes)",
+                self.topo.name,
+                self.topo.nodes().len()
+            ))
+        })
+    }
+
+    fn registered_node(&self, field: &str, name: &str) -> Result<NodeId, ServiceError> {
+        let n = self.node_id(field, name)?;
+        if !self.nodes[n.0 as usize].registered {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "node {name} has not registered; call Register first"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// Active jobs with a worker on `n`.
+    pub fn jobs_on(&self, n: NodeId) -> Vec<u32> {
+        self.active
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.jobs[id]
+                    .placement
+                    .as_ref()
+                    .is_some_and(|p| p.workers.iter().any(|w| w.node == n))
+            })
+            .collect()
+    }
+
+    /// START assignments of everything `n` should run now.
+    pub fn node_assignments(&self, n: NodeId) -> Vec<pb::Assignment> {
+        self.jobs_on(n)
+            .into_iter()
+            .flat_map(|id| {
+                let r = &self.jobs[&id];
+                let p = r.placement.as_ref().expect("active jobs hold a placement");
+                self.assignments(r, p, pb::AssignmentAction::Start, "")
+            })
+            .filter(|(node, _)| *node == n)
+            .map(|(_, a)| a)
+            .collect()
+    }
+
+    pub fn node_status(&self, n: NodeId) -> pb::NodeStatus {
+        let r = &self.nodes[n.0 as usize];
+        let (gpus, idle, allocated) = node_counts(&self.state, n);
+        pb::NodeStatus {
+            name: self.topo.node(n).name.clone(),
+            registered: r.registered,
+            cordoned: r.cordoned,
+            quarantined: r.quarantined,
+            gpus,
+            idle_gpus: idle,
+            allocated_milli: allocated,
+            failures: r.failures,
+            reason: r.reason.clone(),
+            telemetry_samples: r.telemetry_samples,
+            jobs: self.jobs_on(n).len() as u32,
+        }
+    }
+
+    pub fn submit(&mut self, spec: Option<&pb::JobSpec>, now: i64) -> Result<u32, ServiceError> {
+        if let Some(key) = spec
+            .map(|s| s.idempotency_key.as_str())
+            .filter(|k| !k.is_empty())
+            && let Some(&id) = self.idempotency.get(key)
+        {
+            return Ok(id);
+        }
+        let id = self.next_job;
+        if id == u32::MAX {
+            return Err(ServiceError::Unavailable("job ids are exhausted".into()));
+        }
+        let (job, key) = job_from_spec(spec, JobId(id), now as f64 / 1e6, &self.topo.catalog)?;
+        self.next_job += 1;
+        self.dirty.meta = true;
+        let fits = can_ever_fit(&job, &self.topo);
+        let mut record = JobRecord::new(job, key.clone(), now);
+        if let Some(key) = key {
+            self.idempotency.insert(key, id);
+        }
+        self.metrics.submitted.inc();
+        self.metrics.transition("pending");
+        if let Err(why) = fits {
+            // Refused at admission: kept (and listed) as rejected with the reason, so a
+            // client polling the job learns why rather than waiting forever.
+            record.state = JobState::Rejected;
+            record.reason = why;
+            self.metrics.transition("rejected");
+        } else {
+            self.queue.insert(id);
+            self.needs_cycle = true;
+        }
+        let event = pb::JobEvent {
+            job_id: id as u64,
+            state: crate::service::convert::state_to_pb(record.state) as i32,
+            reason: record.reason.clone(),
+            placement: vec![],
+            at_us: now,
+            seq: self.next_seq(),
+        };
+        self.push_event(Event::Job(event));
+        self.jobs.insert(id, record);
+        self.dirty.jobs.insert(id);
+        Ok(id)
+    }
+
+    pub fn cancel(&mut self, id: u32, reason: &str, now: i64) -> Result<(), ServiceError> {
+        let state = self.record(id)?.state;
+        if state.is_final() {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "job {id} is already {state}"
+            )));
+        }
+        let reason = if reason.is_empty() {
+            "cancelled by the client".to_string()
+        } else {
+            format!("cancelled: {reason}")
+        };
+        self.set_state(id, JobState::Cancelled, reason, None, true, now)
+    }
+
+    fn note_failure(&mut self, n: NodeId, why: String) {
+        let quarantine_after = self.quarantine_after;
+        let r = &mut self.nodes[n.0 as usize];
+        r.failures += 1;
+        if r.failures >= quarantine_after && !r.quarantined {
+            r.quarantined = true;
+            r.reason = format!("quarantined after {} failures; last: {why}", r.failures);
+            tracing::warn!(node = n.0, reason = %r.reason, "node quarantined");
+        }
+        self.mark_node(n);
+    }
+
+    pub fn report(&mut self, req: &pb::ReportJobRequest, now: i64) -> Result<u32, ServiceError> {
+        let n = self.registered_node("node", &req.node)?;
+        let id = crate::service::convert::job_id("job_id", req.job_id)?.0;
+        let r = self.record(id)?;
+        let on_node = r.state.is_active()
+            && r.placement
+                .as_ref()
+                .is_some_and(|p| p.workers.iter().any(|w| w.node == n));
+        if !on_node {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "job {id} is not placed on node {} (it is {})",
+                req.node, r.state
+            )));
+        }
+        let attempts = r.attempts;
+        let current = r.state;
+        if req.attempt != 0 && req.attempt != attempts {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "job {id}: the report is about placement {} but the job is on placement {attempts}",
+                req.attempt
+            )));
+        }
+        match crate::service::convert::state_from_pb("state", req.state)? {
+            JobState::Running if current == JobState::Running => Ok(id),
+            JobState::Running => {
+                self.set_state(id, JobState::Running, req.message.clone(), None, false, now)?;
+                Ok(id)
+            }
+            JobState::Completed => {
+                self.set_state(
+                    id,
+                    JobState::Completed,
+                    req.message.clone(),
+                    None,
+                    true,
+                    now,
+                )?;
+                Ok(id)
+            }
+            JobState::Failed => {
+                let why = format!("failed on {}: {}", req.node, req.message);
+                self.note_failure(n, why.clone());
+                let (to, reason) = if attempts >= self.max_attempts {
+                    (
+                        JobState::Failed,
+                        format!("{why} (attempt {attempts} of {})", self.max_attempts),
+                    )
+                } else {
+                    (
+                        JobState::Requeued,
+                        format!(
+                            "{why}; requeued (attempt {attempts} of {})",
+                            self.max_attempts
+                        ),
+                    )
+                };
+                self.set_state(id, to, reason, None, true, now)?;
+                Ok(id)
+            }
+            other => Err(ServiceError::invalid(
+                "state",
+                format!("{other} cannot be reported; only RUNNING, COMPLETED or FAILED"),
+            )),
+        }
+    }
+
+    pub fn register(
+        &mut self,
+        req: &pb::RegisterNodeRequest,
+        now: i64,
+    ) -> Result<Registration, ServiceError> {
+        let group = node_group("node", req.node.as_ref())?;
+        let name = &group.names[0];
+        let n = self.node_id("node.name", name)?;
+        let inv = self.topo.node(n);
+        let reported_model = match &group.gpu_model {
+            Some(m) => Some(self.topo.catalog.id(m).ok_or_else(|| {
+                ServiceError::invalid("node.gpu_model", format!("unknown GPU model {m:?}"))
+            })?),
+            None => None,
+        };
+        let inv_model = inv.model.map(|m| self.topo.catalog.get(m).name.as_str());
+        if reported_model != inv.model
+            || group.gpus != inv.gpu_count()
+            || group.nvlink_domain.max(1) != inv.island_size
+        {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "node {name} reports {} × {} in NVLink islands of {}; the inventory says {} × {} in islands of {}",
+                group.gpus,
+                group.gpu_model.as_deref().unwrap_or("no GPU"),
+                group.nvlink_domain.max(1),
+                inv.gpu_count(),
+                inv_model.unwrap_or("no GPU"),
+                inv.island_size
+            )));
+        }
+        if group.cpu_milli < inv.cpu_milli || group.memory_mib < inv.memory_mib {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "node {name} reports {} mCPU / {} MiB, less than the inventory's {} mCPU / {} MiB",
+                group.cpu_milli, group.memory_mib, inv.cpu_milli, inv.memory_mib
+            )));
+        }
+        let expected = self.jobs_on(n);
+        let mut stop = Vec::new();
+        let mut reported = Vec::new();
+        for r in &req.running {
+            let current = u32::try_from(r.job_id)
+                .ok()
+                .filter(|id| expected.contains(id) && self.jobs[id].attempts == r.attempt);
+            match current {
+                Some(id) => {
+                    reported.push(id);
+                    if self.jobs[&id].state == JobState::Placed {
+                        self.set_state(
+                            id,
+                            JobState::Running,
+                            format!("running on {name} (reported at registration)"),
+                            None,
+                            false,
+                            now,
+                        )?;
+                    }
+                }
+                None => stop.push(*r),
+            }
+        }
+        for id in expected {
+            let running = self.jobs[&id].state == JobState::Running;
+            if running && !reported.contains(&id) {
+                self.set_state(
+                    id,
+                    JobState::Requeued,
+                    format!("the agent on {name} no longer runs it (restarted?)"),
+                    None,
+                    true,
+                    now,
+                )?;
+            }
+        }
+        self.nodes[n.0 as usize].registered = true;
+        self.mark_node(n);
+        Ok(Registration { node: n, stop })
+    }
+
+    pub fn drain(&mut self, name: &str, reason: &str, now: i64) -> Result<NodeId, ServiceError> {
+        let n = self.node_id("node", name)?;
+        let r = &mut self.nodes[n.0 as usize];
+        r.cordoned = true;
+        r.reason = format!("drained: {reason}");
+        self.mark_node(n);
+        for id in self.jobs_on(n) {
+            self.set_state(
+                id,
+                JobState::Requeued,
+                format!("node {name} drained"),
+                None,
+                true,
+                now,
+            )?;
+        }
+        Ok(n)
+    }
+
+    pub fn cordon(
+        &mut self,
+        name: &str,
+        cordon: bool,
+        reason: &str,
+    ) -> Result<NodeId, ServiceError> {
+        let n = self.node_id("node", name)?;
+        let r = &mut self.nodes[n.0 as usize];
+        if cordon {
+            r.cordoned = true;
+            r.reason = format!("cordoned: {reason}");
+        } else {
+            // Uncordoning is the operator's word that the node is fine again.
+            r.cordoned = false;
+            r.quarantined = false;
+            r.failures = 0;
+            r.reason.clear();
+        }
+        self.mark_node(n);
+        Ok(n)
+    }
+
+    /// Validates and counts one telemetry sample; a failed GPU quarantines its node.
+    /// Returns whether durable state changed.
+    pub fn telemetry(&mut self, s: &pb::TelemetrySample) -> Result<bool, String> {
+        let n = self
+            .registered_node("node", &s.node)
+            .map_err(|e| e.to_string())?;
+        let gpus = self.topo.node(n).gpu_count() as u32;
+        if s.gpu_index >= gpus {
+            return Err(format!(
+                "gpu_index {} on a node with {gpus} GPUs",
+                s.gpu_index
+            ));
+        }
+        if s.timestamp_us <= 0 {
+            return Err(format!("timestamp_us {} is not a time", s.timestamp_us));
+        }
+        if !(s.sm_util_pct.is_finite() && (0.0..=100.0).contains(&s.sm_util_pct)) {
+            return Err(format!("sm_util_pct {} is outside 0..=100", s.sm_util_pct));
+        }
+        if !(s.temperature_c.is_finite() && s.power_w.is_finite() && s.power_w >= 0.0) {
+            return Err("temperature_c and power_w must be finite (power non-negative)".into());
+        }
+        if s.mem_total_bytes > 0 && s.mem_used_bytes > s.mem_total_bytes {
+            return Err(format!(
+                "mem_used_bytes {} exceeds mem_total_bytes {}",
+                s.mem_used_bytes, s.mem_total_bytes
+            ));
+        }
+        let health = pb::GpuHealth::try_from(s.health)
+            .map_err(|_| format!("health: unknown value {}", s.health))?;
+        self.nodes[n.0 as usize].telemetry_samples += 1;
+        if health == pb::GpuHealth::Failed && !self.nodes[n.0 as usize].quarantined {
+            let r = &mut self.nodes[n.0 as usize];
+            r.quarantined = true;
+            r.reason = format!("quarantined: GPU {} reported failed", s.gpu_index);
+            self.mark_node(n);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}

@@ -1,0 +1,197 @@
+//! Wiring: the four services behind their interceptors, health and reflection, TLS,
+//! the metrics endpoint, the cycle driver, and an orderly shutdown that commits last.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+
+use crate::domain::ClusterSpec;
+use crate::service::FILE_DESCRIPTOR_SET;
+use crate::service::api::Api;
+use crate::service::auth::BearerAuth;
+use crate::service::config::ServiceConfig;
+use crate::service::core::Core;
+use crate::service::error::StartError;
+use crate::service::metrics::{Metrics, serve_metrics};
+use crate::service::model::ModelSlot;
+use crate::service::pb::admin_service_server::AdminServiceServer;
+use crate::service::pb::advisor_service_server::AdvisorServiceServer;
+use crate::service::pb::job_service_server::JobServiceServer;
+use crate::service::pb::node_service_server::NodeServiceServer;
+use crate::service::store::Store;
+
+const SERVICES: [&str; 4] = [
+    "marshal.v1.JobService",
+    "marshal.v1.NodeService",
+    "marshal.v1.AdvisorService",
+    "marshal.v1.AdminService",
+];
+
+/// How long a graceful shutdown waits for open calls before dropping them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A running server. Drop it or call [`ServerHandle::shutdown`].
+#[derive(Debug)]
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub core: Arc<Core>,
+    stop: watch::Sender<bool>,
+    stop_driver: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    driver: JoinHandle<()>,
+    metrics_task: Option<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting calls, ends the streams, waits for open calls (up to a grace
+    /// period), then commits whatever is pending and returns.
+    pub async fn shutdown(self) -> Result<(), StartError> {
+        let _ = self.stop.send(true);
+        let mut server = self.server;
+        let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+            Ok(r) => r,
+            Err(_) => {
+                server.abort();
+                tracing::warn!("open calls did not finish within the grace period; dropped");
+                Ok(Ok(()))
+            }
+        };
+        let _ = self.stop_driver.send(true);
+        let _ = self.driver.await;
+        if let Some(m) = self.metrics_task {
+            m.abort();
+        }
+        match served {
+            Ok(r) => r.map_err(StartError::from),
+            Err(e) => Err(StartError::Io(std::io::Error::other(e.to_string()))),
+        }
+    }
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, StartError> {
+    std::fs::read(path).map_err(|e| StartError::Tls(format!("{}: {e}", path.display())))
+}
+
+/// Opens the database, restores the state and starts serving on `config.listen`.
+pub async fn start(
+    config: ServiceConfig,
+    cluster: ClusterSpec,
+    model: Arc<dyn ModelSlot>,
+) -> Result<ServerHandle, StartError> {
+    config.validate()?;
+    let (db, durable) = (config.db.clone(), config.durable_commits);
+    if !durable {
+        tracing::warn!("durable_commits = false: a crash loses recent changes (benchmarking only)");
+    }
+    let store = tokio::task::spawn_blocking(move || Store::open(&db, durable))
+        .await
+        .map_err(|e| StartError::Io(std::io::Error::other(e.to_string())))?
+        .map_err(|e| StartError::Database {
+            path: config.db.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let metrics = Arc::new(Metrics::new());
+    let core = Arc::new(Core::restore(
+        &config,
+        &cluster,
+        Arc::new(store),
+        metrics.clone(),
+        model,
+    )?);
+
+    let listener = TcpListener::bind(config.listen_addr()?).await?;
+    let addr = listener.local_addr()?;
+    let (metrics_addr, metrics_task) = match config.metrics_addr()? {
+        Some(a) => {
+            let l = TcpListener::bind(a).await?;
+            let bound = l.local_addr()?;
+            (Some(bound), Some(tokio::spawn(serve_metrics(l, metrics))))
+        }
+        None => (None, None),
+    };
+
+    let (stop, stop_rx) = watch::channel(false);
+    let (stop_driver, driver_rx) = watch::channel(false);
+    let driver = tokio::spawn(core.clone().drive(driver_rx));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for s in SERVICES {
+        health.set_service_status(s, ServingStatus::Serving).await;
+    }
+    // A failed commit stops all changes (see `Core::drive`); say so to health checkers.
+    {
+        let mut committed = core.committed();
+        let health = health.clone();
+        tokio::spawn(async move {
+            if committed.wait_for(|c| c.error.is_some()).await.is_ok() {
+                health
+                    .set_service_status("", ServingStatus::NotServing)
+                    .await;
+                for s in SERVICES {
+                    health
+                        .set_service_status(s, ServingStatus::NotServing)
+                        .await;
+                }
+            }
+        });
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
+
+    let sec = &config.security;
+    let mut builder = Server::builder();
+    if let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) {
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+        if let Some(ca) = &sec.client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+        }
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+    }
+    let clients = BearerAuth::new(&sec.client_tokens, "client");
+    let agents = BearerAuth::new(&sec.agent_tokens, "agent");
+    let api = Api {
+        core: core.clone(),
+        shutdown: stop_rx.clone(),
+    };
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(JobServiceServer::with_interceptor(
+            api.clone(),
+            clients.clone(),
+        ))
+        .add_service(NodeServiceServer::with_interceptor(api.clone(), agents))
+        .add_service(AdvisorServiceServer::with_interceptor(
+            api.clone(),
+            clients.clone(),
+        ))
+        .add_service(AdminServiceServer::with_interceptor(api, clients));
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        crate::service::core::stopped(stop_rx),
+    ));
+    tracing::info!(%addr, policy = %config.policy, cluster = %cluster.name, "serving");
+    Ok(ServerHandle {
+        addr,
+        metrics_addr,
+        core,
+        stop,
+        stop_driver,
+        server,
+        driver,
+        metrics_task,
+    })
+}

@@ -1,0 +1,228 @@
+//! Persistence in redb: jobs, node status, decisions and counters, written by one writer
+//! in batches (group commit), each batch one durable transaction.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::service::jobs::JobRecord;
+use crate::service::records::{DecisionRecord, NodeRecord};
+
+const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
+const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
+const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+pub const META_NEXT_JOB: &str = "next_job_id";
+pub const META_NEXT_DECISION: &str = "next_decision_id";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database {path}: {message}")]
+    Db { path: String, message: String },
+    #[error("database {path}: table {table}, key {key}: corrupt record: {message}")]
+    Corrupt {
+        path: String,
+        table: &'static str,
+        key: String,
+        message: String,
+    },
+}
+
+/// One group commit: records already serialised under the scheduler's lock.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub jobs: Vec<(u64, Vec<u8>)>,
+    pub nodes: Vec<(String, Vec<u8>)>,
+    pub decisions: Vec<(u64, Vec<u8>)>,
+    pub meta: Vec<(&'static str, u64)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+            && self.nodes.is_empty()
+            && self.decisions.is_empty()
+            && self.meta.is_empty()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub jobs: Vec<JobRecord>,
+    pub nodes: Vec<(String, NodeRecord)>,
+    pub next_job: u64,
+    pub next_decision: u64,
+}
+
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+    /// fsync every commit (the recovery guarantees depend on it).
+    durable: bool,
+}
+
+impl Store {
+    /// Opens (or creates) the database. `durable: false` skips the fsync of each commit:
+    /// for measuring the scheduler without the disk, never for production.
+    pub fn open(path: &Path, durable: bool) -> Result<Store, StoreError> {
+        let err = |e: &dyn std::fmt::Display| StoreError::Db {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
+        let db = Database::create(path).map_err(|e| err(&e))?;
+        // Creating the tables up front lets readers open them unconditionally.
+        let txn = db.begin_write().map_err(|e| err(&e))?;
+        {
+            txn.open_table(JOBS).map_err(|e| err(&e))?;
+            txn.open_table(NODES).map_err(|e| err(&e))?;
+            txn.open_table(DECISIONS).map_err(|e| err(&e))?;
+            txn.open_table(META).map_err(|e| err(&e))?;
+        }
+        txn.commit().map_err(|e| err(&e))?;
+        Ok(Store {
+            db,
+            path: path.to_path_buf(),
+            durable,
+        })
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Db {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Everything but the decisions (read on demand by Explain). A corrupt job record
+    /// stops the load: starting without it would lose the job silently.
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let mut loaded = Loaded::default();
+        let jobs = txn.open_table(JOBS).map_err(|e| self.err(e))?;
+        for entry in jobs.iter().map_err(|e| self.err(e))? {
+            let (k, v) = entry.map_err(|e| self.err(e))?;
+            let record: JobRecord =
+                serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt {
+                    path: self.path.display().to_string(),
+                    table: "jobs",
+                    key: k.value().to_string(),
+                    message: e.to_string(),
+                })?;
+            loaded.jobs.push(record);
+        }
+        let nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+        for entry in nodes.iter().map_err(|e| self.err(e))? {
+            let (k, v) = entry.map_err(|e| self.err(e))?;
+            let record: NodeRecord =
+                serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt {
+                    path: self.path.display().to_string(),
+                    table: "nodes",
+                    key: k.value().to_string(),
+                    message: e.to_string(),
+                })?;
+            loaded.nodes.push((k.value().to_string(), record));
+        }
+        let meta = txn.open_table(META).map_err(|e| self.err(e))?;
+        let get = |key: &str| -> Result<u64, StoreError> {
+            Ok(meta
+                .get(key)
+                .map_err(|e| self.err(e))?
+                .map(|v| v.value())
+                .unwrap_or(1))
+        };
+        loaded.next_job = get(META_NEXT_JOB)?;
+        loaded.next_decision = get(META_NEXT_DECISION)?;
+        Ok(loaded)
+    }
+
+    /// Writes one batch durably (fsync before returning).
+    pub fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        if !self.durable {
+            txn.set_durability(Durability::None)
+                .map_err(|e| self.err(e))?;
+        }
+        {
+            let mut jobs = txn.open_table(JOBS).map_err(|e| self.err(e))?;
+            for (k, v) in &batch.jobs {
+                jobs.insert(*k, v.as_slice()).map_err(|e| self.err(e))?;
+            }
+            let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
+            for (k, v) in &batch.nodes {
+                nodes
+                    .insert(k.as_str(), v.as_slice())
+                    .map_err(|e| self.err(e))?;
+            }
+            let mut decisions = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
+            for (k, v) in &batch.decisions {
+                decisions
+                    .insert(*k, v.as_slice())
+                    .map_err(|e| self.err(e))?;
+            }
+            let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            for (k, v) in &batch.meta {
+                meta.insert(*k, *v).map_err(|e| self.err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.err(e))
+    }
+
+    pub fn decision(&self, id: u64) -> Result<Option<DecisionRecord>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
+        let Some(v) = table.get(id).map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(v.value())
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                path: self.path.display().to_string(),
+                table: "decisions",
+                key: id.to_string(),
+                message: e.to_string(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Job, JobId};
+
+    #[test]
+    fn a_committed_batch_survives_reopening_and_a_corrupt_job_stops_the_load() {
+        let dir = std::env::temp_dir().join(format!("marshal-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.redb");
+        let _ = std::fs::remove_file(&path);
+        {
+            let store = Store::open(&path, true).unwrap();
+            let r = JobRecord::new(Job::whole_gpus(JobId(5), 1, 0.0, 1.0), None, 7);
+            let batch = Batch {
+                jobs: vec![(5, serde_json::to_vec(&r).unwrap())],
+                nodes: vec![("n1".into(), b"{\"registered\":true,\"cordoned\":false,\"quarantined\":false,\"failures\":0,\"reason\":\"\"}".to_vec())],
+                decisions: vec![],
+                meta: vec![(META_NEXT_JOB, 6)],
+            };
+            store.commit(&batch).unwrap();
+        }
+        let store = Store::open(&path, true).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.jobs.len(), 1);
+        assert_eq!(loaded.jobs[0].job.id, JobId(5));
+        assert!(loaded.nodes[0].1.registered);
+        assert_eq!(loaded.next_job, 6);
+        assert_eq!(loaded.next_decision, 1);
+        let bad = Batch {
+            jobs: vec![(9, b"{not json".to_vec())],
+            ..Default::default()
+        };
+        store.commit(&bad).unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert!(err.contains("table jobs, key 9"), "{err}");
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

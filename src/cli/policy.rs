@@ -1,0 +1,298 @@
+//! `marshal train policy` and the `learned` policy's setup for `sim`, `eval` and `demo`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use marshal_model::policy::{PolicyMeta, save_policy};
+use marshal_scheduler::domain::Job;
+use marshal_scheduler::framework::Policy;
+use marshal_scheduler::policies::{
+    self,
+    learned::{GateStats, LEARNED, LearnedModel, build_learned},
+};
+use marshal_trainer::policy::{EpisodeSpec, TrainOptions, train_policy, training_summary};
+
+use crate::cli::sim::{Experiment, ModeArg, SimArgs};
+
+/// Where `marshal` looks for the shipped policy when `--model` is not given: `models/
+/// policy-default` under the working directory, else under the source tree it was built
+/// from.
+pub fn default_model_dir() -> PathBuf {
+    let local = PathBuf::from("models/policy-default");
+    if local.join("meta.json").exists() {
+        local
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/policy-default")
+    }
+}
+
+/// The learned policy's model and fallback, resolved once per experiment.
+#[derive(Debug, Clone)]
+pub struct LearnedSetup {
+    pub model: LearnedModel,
+    pub fallback: String,
+}
+
+impl LearnedSetup {
+    /// Loads the model (a missing or bad one is reported on stderr and the policy then
+    /// runs on its fallback) and picks the fallback for `mode`.
+    pub fn load(model: Option<&Path>, fallback: Option<&str>, mode: ModeArg) -> LearnedSetup {
+        let dir = model.map_or_else(default_model_dir, Path::to_path_buf);
+        let model = LearnedModel::load(&dir);
+        if let Err(why) = &model.scorer {
+            eprintln!("warning: learned policy: {why}; every decision falls back to the heuristic");
+        }
+        let objective = match mode {
+            ModeArg::Replay => "replay",
+            ModeArg::Inflation => "inflation",
+        };
+        let fallback = fallback.map_or_else(|| model.fallback_for(objective), String::from);
+        LearnedSetup { model, fallback }
+    }
+}
+
+/// Checks a policy name (`learned` or a heuristic).
+pub fn check_name(name: &str) -> anyhow::Result<()> {
+    if name != LEARNED {
+        policies::build(name, &[]).map_err(|e| anyhow::anyhow!("{e}, {LEARNED}"))?;
+    }
+    Ok(())
+}
+
+/// Builds a policy by name; `learned` comes with its decision counters.
+pub fn build_policy(
+    name: &str,
+    jobs: &[Job],
+    learned: Option<&LearnedSetup>,
+) -> anyhow::Result<(Policy, Option<Arc<GateStats>>)> {
+    if name == LEARNED {
+        let setup = learned.context("the learned policy needs a model setup")?;
+        let (policy, stats) = build_learned(&setup.model, &setup.fallback, jobs)
+            .with_context(|| format!("fallback {}", setup.fallback))?;
+        return Ok((policy, Some(stats)));
+    }
+    Ok((policies::build(name, jobs)?, None))
+}
+
+#[derive(Debug, Args)]
+pub struct TrainPolicyArgs {
+    /// Training episodes: `TRACE[@CLUSTER][:replay|:inflation]`, comma-separated (openb
+    /// traces default to inflation on `openb`, others to replay on their own cluster).
+    #[arg(long, value_delimiter = ',', required = true)]
+    traces: Vec<String>,
+    /// Validation episodes (same syntax); the gate's threshold is chosen on them.
+    #[arg(long, value_delimiter = ',', required = true)]
+    valid_traces: Vec<String>,
+    /// Output directory of the artifact (created).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seeds per training trace (episodes use seeds 1000 + seed …, never an evaluation seed).
+    #[arg(long, default_value_t = 2)]
+    seeds_per_trace: u64,
+    #[arg(long, default_value_t = 8)]
+    bc_epochs: usize,
+    /// REINFORCE iterations.
+    #[arg(long, default_value_t = 6)]
+    episodes: usize,
+    #[arg(long, default_value_t = 2)]
+    episodes_per_iteration: usize,
+    #[arg(long, default_value_t = 3)]
+    eval_every: usize,
+    #[arg(long, default_value_t = 32)]
+    hidden: usize,
+    /// Heuristic the policy falls back to in replay episodes.
+    #[arg(long, default_value = "topo-pack")]
+    fallback_replay: String,
+    /// Heuristic the policy falls back to in inflation episodes.
+    #[arg(long, default_value = "fgd")]
+    fallback_inflation: String,
+}
+
+fn parse_episode(spec: &str, a: &TrainPolicyArgs, seeds: &[u64]) -> anyhow::Result<EpisodeSpec> {
+    let (rest, mode) = match spec.rsplit_once(':') {
+        Some((r, "replay")) => (r, Some(ModeArg::Replay)),
+        Some((r, "inflation")) => (r, Some(ModeArg::Inflation)),
+        _ => (spec, None),
+    };
+    let (trace, cluster) = match rest.split_once('@') {
+        Some((t, c)) => (t, Some(c.to_string())),
+        None => (rest, None),
+    };
+    let mode = mode.unwrap_or(if trace.starts_with("openb") {
+        ModeArg::Inflation
+    } else {
+        ModeArg::Replay
+    });
+    let args = SimArgs {
+        mode,
+        ..SimArgs::replay(trace, cluster, vec![], seeds[0])
+    };
+    let e = Experiment::load(&args).with_context(|| format!("episode {spec}"))?;
+    let jobs_by_seed = seeds
+        .iter()
+        .map(|&s| Ok((s, e.jobs_for(s)?.into_owned())))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let fallback = match mode {
+        ModeArg::Replay => a.fallback_replay.clone(),
+        ModeArg::Inflation => a.fallback_inflation.clone(),
+    };
+    check_name(&fallback)?;
+    Ok(EpisodeSpec {
+        name: spec.to_string(),
+        topo: e.topo.clone(),
+        jobs_by_seed,
+        config: e.config.clone(),
+        fallback,
+    })
+}
+
+/// FNV-1a 64 over the episode names, seeds and job counts: what the model was trained on.
+fn data_hash(specs: &[EpisodeSpec]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for s in specs {
+        let text = format!(
+            "{}|{:?}",
+            s.name,
+            s.jobs_by_seed
+                .iter()
+                .map(|(seed, jobs)| (*seed, jobs.len()))
+                .collect::<Vec<_>>()
+        );
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
+    if a.seeds_per_trace == 0 {
+        bail!("--seeds-per-trace must be at least 1");
+    }
+    let started = Instant::now();
+    let train_seeds: Vec<u64> = (0..a.seeds_per_trace).map(|k| 1000 + a.seed + k).collect();
+    let valid_seeds = [2000 + a.seed];
+    let train: Vec<EpisodeSpec> = a
+        .traces
+        .iter()
+        .map(|t| parse_episode(t, &a, &train_seeds))
+        .collect::<anyhow::Result<_>>()?;
+    let valid: Vec<EpisodeSpec> = a
+        .valid_traces
+        .iter()
+        .map(|t| parse_episode(t, &a, &valid_seeds))
+        .collect::<anyhow::Result<_>>()?;
+    let opts = TrainOptions {
+        seed: a.seed,
+        hidden_size: a.hidden,
+        bc_epochs: a.bc_epochs,
+        rl_iterations: a.episodes,
+        episodes_per_iteration: a.episodes_per_iteration,
+        eval_every: a.eval_every,
+        ..TrainOptions::default()
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} {prefix:>9} [{bar:30}] {pos}/{len} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let trained = train_policy(&train, &valid, &opts, &mut |e| {
+        if bar.prefix() != e.phase {
+            bar.set_prefix(e.phase);
+            bar.set_length(e.total as u64);
+        }
+        bar.set_position(e.done as u64);
+        bar.println(format!(
+            "{:>9} {}/{}: {}",
+            e.phase, e.done, e.total, e.message
+        ));
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+
+    let mut meta = PolicyMeta::new(trained.gate.margin_threshold, trained.gate.distance_limit);
+    meta.fallback
+        .insert("replay".into(), a.fallback_replay.clone());
+    meta.fallback
+        .insert("inflation".into(), a.fallback_inflation.clone());
+    meta.training_data_hash = data_hash(&train);
+    for row in &trained.validation {
+        let key = row.episode.replace(' ', "_");
+        meta.eval_scores
+            .insert(format!("{key}/fallback"), row.fallback);
+        meta.eval_scores.insert(format!("{key}/gated"), row.gated);
+        meta.eval_scores
+            .insert(format!("{key}/ungated"), row.ungated);
+        meta.eval_scores
+            .insert(format!("{key}/fallback_rate"), row.fallback_rate);
+    }
+    meta.training = training_summary(&opts, &trained, seconds);
+    save_policy(
+        &a.out,
+        &trained.network,
+        &trained.config,
+        &trained.stats,
+        meta,
+    )
+    .with_context(|| format!("saving the policy to {}", a.out.display()))?;
+
+    let curves = a.out.join("curves.csv");
+    let mut f =
+        std::fs::File::create(&curves).with_context(|| format!("writing {}", curves.display()))?;
+    writeln!(f, "phase,step,samples,nll,agreement,value_mse,gain_pct")?;
+    for p in &trained.curve {
+        writeln!(
+            f,
+            "{},{},{},{},{},{},{}",
+            p.phase, p.step, p.samples, p.nll, p.agreement, p.value_mse, p.gain_pct
+        )?;
+    }
+    let report = serde_json::json!({
+        "train": a.traces,
+        "valid": a.valid_traces,
+        "train_seeds": train_seeds,
+        "valid_seeds": valid_seeds,
+        "kept": trained.kept,
+        "gate": {"margin_threshold": trained.gate.margin_threshold, "distance_limit": trained.gate.distance_limit},
+        "validation": trained.validation,
+        "train_seconds": seconds,
+    });
+    std::fs::write(
+        a.out.join("training.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    println!(
+        "trained in {seconds:.0} s; kept {}; gate margin ≥ {:.2}, distance ≤ {:.2}",
+        trained.kept, trained.gate.margin_threshold, trained.gate.distance_limit
+    );
+    println!(
+        "{:<40} {:>12} {:>12} {:>12} {:>10}",
+        "validation episode", "fallback", "gated", "ungated", "fallback %"
+    );
+    for r in &trained.validation {
+        println!(
+            "{:<40} {:>12.2} {:>12.2} {:>12.2} {:>10.1}",
+            r.episode,
+            r.fallback,
+            r.gated,
+            r.ungated,
+            100.0 * r.fallback_rate
+        );
+    }
+    println!(
+        "artifact, curves.csv and training.json in {}",
+        a.out.display()
+    );
+    Ok(())
+}

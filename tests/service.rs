@@ -1,0 +1,1524 @@
+//! The online service on loopback: three simulated agents and a client submitting 1,000
+//! jobs of mixed sizes (in process, and against the `marshal serve` binary killed with
+//! SIGKILL mid-run and restarted), malformed and unauthorised requests, TLS and mutual
+//! TLS, the advisor and Explain.
+
+use std::collections::{HashMap, HashSet};
+use std::io::BufRead as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use marshal_scheduler::domain::ClusterSpec;
+use marshal_scheduler::service::pb::admin_service_client::AdminServiceClient;
+use marshal_scheduler::service::pb::advisor_service_client::AdvisorServiceClient;
+use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
+use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
+use marshal_scheduler::service::{self, NoModel, ServiceConfig, pb, tokio, tonic, tonic_health};
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request};
+
+const CLUSTER: &str = r#"
+name = "three-nodes"
+nodes_per_rack = 2
+
+[[nodes]]
+count = 3
+name_prefix = "n"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+const NODES: usize = 3;
+
+fn spec() -> ClusterSpec {
+    ClusterSpec::from_toml(CLUSTER).unwrap()
+}
+
+fn node_info(i: usize) -> pb::NodeInfo {
+    pb::NodeInfo {
+        name: format!("n-{i}"),
+        gpu_model: "H100".into(),
+        gpus: 8,
+        nvlink_domain: 8,
+        cpu_milli: 224_000,
+        memory_mib: 2_097_152,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn config(db: &Path) -> ServiceConfig {
+    ServiceConfig {
+        listen: "127.0.0.1:0".into(),
+        db: db.to_path_buf(),
+        cluster: "three-nodes".into(),
+        cycle_interval_ms: 100,
+        metrics_listen: Some("127.0.0.1:0".into()),
+        ..ServiceConfig::default()
+    }
+}
+
+async fn connect(addr: SocketAddr) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+}
+
+fn with_token<T>(msg: T, token: &str) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+fn whole(n: u32) -> Option<pb::GpuDemand> {
+    Some(pb::GpuDemand {
+        kind: Some(pb::gpu_demand::Kind::Whole(n)),
+    })
+}
+
+/// The i-th job of the seeded mix: mostly small whole-GPU jobs, GPU shares, gangs
+/// across nodes, CPU-only jobs, and about 1 % too large to ever fit (rejected).
+fn job_spec(rng: &mut rand_chacha::ChaCha8Rng, i: usize) -> pb::JobSpec {
+    let r: u32 = rng.random_range(0..100);
+    let (workers, gpu, cpu) = match r {
+        0..35 => (1, whole(1), 1000),
+        35..55 => (1, whole(2), 1000),
+        55..65 => (1, whole(4), 1000),
+        65..72 => (1, whole(8), 1000),
+        72..85 => (
+            1,
+            Some(pb::GpuDemand {
+                kind: Some(pb::gpu_demand::Kind::Milli(if r.is_multiple_of(2) {
+                    250
+                } else {
+                    500
+                })),
+            }),
+            500,
+        ),
+        85..90 => (2, whole(8), 1000),
+        90..95 => (3, whole(2), 1000),
+        95..99 => (1, None, 4000),
+        _ => (4, whole(8), 1000),
+    };
+    pb::JobSpec {
+        name: format!("mix-{i}"),
+        tenant: "test".into(),
+        workers,
+        gpu,
+        cpu_milli: cpu,
+        memory_mib: 8192,
+        preemptible: true,
+        idempotency_key: format!("key-{i}"),
+        ..Default::default()
+    }
+}
+
+fn too_large(s: &pb::JobSpec) -> bool {
+    s.workers * 8 > 24 && s.gpu == whole(8)
+}
+
+/// What the simulated agents saw. Each agent keeps its own node's GPU ledger from the
+/// assignments it receives, independently of the server, and records any GPU that
+/// would be over-allocated.
+#[derive(Default, Debug)]
+struct Ledger {
+    used: HashMap<(usize, u32), u32>,
+    /// (node, job, worker, attempt) → the GPU slots it holds.
+    running: HashMap<(usize, u64, u32, u32), Vec<pb::GpuSlot>>,
+    /// Jobs finished whose completion report is not acknowledged yet: (node, job, attempt).
+    unreported: HashSet<(usize, u64, u32)>,
+    completed: HashSet<u64>,
+    errors: Vec<String>,
+    starts: u64,
+    telemetry_acks: u64,
+    /// While set, jobs do not finish (so the test can compare the agents' view with a
+    /// restarted server's before anything moves).
+    hold: bool,
+}
+
+impl Ledger {
+    fn start(&mut self, node: usize, a: &pb::Assignment) -> bool {
+        let key = (node, a.job_id, a.worker, a.attempt);
+        if self.running.contains_key(&key) || self.completed.contains(&a.job_id) {
+            return false; // a repeated START (snapshot + event around a reconnect)
+        }
+        for g in &a.gpus {
+            let used = self.used.entry((node, g.index)).or_default();
+            *used += g.milli;
+            if *used > 1000 {
+                self.errors.push(format!(
+                    "n-{node} GPU {} over-allocated ({} milli) by job {} attempt {}",
+                    g.index, used, a.job_id, a.attempt
+                ));
+            }
+        }
+        self.starts += 1;
+        self.running.insert(key, a.gpus.clone());
+        true
+    }
+
+    /// Stops every worker of one incarnation on `node`.
+    fn stop(&mut self, node: usize, job: u64, attempt: u32) {
+        let keys: Vec<_> = self
+            .running
+            .keys()
+            .filter(|k| k.0 == node && k.1 == job && k.3 == attempt)
+            .copied()
+            .collect();
+        for k in keys {
+            for g in self.running.remove(&k).unwrap_or_default() {
+                *self.used.entry((node, g.index)).or_default() -= g.milli;
+            }
+        }
+    }
+
+    fn jobs_on(&self, node: usize) -> Vec<pb::RunningJob> {
+        let mut ids: HashSet<(u64, u32)> = self
+            .running
+            .keys()
+            .filter(|k| k.0 == node)
+            .map(|k| (k.1, k.3))
+            .collect();
+        ids.extend(
+            self.unreported
+                .iter()
+                .filter(|k| k.0 == node)
+                .map(|k| (k.1, k.2)),
+        );
+        ids.into_iter()
+            .map(|(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .collect()
+    }
+}
+
+type Shared = Arc<Mutex<Ledger>>;
+
+/// Reports a job's completion until the server acknowledges it (or says it no longer
+/// expects it there), following the server across restarts.
+async fn complete(
+    addr: watch::Receiver<SocketAddr>,
+    ledger: Shared,
+    node: usize,
+    job: u64,
+    attempt: u32,
+) {
+    tokio::time::sleep(Duration::from_millis(5 + job % 15)).await;
+    // Finishing and the hold are decided under one lock, so a test that sets the hold
+    // while a job runs keeps it running.
+    loop {
+        {
+            let mut l = ledger.lock().unwrap();
+            if !l.hold {
+                let held = l
+                    .running
+                    .keys()
+                    .any(|k| k.0 == node && k.1 == job && k.3 == attempt);
+                if !held {
+                    return; // stopped (preempted, drained, reconciled) before it finished
+                }
+                l.stop(node, job, attempt);
+                l.unreported.insert((node, job, attempt));
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    loop {
+        let target = *addr.borrow();
+        if let Ok(ch) = connect(target).await {
+            let r = NodeServiceClient::new(ch)
+                .report_job(pb::ReportJobRequest {
+                    node: format!("n-{node}"),
+                    job_id: job,
+                    state: pb::JobState::Completed as i32,
+                    message: "exit 0".into(),
+                    attempt,
+                })
+                .await;
+            match r {
+                Ok(_) => {
+                    let mut l = ledger.lock().unwrap();
+                    l.unreported.remove(&(node, job, attempt));
+                    l.completed.insert(job);
+                    return;
+                }
+                Err(s)
+                    if s.code() == Code::FailedPrecondition
+                        && !s.message().contains("has not registered") =>
+                {
+                    // The server no longer has this incarnation here (requeued after a
+                    // restart); it runs again elsewhere or later.
+                    ledger
+                        .lock()
+                        .unwrap()
+                        .unreported
+                        .remove(&(node, job, attempt));
+                    return;
+                }
+                Err(_) => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn apply(ledger: &Shared, node: usize, a: &pb::Assignment, addr: &watch::Receiver<SocketAddr>) {
+    if a.action == pb::AssignmentAction::Start as i32 {
+        let fresh = ledger.lock().unwrap().start(node, a);
+        if fresh && a.worker == 0 {
+            tokio::spawn(complete(
+                addr.clone(),
+                ledger.clone(),
+                node,
+                a.job_id,
+                a.attempt,
+            ));
+        }
+    } else if a.action == pb::AssignmentAction::Stop as i32 {
+        ledger.lock().unwrap().stop(node, a.job_id, a.attempt);
+    }
+}
+
+/// One agent session: register (reporting what it runs), stream telemetry, follow the
+/// node's assignments until the stream breaks.
+async fn agent_session(
+    node: usize,
+    addr: &watch::Receiver<SocketAddr>,
+    ledger: &Shared,
+) -> Result<(), tonic::Status> {
+    let target = *addr.borrow();
+    let ch = connect(target)
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut client = NodeServiceClient::new(ch);
+    let running = ledger.lock().unwrap().jobs_on(node);
+    let reg = client
+        .register(pb::RegisterNodeRequest {
+            node: Some(node_info(node)),
+            running,
+        })
+        .await?
+        .into_inner();
+    {
+        let mut l = ledger.lock().unwrap();
+        for r in &reg.stop {
+            l.stop(node, r.job_id, r.attempt);
+            l.unreported.remove(&(node, r.job_id, r.attempt));
+        }
+    }
+    let samples: Vec<pb::TelemetrySample> = (0..8)
+        .map(|g| pb::TelemetrySample {
+            node: format!("n-{node}"),
+            gpu_index: g,
+            timestamp_us: 1_700_000_000_000_000 + g as i64,
+            sm_util_pct: 50.0,
+            mem_used_bytes: 1 << 30,
+            mem_total_bytes: 80 << 30,
+            temperature_c: 60.0,
+            power_w: 300.0,
+            health: pb::GpuHealth::Ok as i32,
+            job_id: 0,
+        })
+        .collect();
+    let ack = client
+        .stream_telemetry(tokio_stream_iter(samples))
+        .await?
+        .into_inner();
+    ledger.lock().unwrap().telemetry_acks += ack.accepted;
+    let mut stream = client
+        .watch_assignments(pb::WatchAssignmentsRequest {
+            node: format!("n-{node}"),
+        })
+        .await?
+        .into_inner();
+    // The stream opens with the node's complete set: reconcile to it (stop what is not
+    // in it: STOPs sent while this agent was away never reached it), then follow.
+    let mut snapshot = Vec::new();
+    while let Some(a) = stream.message().await? {
+        if a.action == pb::AssignmentAction::Synced as i32 {
+            break;
+        }
+        snapshot.push(a);
+    }
+    {
+        let mut l = ledger.lock().unwrap();
+        let keep: HashSet<(u64, u32)> = snapshot.iter().map(|a| (a.job_id, a.attempt)).collect();
+        let stale: Vec<(u64, u32)> = l
+            .running
+            .keys()
+            .filter(|k| k.0 == node && !keep.contains(&(k.1, k.3)))
+            .map(|k| (k.1, k.3))
+            .collect();
+        for (job, attempt) in stale {
+            l.stop(node, job, attempt);
+        }
+    }
+    for a in &snapshot {
+        apply(ledger, node, a, addr);
+    }
+    while let Some(a) = stream.message().await? {
+        apply(ledger, node, &a, addr);
+    }
+    Err(tonic::Status::unavailable("assignment stream ended"))
+}
+
+fn tokio_stream_iter(
+    items: Vec<pb::TelemetrySample>,
+) -> impl tonic::codegen::tokio_stream::Stream<Item = pb::TelemetrySample> {
+    tonic::codegen::tokio_stream::iter(items)
+}
+
+/// An agent: sessions until `stop`, reconnecting (to wherever `addr` points) on errors.
+async fn agent(
+    node: usize,
+    addr: watch::Receiver<SocketAddr>,
+    ledger: Shared,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = agent_session(node, &addr, &ledger) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Submits jobs `range` with idempotency keys, retrying through restarts; returns
+/// key index → job id.
+async fn submit_all(
+    addr: watch::Receiver<SocketAddr>,
+    specs: Arc<Vec<pb::JobSpec>>,
+    range: std::ops::Range<usize>,
+    acked: Arc<Mutex<HashMap<usize, u64>>>,
+) {
+    for i in range {
+        loop {
+            let target = *addr.borrow();
+            if let Ok(ch) = connect(target).await {
+                let mut client = JobServiceClient::new(ch);
+                match client
+                    .submit(pb::SubmitRequest {
+                        spec: Some(specs[i].clone()),
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        let id = r.into_inner().job.unwrap().id;
+                        acked.lock().unwrap().insert(i, id);
+                        break;
+                    }
+                    // Only a transport failure (the server being killed) may interrupt a
+                    // valid submission.
+                    Err(s) => assert!(
+                        !matches!(
+                            s.code(),
+                            Code::InvalidArgument
+                                | Code::NotFound
+                                | Code::FailedPrecondition
+                                | Code::AlreadyExists
+                                | Code::Unauthenticated
+                        ),
+                        "job {i}: {s:?}"
+                    ),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn list_all(addr: SocketAddr) -> Vec<pb::Job> {
+    let mut client = JobServiceClient::new(connect(addr).await.unwrap());
+    let mut all = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = client
+            .list(pb::ListJobsRequest {
+                after_id: after,
+                limit: 500,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        all.extend(page.jobs);
+        if page.next_after_id == 0 {
+            return all;
+        }
+        after = page.next_after_id;
+    }
+}
+
+/// Waits until every job is final; returns the jobs.
+async fn wait_final(
+    addr: watch::Receiver<SocketAddr>,
+    expect: usize,
+    limit: Duration,
+) -> Vec<pb::Job> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let target = *addr.borrow();
+        let jobs = list_all(target).await;
+        let done = jobs
+            .iter()
+            .filter(|j| {
+                j.state == pb::JobState::Completed as i32
+                    || j.state == pb::JobState::Rejected as i32
+            })
+            .count();
+        if jobs.len() >= expect && done == jobs.len() {
+            return jobs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {} jobs final after {limit:?}",
+            jobs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const JOBS: usize = 1000;
+
+fn mix() -> Arc<Vec<pb::JobSpec>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    Arc::new((0..JOBS).map(|i| job_spec(&mut rng, i)).collect())
+}
+
+/// The checks both 1,000-job runs end with.
+async fn check_outcome(
+    addr: SocketAddr,
+    specs: &[pb::JobSpec],
+    acked: &HashMap<usize, u64>,
+    ledger: &Shared,
+) {
+    let jobs = list_all(addr).await;
+    assert_eq!(
+        jobs.len(),
+        JOBS,
+        "every key gives exactly one job (none lost or doubled)"
+    );
+    let by_id: HashMap<u64, &pb::Job> = jobs.iter().map(|j| (j.id, j)).collect();
+    for (i, s) in specs.iter().enumerate() {
+        let id = acked[&i];
+        let job = by_id[&id];
+        assert_eq!(
+            job.spec.as_ref().unwrap().idempotency_key,
+            s.idempotency_key
+        );
+        let want = if too_large(s) {
+            pb::JobState::Rejected
+        } else {
+            pb::JobState::Completed
+        };
+        assert_eq!(
+            job.state, want as i32,
+            "job {id} ({}): {}",
+            s.name, job.reason
+        );
+    }
+    {
+        let l = ledger.lock().unwrap();
+        assert!(
+            l.errors.is_empty(),
+            "agents saw over-allocation: {:?}",
+            l.errors
+        );
+        assert!(
+            l.used.values().all(|&u| u == 0),
+            "GPUs still held: {:?}",
+            l.used
+        );
+        assert!(l.telemetry_acks >= (NODES * 8) as u64);
+    }
+    let mut nodes = NodeServiceClient::new(connect(addr).await.unwrap());
+    let status = nodes
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    for n in status.nodes {
+        assert!(n.registered, "{n:?}");
+        assert_eq!(n.allocated_milli, 0, "{n:?}");
+        assert_eq!(n.idle_gpus, 8, "{n:?}");
+    }
+}
+
+#[test]
+fn three_agents_and_a_thousand_mixed_jobs_all_complete_without_over_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let handle = service::start(
+            config(&dir.path().join("db.redb")),
+            spec(),
+            Arc::new(NoModel),
+        )
+        .await
+        .unwrap();
+        let (_addr_tx, addr) = watch::channel(handle.addr);
+        let (stop_tx, stop) = watch::channel(false);
+        let ledger: Shared = Arc::default();
+        let agents: Vec<_> = (0..NODES)
+            .map(|n| tokio::spawn(agent(n, addr.clone(), ledger.clone(), stop.clone())))
+            .collect();
+        let specs = mix();
+        let acked = Arc::new(Mutex::new(HashMap::new()));
+        let submitters: Vec<_> = (0..8)
+            .map(|k| {
+                let range = k * JOBS / 8..(k + 1) * JOBS / 8;
+                tokio::spawn(submit_all(
+                    addr.clone(),
+                    specs.clone(),
+                    range,
+                    acked.clone(),
+                ))
+            })
+            .collect();
+        for s in submitters {
+            s.await.unwrap();
+        }
+        wait_final(addr.clone(), JOBS, Duration::from_secs(60)).await;
+        let acked = acked.lock().unwrap().clone();
+        check_outcome(handle.addr, &specs, &acked, &ledger).await;
+        // Resubmitting a key returns the job already there.
+        let again = JobServiceClient::new(connect(handle.addr).await.unwrap())
+            .submit(pb::SubmitRequest {
+                spec: Some(specs[7].clone()),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        assert_eq!(again.id, acked[&7]);
+        // Metrics are served and count what happened.
+        let text = http_get(handle.metrics_addr.unwrap(), "/metrics").await;
+        assert!(
+            text.contains(&format!("marshal_jobs_submitted_total {JOBS}")),
+            "{text}"
+        );
+        assert!(
+            text.contains("marshal_decisions_total{path=\"heuristic\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("marshal_submit_to_place_seconds_bucket"),
+            "{text}"
+        );
+        assert!(text.contains("marshal_fallback_ratio 0"), "{text}");
+        stop_tx.send(true).unwrap();
+        for a in agents {
+            a.await.unwrap();
+        }
+        handle.shutdown().await.unwrap();
+    });
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// A child killed when the test ends, also when it fails (so no server outlives it).
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `marshal serve` as a child process; returns it with its bound address.
+fn spawn_server(dir: &Path) -> (Reap, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args(["serve", "--config"])
+        .arg(dir.join("serve.toml"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("marshal serve starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    // Keep draining, so the server never writes into a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let addr = line
+        .trim()
+        .strip_prefix("marshal serve: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    (Reap(child), addr)
+}
+
+#[test]
+fn jobs_survive_kill_9_of_the_server_and_agents_reconcile() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.toml"), CLUSTER).unwrap();
+    std::fs::write(
+        dir.path().join("serve.toml"),
+        format!(
+            "listen = \"127.0.0.1:0\"\ndb = {:?}\ncluster = {:?}\ncycle_interval_ms = 100\n",
+            dir.path().join("db.redb"),
+            dir.path().join("cluster.toml")
+        ),
+    )
+    .unwrap();
+    let (mut child, first) = spawn_server(dir.path());
+    runtime().block_on(async {
+        let (addr_tx, addr) = watch::channel(first);
+        let (stop_tx, stop) = watch::channel(false);
+        let ledger: Shared = Arc::default();
+        let agents: Vec<_> = (0..NODES)
+            .map(|n| tokio::spawn(agent(n, addr.clone(), ledger.clone(), stop.clone())))
+            .collect();
+        let specs = mix();
+        let acked = Arc::new(Mutex::new(HashMap::new()));
+        let submitters: Vec<_> = (0..8)
+            .map(|k| {
+                let range = k * JOBS / 8..(k + 1) * JOBS / 8;
+                tokio::spawn(submit_all(
+                    addr.clone(),
+                    specs.clone(),
+                    range,
+                    acked.clone(),
+                ))
+            })
+            .collect();
+        // Mid-run: some jobs done, some running, some queued, some not yet submitted.
+        // Hold the agents' jobs at a moment when some run, then kill.
+        loop {
+            if acked.lock().unwrap().len() >= 300 {
+                let mut l = ledger.lock().unwrap();
+                if !l.running.is_empty() {
+                    l.hold = true;
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        child.0.kill().unwrap(); // SIGKILL
+        child.0.wait().unwrap();
+        let before: HashMap<usize, u64> = acked.lock().unwrap().clone();
+        let (restarted, second) = spawn_server(dir.path());
+        child = restarted;
+        // Before any agent reconnects: every GPU an agent holds is allocated to the same
+        // job on the restarted server (nothing lost), and nothing is allocated twice.
+        let held: Vec<(usize, u64, u32, u32)> =
+            ledger.lock().unwrap().running.keys().copied().collect();
+        assert!(!held.is_empty(), "the crash should hit running jobs");
+        let server_jobs: HashMap<u64, pb::Job> = list_all(second)
+            .await
+            .into_iter()
+            .map(|j| (j.id, j))
+            .collect();
+        let mut live_milli: HashMap<String, u64> = HashMap::new();
+        for (node, job, worker, attempt) in &held {
+            let j = &server_jobs[job];
+            let active =
+                j.state == pb::JobState::Placed as i32 || j.state == pb::JobState::Running as i32;
+            if !active {
+                // Only a gang's other workers may outlive their job: the STOP for them was
+                // durable but the crash kept it from the agent; registration stops them.
+                assert!(
+                    *worker != 0 && j.state == pb::JobState::Completed as i32,
+                    "job {job} runs on n-{node} but the restarted server has it {:?}: {}",
+                    pb::JobState::try_from(j.state),
+                    j.reason
+                );
+                continue;
+            }
+            assert_eq!(j.attempts, *attempt, "job {job}");
+            let w = &j.placement[*worker as usize];
+            assert_eq!(w.node, format!("n-{node}"));
+            *live_milli.entry(w.node.clone()).or_default() +=
+                w.gpus.iter().map(|g| g.milli as u64).sum::<u64>();
+        }
+        let status = NodeServiceClient::new(connect(second).await.unwrap())
+            .list_nodes(pb::ListNodesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        for n in &status.nodes {
+            let held = live_milli.get(&n.name).copied().unwrap_or(0);
+            assert!(n.allocated_milli >= held, "{n:?}: the agent holds {held}");
+        }
+        addr_tx.send(second).unwrap();
+        ledger.lock().unwrap().hold = false;
+        for s in submitters {
+            s.await.unwrap();
+        }
+        wait_final(addr.clone(), JOBS, Duration::from_secs(90)).await;
+        let acked = acked.lock().unwrap().clone();
+        for (i, id) in &before {
+            assert_eq!(
+                acked[i], *id,
+                "job acknowledged before the crash kept its id"
+            );
+        }
+        check_outcome(second, &specs, &acked, &ledger).await;
+        stop_tx.send(true).unwrap();
+        for a in agents {
+            a.await.unwrap();
+        }
+    });
+    // SIGTERM: a graceful shutdown that exits 0.
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(child.0.wait().unwrap().success());
+}
+
+const CLIENT_TOKEN: &str = "client-token-0123456789abcdef0123456789";
+const AGENT_TOKEN: &str = "agent-token-0123456789abcdef01234567890";
+
+#[test]
+fn malformed_and_unauthorised_requests_get_precise_status_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let mut cfg = config(&dir.path().join("db.redb"));
+        cfg.security.client_tokens = vec![CLIENT_TOKEN.into()];
+        cfg.security.agent_tokens = vec![AGENT_TOKEN.into()];
+        let handle = service::start(cfg, spec(), Arc::new(NoModel))
+            .await
+            .unwrap();
+        let ch = connect(handle.addr).await.unwrap();
+        let mut jobs = JobServiceClient::new(ch.clone());
+        let mut nodes = NodeServiceClient::new(ch.clone());
+        let good = pb::JobSpec {
+            workers: 1,
+            gpu: whole(1),
+            ..Default::default()
+        };
+        // Authentication.
+        let e = code(
+            jobs.submit(pb::SubmitRequest {
+                spec: Some(good.clone()),
+            })
+            .await,
+        );
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+        let e = code(
+            jobs.submit(with_token(
+                pb::SubmitRequest {
+                    spec: Some(good.clone()),
+                },
+                AGENT_TOKEN,
+            ))
+            .await,
+        );
+        assert_eq!(
+            e.code(),
+            Code::Unauthenticated,
+            "agent token on the job service: {e:?}"
+        );
+        let e = code(
+            nodes
+                .list_nodes(with_token(pb::ListNodesRequest {}, CLIENT_TOKEN))
+                .await,
+        );
+        assert_eq!(
+            e.code(),
+            Code::Unauthenticated,
+            "client token on the node service: {e:?}"
+        );
+        // Validation names the field.
+        let bad = |f: fn(&mut pb::JobSpec)| {
+            let mut s = good.clone();
+            f(&mut s);
+            with_token(pb::SubmitRequest { spec: Some(s) }, CLIENT_TOKEN)
+        };
+        for (req, field) in [
+            (bad(|s| s.workers = 0), "spec.workers"),
+            (
+                bad(|s| s.gpu_models = vec!["H100".into(), "Z9000".into()]),
+                "spec.gpu_models[1]",
+            ),
+            (
+                bad(|s| s.expected_runtime_s = f64::INFINITY),
+                "spec.expected_runtime_s",
+            ),
+            (
+                bad(|s| {
+                    s.gpu = Some(pb::GpuDemand {
+                        kind: Some(pb::gpu_demand::Kind::Milli(0)),
+                    })
+                }),
+                "spec.gpu.milli",
+            ),
+            (bad(|s| s.comm = 99), "spec.comm"),
+        ] {
+            let e = code(jobs.submit(req).await);
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(e.message().starts_with(field), "{field}: {e:?}");
+        }
+        let e = code(
+            jobs.submit(with_token(pb::SubmitRequest { spec: None }, CLIENT_TOKEN))
+                .await,
+        );
+        assert_eq!(
+            (e.code(), e.message()),
+            (Code::InvalidArgument, "spec: missing")
+        );
+        let e = code(
+            jobs.get(with_token(pb::GetJobRequest { job_id: 999 }, CLIENT_TOKEN))
+                .await,
+        );
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        let e = code(
+            jobs.list(with_token(
+                pb::ListJobsRequest {
+                    limit: 50_000,
+                    ..Default::default()
+                },
+                CLIENT_TOKEN,
+            ))
+            .await,
+        );
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        // A valid job: submitted, cancelled, then cancelling again is a precondition error.
+        let job = jobs
+            .submit(with_token(
+                pb::SubmitRequest {
+                    spec: Some(good.clone()),
+                },
+                CLIENT_TOKEN,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        assert_eq!(
+            job.state,
+            pb::JobState::Pending as i32,
+            "no node registered yet"
+        );
+        jobs.cancel(with_token(
+            pb::CancelRequest {
+                job_id: job.id,
+                reason: "test".into(),
+            },
+            CLIENT_TOKEN,
+        ))
+        .await
+        .unwrap();
+        let e = code(
+            jobs.cancel(with_token(
+                pb::CancelRequest {
+                    job_id: job.id,
+                    reason: String::new(),
+                },
+                CLIENT_TOKEN,
+            ))
+            .await,
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("already cancelled"), "{e:?}");
+        // Nodes.
+        let mut unknown = node_info(0);
+        unknown.name = "ghost".into();
+        let e = code(
+            nodes
+                .register(with_token(
+                    pb::RegisterNodeRequest {
+                        node: Some(unknown),
+                        running: vec![],
+                    },
+                    AGENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        let mut wrong = node_info(0);
+        wrong.gpus = 4;
+        wrong.nvlink_domain = 4;
+        let e = code(
+            nodes
+                .register(with_token(
+                    pb::RegisterNodeRequest {
+                        node: Some(wrong),
+                        running: vec![],
+                    },
+                    AGENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("inventory says 8 × H100"), "{e:?}");
+        let mut odd = node_info(0);
+        odd.nvlink_domain = 3;
+        let e = code(
+            nodes
+                .register(with_token(
+                    pb::RegisterNodeRequest {
+                        node: Some(odd),
+                        running: vec![],
+                    },
+                    AGENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with("node.nvlink_domain"), "{e:?}");
+        let e = code(
+            nodes
+                .report_job(with_token(
+                    pb::ReportJobRequest {
+                        node: "n-0".into(),
+                        job_id: 1,
+                        state: pb::JobState::Completed as i32,
+                        message: String::new(),
+                        attempt: 0,
+                    },
+                    AGENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(
+            e.code(),
+            Code::FailedPrecondition,
+            "report before registering: {e:?}"
+        );
+        let e = code(
+            nodes
+                .watch_assignments(with_token(
+                    pb::WatchAssignmentsRequest { node: "n-1".into() },
+                    AGENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        nodes
+            .register(with_token(
+                pb::RegisterNodeRequest {
+                    node: Some(node_info(0)),
+                    running: vec![pb::RunningJob {
+                        job_id: 77,
+                        attempt: 1,
+                    }],
+                },
+                AGENT_TOKEN,
+            ))
+            .await
+            .map(|r| {
+                assert_eq!(
+                    r.into_inner().stop,
+                    vec![pb::RunningJob {
+                        job_id: 77,
+                        attempt: 1
+                    }],
+                    "unknown job: stop it"
+                )
+            })
+            .unwrap();
+        // Bad telemetry is counted and explained, not fatal.
+        let samples = vec![
+            pb::TelemetrySample {
+                node: "n-0".into(),
+                gpu_index: 0,
+                timestamp_us: 1,
+                sm_util_pct: 10.0,
+                health: pb::GpuHealth::Ok as i32,
+                ..Default::default()
+            },
+            pb::TelemetrySample {
+                node: "n-0".into(),
+                gpu_index: 9,
+                timestamp_us: 1,
+                ..Default::default()
+            },
+            pb::TelemetrySample {
+                node: "n-0".into(),
+                gpu_index: 0,
+                timestamp_us: 1,
+                sm_util_pct: f32::NAN,
+                ..Default::default()
+            },
+            pb::TelemetrySample {
+                node: "n-2".into(),
+                gpu_index: 0,
+                timestamp_us: 1,
+                ..Default::default()
+            },
+        ];
+        let mut req = Request::new(tonic::codegen::tokio_stream::iter(samples));
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {AGENT_TOKEN}").parse().unwrap(),
+        );
+        let ack = nodes.stream_telemetry(req).await.unwrap().into_inner();
+        assert_eq!((ack.accepted, ack.rejected), (1, 3));
+        assert!(ack.first_error.contains("gpu_index 9"), "{ack:?}");
+        // The job left pending before now runs on the registered node? It was cancelled;
+        // a failed GPU quarantines the node.
+        let failed = vec![pb::TelemetrySample {
+            node: "n-0".into(),
+            gpu_index: 3,
+            timestamp_us: 1,
+            health: pb::GpuHealth::Failed as i32,
+            ..Default::default()
+        }];
+        let mut req = Request::new(tonic::codegen::tokio_stream::iter(failed));
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {AGENT_TOKEN}").parse().unwrap(),
+        );
+        nodes.stream_telemetry(req).await.unwrap();
+        let n0 = nodes
+            .list_nodes(with_token(pb::ListNodesRequest {}, AGENT_TOKEN))
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes
+            .remove(0);
+        assert!(n0.quarantined && n0.reason.contains("GPU 3"), "{n0:?}");
+        // Admin and advisor.
+        let mut admin = AdminServiceClient::new(ch.clone());
+        let info = admin
+            .model_info(with_token(pb::ModelInfoRequest {}, CLIENT_TOKEN))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            !info.loaded && info.detail.contains("no learned model"),
+            "{info:?}"
+        );
+        let e = code(
+            admin
+                .reload_model(with_token(
+                    pb::ReloadModelRequest {
+                        path: "/nowhere".into(),
+                    },
+                    CLIENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        let mut advisor = AdvisorServiceClient::new(ch.clone());
+        let e = code(
+            advisor
+                .explain(with_token(
+                    pb::ExplainRequest { decision_id: 0 },
+                    CLIENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        let e = code(
+            advisor
+                .explain(with_token(
+                    pb::ExplainRequest { decision_id: 12345 },
+                    CLIENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        let e = code(
+            advisor
+                .advise(with_token(pb::AdviseRequest::default(), CLIENT_TOKEN))
+                .await,
+        );
+        assert_eq!(
+            (e.code(), e.message()),
+            (Code::InvalidArgument, "cluster: missing")
+        );
+        // Garbage on the socket does not take the server down.
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut s = tokio::net::TcpStream::connect(handle.addr).await.unwrap();
+            let _ = s
+                .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\xff\xff\xff garbage")
+                .await;
+        }
+        let mut health = tonic_health_client(ch.clone());
+        let h = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "marshal.v1.JobService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            h.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+        handle.shutdown().await.unwrap();
+    });
+}
+
+/// The error a call was expected to fail with.
+fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Status {
+    match r {
+        Ok(_) => panic!("the call succeeded; an error was expected"),
+        Err(s) => s,
+    }
+}
+
+fn tonic_health_client(ch: Channel) -> tonic_health::pb::health_client::HealthClient<Channel> {
+    tonic_health::pb::health_client::HealthClient::new(ch)
+}
+
+fn snapshot_node(name: &str, used: &[u32], schedulable: bool) -> pb::SnapshotNode {
+    pb::SnapshotNode {
+        node: Some(pb::NodeInfo {
+            name: name.into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            nvlink_domain: 8,
+            cpu_milli: 224_000,
+            memory_mib: 2_097_152,
+        }),
+        schedulable,
+        gpus_used: used
+            .iter()
+            .map(|&index| pb::GpuUsage { index, milli: 1000 })
+            .collect(),
+        cpu_used_milli: 0,
+        memory_used_mib: 0,
+    }
+}
+
+fn pending(id: &str, workers: u32, gpus: u32, waited_s: f64) -> pb::PendingJob {
+    pb::PendingJob {
+        id: id.into(),
+        spec: Some(pb::JobSpec {
+            workers,
+            gpu: whole(gpus),
+            ..Default::default()
+        }),
+        waited_s,
+    }
+}
+
+#[test]
+fn advise_is_stateless_and_explain_tells_why() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let handle = service::start(
+            config(&dir.path().join("db.redb")),
+            spec(),
+            Arc::new(NoModel),
+        )
+        .await
+        .unwrap();
+        let ch = connect(handle.addr).await.unwrap();
+        let mut advisor = AdvisorServiceClient::new(ch.clone());
+        let request = pb::AdviseRequest {
+            cluster: Some(pb::ClusterSnapshot {
+                name: "foreign".into(),
+                nodes: vec![
+                    snapshot_node("a", &[0, 1, 2, 3, 4, 5], true),
+                    snapshot_node("b", &[], true),
+                    snapshot_node("c", &[], false),
+                ],
+                ..Default::default()
+            }),
+            pending: vec![
+                pending("p1", 1, 4, 30.0),
+                pending("p2", 1, 2, 20.0),
+                pending("p3", 2, 8, 10.0),
+                pending("p4", 4, 8, 5.0),
+            ],
+            policy: String::new(),
+        };
+        let first = advisor.advise(request.clone()).await.unwrap().into_inner();
+        assert_eq!(first.policy, "topo-pack");
+        let recs: HashMap<&str, &pb::Recommendation> = first
+            .recommendations
+            .iter()
+            .map(|r| (r.job_id.as_str(), r))
+            .collect();
+        let verdict = |id: &str| pb::Verdict::try_from(recs[id].verdict).unwrap();
+        assert_eq!(verdict("p1"), pb::Verdict::Place);
+        assert_eq!(recs["p1"].placement[0].node, "b", "only b has 4 idle GPUs");
+        assert_eq!(verdict("p2"), pb::Verdict::Place);
+        for r in &first.recommendations {
+            for w in &r.placement {
+                assert_ne!(w.node, "c", "c is not schedulable");
+                if w.node == "a" {
+                    assert!(
+                        w.gpus.iter().all(|g| g.index >= 6),
+                        "a's GPUs 0-5 are in use: {w:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(verdict("p3"), pb::Verdict::Wait, "{:?}", recs["p3"]);
+        assert_eq!(verdict("p4"), pb::Verdict::Reject, "{:?}", recs["p4"]);
+        assert!(recs["p1"].confidence.is_none());
+        assert_eq!(recs["p1"].path, "heuristic:topo-pack");
+        // Stateless: the same question gets the same answer.
+        let second = advisor.advise(request).await.unwrap().into_inner();
+        for (a, b) in first.recommendations.iter().zip(&second.recommendations) {
+            assert_eq!((a.verdict, &a.placement), (b.verdict, &b.placement));
+            assert_ne!(a.decision_id, b.decision_id);
+        }
+        let why = advisor
+            .explain(pb::ExplainRequest {
+                decision_id: recs["p1"].decision_id,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(why.source, "advise");
+        assert_eq!(why.job, "p1");
+        assert_eq!(why.verdict, pb::Verdict::Place as i32);
+        assert_eq!(why.idle_gpus, 10, "a: 2, b: 8 (c is down)");
+        assert_eq!(why.feasible_nodes, 1);
+        assert!(
+            why.candidates.iter().any(|c| c.node == "b" && c.chosen),
+            "{why:?}"
+        );
+        let bad = pb::AdviseRequest {
+            cluster: Some(pb::ClusterSnapshot {
+                nodes: vec![snapshot_node("a", &[9], true)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = advisor.advise(bad).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().starts_with("cluster.nodes[0].gpus_used[0]"),
+            "{e:?}"
+        );
+
+        // Primary mode: a placement's decision, the event stream, drain and uncordon.
+        let mut jobs = JobServiceClient::new(ch.clone());
+        let mut nodes = NodeServiceClient::new(ch.clone());
+        let mut events = jobs
+            .watch_events(pb::WatchEventsRequest { job_ids: vec![] })
+            .await
+            .unwrap()
+            .into_inner();
+        nodes
+            .register(pb::RegisterNodeRequest {
+                node: Some(node_info(0)),
+                running: vec![],
+            })
+            .await
+            .unwrap();
+        let job = jobs
+            .submit(pb::SubmitRequest {
+                spec: Some(pb::JobSpec {
+                    workers: 1,
+                    gpu: whole(2),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        assert_eq!(job.state, pb::JobState::Placed as i32, "{job:?}");
+        assert_eq!(job.placement[0].node, "n-0");
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let e = events.message().await.unwrap().unwrap();
+            if e.job_id == job.id {
+                seen.push(pb::JobState::try_from(e.state).unwrap());
+            }
+        }
+        assert_eq!(seen, vec![pb::JobState::Pending, pb::JobState::Placed]);
+        let why = advisor
+            .explain(pb::ExplainRequest {
+                decision_id: job.decision_id,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (why.source.as_str(), why.job.as_str()),
+            ("cycle", job.id.to_string().as_str())
+        );
+        assert_eq!(why.placement, job.placement);
+        let drained = nodes
+            .drain(pb::DrainRequest {
+                node: "n-0".into(),
+                reason: "maintenance".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(drained.cordoned && drained.jobs == 0, "{drained:?}");
+        let got = jobs
+            .get(pb::GetJobRequest { job_id: job.id })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        assert_eq!(got.state, pb::JobState::Requeued as i32, "{got:?}");
+        nodes
+            .cordon(pb::CordonRequest {
+                node: "n-0".into(),
+                cordon: false,
+                reason: String::new(),
+            })
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = jobs
+                .get(pb::GetJobRequest { job_id: job.id })
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap();
+            if got.state == pb::JobState::Placed as i32 {
+                assert_eq!(got.attempts, 2);
+                break;
+            }
+            assert!(Instant::now() < deadline, "not placed again: {got:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        handle.shutdown().await.unwrap();
+    });
+}
+
+struct Pki {
+    ca: String,
+    server_cert: String,
+    server_key: String,
+    client_cert: String,
+    client_key: String,
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf("localhost");
+    let (client_cert, client_key) = leaf("agent-1");
+    Pki {
+        ca: ca.pem(),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+    }
+}
+
+#[test]
+fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let p = pki();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    runtime().block_on(async {
+        let mut cfg = config(&dir.path().join("db.redb"));
+        cfg.security.tls_cert = Some(write("server.pem", &p.server_cert));
+        cfg.security.tls_key = Some(write("server.key", &p.server_key));
+        cfg.security.client_ca = Some(write("ca.pem", &p.ca));
+        let handle = service::start(cfg, spec(), Arc::new(NoModel))
+            .await
+            .unwrap();
+        let url = format!("https://127.0.0.1:{}", handle.addr.port());
+        let tls = || {
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&p.ca))
+                .domain_name("localhost")
+        };
+        let call = |ch: Channel| async move {
+            JobServiceClient::new(ch)
+                .list(pb::ListJobsRequest::default())
+                .await
+                .map(|_| ())
+        };
+        let with_cert = Endpoint::from_shared(url.clone())
+            .unwrap()
+            .tls_config(tls().identity(Identity::from_pem(&p.client_cert, &p.client_key)))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        call(with_cert).await.unwrap();
+        // The agent-side client over mutual TLS: register, then a report the server
+        // refuses for a precise reason (nothing is placed there).
+        let agent_config = service::client::ClientConfig {
+            url: url.clone(),
+            token: None,
+            ca_pem: Some(p.ca.clone().into_bytes()),
+            identity: Some((
+                p.client_cert.clone().into_bytes(),
+                p.client_key.clone().into_bytes(),
+            )),
+            domain: Some("localhost".into()),
+        };
+        let mut agent = service::client::AgentClient::connect(&agent_config, "n-1")
+            .await
+            .unwrap();
+        let reg = agent.register(node_info(1), vec![]).await.unwrap();
+        assert!(reg.status.unwrap().registered);
+        match agent.report(5, 1, pb::JobState::Running, "").await {
+            Err(service::client::ClientError::Call(s)) => {
+                assert_eq!(s.code(), Code::NotFound, "{s:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // No client certificate: the handshake (or the first call) fails.
+        let without = Endpoint::from_shared(url.clone())
+            .unwrap()
+            .tls_config(tls())
+            .unwrap()
+            .connect()
+            .await;
+        match without {
+            Err(_) => {}
+            Ok(ch) => assert!(
+                call(ch).await.is_err(),
+                "mutual TLS let a client without a certificate in"
+            ),
+        }
+        // Plaintext against a TLS port.
+        match connect(handle.addr).await {
+            Err(_) => {}
+            Ok(ch) => assert!(call(ch).await.is_err(), "plaintext accepted on a TLS port"),
+        }
+        handle.shutdown().await.unwrap();
+    });
+}
