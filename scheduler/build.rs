@@ -5,9 +5,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=proto");
-    if std::env::var_os("CARGO_FEATURE_SERVICE").is_none() {
-        return;
-    }
+    // Without the `service` feature there is nothing to generate.
     #[cfg(feature = "service")]
     if let Err(e) = service::compile() {
         panic!("compiling the marshal.v1 protos: {e}");

@@ -504,6 +504,45 @@ fn mix() -> Arc<Vec<pb::JobSpec>> {
     Arc::new((0..JOBS).map(|i| job_spec(&mut rng, i)).collect())
 }
 
+/// The agents and the eight submitters both 1,000-job runs start with.
+struct Load {
+    stop_tx: watch::Sender<bool>,
+    ledger: Shared,
+    agents: Vec<tokio::task::JoinHandle<()>>,
+    specs: Arc<Vec<pb::JobSpec>>,
+    acked: Arc<Mutex<HashMap<usize, u64>>>,
+    submitters: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn launch(addr: &watch::Receiver<SocketAddr>) -> Load {
+    let (stop_tx, stop) = watch::channel(false);
+    let ledger: Shared = Arc::default();
+    let agents = (0..NODES)
+        .map(|n| tokio::spawn(agent(n, addr.clone(), ledger.clone(), stop.clone())))
+        .collect();
+    let specs = mix();
+    let acked = Arc::new(Mutex::new(HashMap::new()));
+    let submitters = (0..8)
+        .map(|k| {
+            let range = k * JOBS / 8..(k + 1) * JOBS / 8;
+            tokio::spawn(submit_all(
+                addr.clone(),
+                specs.clone(),
+                range,
+                acked.clone(),
+            ))
+        })
+        .collect();
+    Load {
+        stop_tx,
+        ledger,
+        agents,
+        specs,
+        acked,
+        submitters,
+    }
+}
+
 /// The checks both 1,000-job runs end with.
 async fn check_outcome(
     addr: SocketAddr,
@@ -575,24 +614,14 @@ fn three_agents_and_a_thousand_mixed_jobs_all_complete_without_over_allocation()
         .await
         .unwrap();
         let (_addr_tx, addr) = watch::channel(handle.addr);
-        let (stop_tx, stop) = watch::channel(false);
-        let ledger: Shared = Arc::default();
-        let agents: Vec<_> = (0..NODES)
-            .map(|n| tokio::spawn(agent(n, addr.clone(), ledger.clone(), stop.clone())))
-            .collect();
-        let specs = mix();
-        let acked = Arc::new(Mutex::new(HashMap::new()));
-        let submitters: Vec<_> = (0..8)
-            .map(|k| {
-                let range = k * JOBS / 8..(k + 1) * JOBS / 8;
-                tokio::spawn(submit_all(
-                    addr.clone(),
-                    specs.clone(),
-                    range,
-                    acked.clone(),
-                ))
-            })
-            .collect();
+        let Load {
+            stop_tx,
+            ledger,
+            agents,
+            specs,
+            acked,
+            submitters,
+        } = launch(&addr);
         for s in submitters {
             s.await.unwrap();
         }
@@ -693,24 +722,14 @@ fn jobs_survive_kill_9_of_the_server_and_agents_reconcile() {
     let (mut child, first) = spawn_server(dir.path());
     runtime().block_on(async {
         let (addr_tx, addr) = watch::channel(first);
-        let (stop_tx, stop) = watch::channel(false);
-        let ledger: Shared = Arc::default();
-        let agents: Vec<_> = (0..NODES)
-            .map(|n| tokio::spawn(agent(n, addr.clone(), ledger.clone(), stop.clone())))
-            .collect();
-        let specs = mix();
-        let acked = Arc::new(Mutex::new(HashMap::new()));
-        let submitters: Vec<_> = (0..8)
-            .map(|k| {
-                let range = k * JOBS / 8..(k + 1) * JOBS / 8;
-                tokio::spawn(submit_all(
-                    addr.clone(),
-                    specs.clone(),
-                    range,
-                    acked.clone(),
-                ))
-            })
-            .collect();
+        let Load {
+            stop_tx,
+            ledger,
+            agents,
+            specs,
+            acked,
+            submitters,
+        } = launch(&addr);
         // Mid-run: some jobs done, some running, some queued, some not yet submitted.
         // Hold the agents' jobs at a moment when some run, then kill.
         loop {

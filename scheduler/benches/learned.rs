@@ -20,105 +20,14 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use marshal_model::policy::{
     CANDIDATE_FEATURES, DecisionFeatures, FeatureStats, JOB_FEATURES, PolicyConfig, PolicyScorer,
 };
-use marshal_scheduler::domain::{
-    ClusterSpec, ClusterState, CommPattern, GpuDemand, Job, JobId, LinkSpec, NodeGroupSpec,
-    Placement, Topology,
-};
+use marshal_scheduler::domain::{ClusterState, Job};
 use marshal_scheduler::framework::{Context, Policy};
 use marshal_scheduler::policies::learned::{Gate, LearnedModel, LearnedPlacer, learned_policy};
-use marshal_scheduler::policies::{self};
 use marshal_scheduler::sim::percentile;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
-const SEED: u64 = 42;
-const PENDING_JOBS: usize = 1_000;
-const TARGET_ALLOCATION: f64 = 0.60;
-const CHURN_PER_RUNNING_JOB: usize = 2;
-
-fn rng(stream: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
-    rng.set_stream(stream);
-    rng
-}
-
-fn cluster() -> ClusterSpec {
-    ClusterSpec {
-        name: "bench-h100-10k".into(),
-        nodes_per_rack: 16,
-        racks_per_spine: 8,
-        links: LinkSpec::default(),
-        gpu_models: Vec::new(),
-        node_groups: vec![NodeGroupSpec {
-            count: 1_250,
-            name_prefix: Some("h100".into()),
-            names: Vec::new(),
-            gpu_model: Some("H100".into()),
-            gpus: 8,
-            nvlink_domain: 8,
-            cpu_milli: 224_000,
-            memory_mib: 2 * 1024 * 1024,
-        }],
-    }
-}
-
-/// The decision benchmark's job mix (see `benches/scheduler.rs`).
-fn mixed_job(id: u32, rng: &mut ChaCha8Rng) -> Job {
-    let (workers, gpu) = match rng.random_range(0..100u32) {
-        0..40 => (1, GpuDemand::Milli(100 * rng.random_range(1..=9))),
-        40..75 => (1, GpuDemand::Whole(1)),
-        75..85 => (1, GpuDemand::Whole(2)),
-        85..93 => (1, GpuDemand::Whole(4)),
-        93..98 => (1, GpuDemand::Whole(8)),
-        _ => (rng.random_range(2..=4), GpuDemand::Whole(8)),
-    };
-    let mut job = Job::whole_gpus(JobId(id), workers, 0.0, 3_600.0);
-    job.workers = workers;
-    job.gpu = gpu;
-    job.cpu_milli = 2_000 * rng.random_range(1..=8);
-    job.memory_mib = 8 * 1024 * rng.random_range(1..=8);
-    job.comm = if job.gpu_count() > 1 {
-        CommPattern::DataParallel
-    } else {
-        CommPattern::None
-    };
-    job
-}
-
-/// Fills to 60 % with best fit, then churns (as the decision benchmark does).
-fn prefill(mut state: ClusterState) -> ClusterState {
-    let placer = policies::build("best-fit", &[]).expect("exists").placer;
-    let mut rng = rng(1);
-    let target = (state.capacity_milli() as f64 * TARGET_ALLOCATION) as u64;
-    let mut running: Vec<(Job, Placement)> = Vec::new();
-    let mut next_id = PENDING_JOBS as u32;
-    let mut fill =
-        |state: &mut ClusterState, running: &mut Vec<(Job, Placement)>, rng: &mut ChaCha8Rng| {
-            let mut misses = 0;
-            while state.allocated_milli() < target {
-                let job = mixed_job(next_id, rng);
-                next_id += 1;
-                let mut ctx = Context::new(0.0, rng);
-                match placer.place(&job, state, &mut ctx) {
-                    Ok(p) => {
-                        state.allocate(&job, &p).expect("fits");
-                        running.push((job, p));
-                    }
-                    Err(_) => {
-                        misses += 1;
-                        assert!(misses < 10_000, "cannot reach the target allocation");
-                    }
-                }
-            }
-        };
-    fill(&mut state, &mut running, &mut rng);
-    for _ in 0..running.len() * CHURN_PER_RUNNING_JOB {
-        let (job, p) = running.swap_remove(rng.random_range(0..running.len()));
-        state.release(&job, &p);
-        fill(&mut state, &mut running, &mut rng);
-    }
-    state
-}
+#[path = "common/decision.rs"]
+mod decision;
+use decision::{DecisionSetup, PENDING_JOBS, POLICY_STREAM, SEED, rng};
 
 fn learned(pending: &[Job]) -> (Policy, &'static str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/policy-default");
@@ -152,15 +61,13 @@ fn learned(pending: &[Job]) -> (Policy, &'static str) {
 }
 
 fn bench(c: &mut Criterion) {
-    let topo = Arc::new(Topology::build(&cluster()).expect("valid"));
-    let mut pending_rng = rng(0);
-    let pending: Vec<Job> = (0..PENDING_JOBS as u32)
-        .map(|id| mixed_job(id, &mut pending_rng))
-        .collect();
-    let base = prefill(ClusterState::new(topo));
+    let DecisionSetup {
+        state: base,
+        pending,
+    } = DecisionSetup::new();
     let (policy, what) = learned(&pending);
     let mut state = base.clone();
-    let mut prng = rng(2);
+    let mut prng = rng(POLICY_STREAM);
     let mut next = 0usize;
     c.bench_function("decision/learned", |b| {
         let mut ctx = Context::new(0.0, &mut prng);
@@ -176,7 +83,7 @@ fn bench(c: &mut Criterion) {
         return;
     }
     let mut state = base.clone();
-    let mut prng = rng(2);
+    let mut prng = rng(POLICY_STREAM);
     let mut ctx = Context::new(0.0, &mut prng);
     let time = |state: &mut ClusterState, ctx: &mut Context| -> Vec<f64> {
         pending
