@@ -255,6 +255,7 @@ fn list_names_policies_traces_and_clusters() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("fgd") && text.contains("philly-week4") && text.contains("openb"));
+    assert!(text.contains("learned"), "{text}");
 }
 
 #[test]

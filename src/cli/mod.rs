@@ -75,8 +75,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::List => {
             println!(
-                "policies: {}",
-                marshal_scheduler::policies::POLICY_NAMES.join(", ")
+                "policies: {}, {} (a trained model: --model, default models/policy-default)",
+                marshal_scheduler::policies::POLICY_NAMES.join(", "),
+                marshal_scheduler::policies::learned::LEARNED
             );
             println!("traces:   {}", marshal_datasets::TRACE_NAMES.join(", "));
             println!("clusters: {}", marshal_datasets::CLUSTER_PRESETS.join(", "));
