@@ -221,22 +221,36 @@ fn check_layout(meta: &ArtifactMeta) -> Result<()> {
         ),
     ];
     for (kind, found, expected, found_names, expected_names) in layouts {
-        if found != expected || found_names.len() != expected {
+        if found != expected {
             return Err(ModelError::FeatureCount {
                 kind,
                 found,
                 expected,
             });
         }
-        if let Some(i) = (0..expected).find(|&i| found_names[i] != expected_names[i]) {
-            return Err(ModelError::FeatureLayout {
-                kind,
-                detail: format!(
-                    "slot {i} is `{}` in the artifact, `{}` in this build",
-                    found_names[i], expected_names[i]
-                ),
-            });
-        }
+        check_slots(kind, found_names, expected_names)?;
+    }
+    Ok(())
+}
+
+/// Checks that an artifact's feature slots are this build's, by count and by name (shared
+/// by the predictor and the policy artifacts).
+pub(crate) fn check_slots(kind: &'static str, found: &[String], expected: &[&str]) -> Result<()> {
+    if found.len() != expected.len() {
+        return Err(ModelError::FeatureCount {
+            kind,
+            found: found.len(),
+            expected: expected.len(),
+        });
+    }
+    if let Some(i) = (0..expected.len()).find(|&i| found[i] != expected[i]) {
+        return Err(ModelError::FeatureLayout {
+            kind,
+            detail: format!(
+                "slot {i} is `{}` in the artifact, `{}` in this build",
+                found[i], expected[i]
+            ),
+        });
     }
     Ok(())
 }

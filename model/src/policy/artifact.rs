@@ -155,26 +155,6 @@ fn corrupt(path: &Path, reason: impl ToString) -> ModelError {
     }
 }
 
-fn check_layout(kind: &'static str, found: &[String], expected: &[&str]) -> Result<()> {
-    if found.len() != expected.len() {
-        return Err(ModelError::FeatureCount {
-            kind,
-            found: found.len(),
-            expected: expected.len(),
-        });
-    }
-    if let Some(i) = (0..expected.len()).find(|&i| found[i] != expected[i]) {
-        return Err(ModelError::FeatureLayout {
-            kind,
-            detail: format!(
-                "slot {i} is `{}` in the artifact, `{}` in this build",
-                found[i], expected[i]
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// Reads and checks a policy directory written by [`save_policy`].
 pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
     let (meta_path, meta_bytes) = read(dir.join(META_FILE))?;
@@ -194,8 +174,8 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
     }
     let meta: PolicyMeta =
         serde_json::from_slice(&meta_bytes).map_err(|e| corrupt(&meta_path, e))?;
-    check_layout("policy job", &meta.job_feature_names, &JOB_FEATURE_NAMES)?;
-    check_layout(
+    crate::artifact::check_slots("policy job", &meta.job_feature_names, &JOB_FEATURE_NAMES)?;
+    crate::artifact::check_slots(
         "policy candidate",
         &meta.candidate_feature_names,
         &CANDIDATE_FEATURE_NAMES,
