@@ -99,11 +99,11 @@ pub struct LoadedArtifact {
     pub meta: ArtifactMeta,
 }
 
-fn names(list: &[&str]) -> Vec<String> {
+pub(crate) fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_string()).collect()
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     move |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -111,7 +111,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
 }
 
 /// FNV-1a 64-bit: a dependency-free checksum against truncation and bit rot (not security).
-fn fnv1a64(bytes: &[u8]) -> String {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         hash ^= u64::from(*b);
@@ -153,13 +153,13 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
     Ok(meta)
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| ModelError::Backend(format!("serialising {}: {e}", path.display())))?;
     fs::write(path, text).map_err(io_err(path))
 }
 
-fn read(path: PathBuf) -> Result<(PathBuf, Vec<u8>)> {
+pub(crate) fn read(path: PathBuf) -> Result<(PathBuf, Vec<u8>)> {
     match fs::read(&path) {
         Ok(bytes) => Ok((path, bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ModelError::MissingFile { path }),

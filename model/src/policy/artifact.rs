@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::config::Config;
 use burn::module::Module;
@@ -25,6 +25,7 @@ use super::config::PolicyConfig;
 use super::features::{CANDIDATE_FEATURE_NAMES, JOB_FEATURE_NAMES};
 use super::network::PolicyNetwork;
 use super::scorer::{FeatureStats, PolicyScorer};
+use crate::artifact::{fnv1a64, io_err, names, read, write_json};
 use crate::error::{ModelError, Result};
 
 /// Layout version of policy artifacts. Bump when the network, a feature slot or a file
@@ -66,26 +67,6 @@ pub struct PolicyArtifact {
     pub scorer: PolicyScorer,
     pub config: PolicyConfig,
     pub meta: PolicyMeta,
-}
-
-fn fnv1a64(bytes: &[u8]) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{hash:016x}")
-}
-
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
-    move |source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn names(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| (*s).to_string()).collect()
 }
 
 /// Writes a policy to `dir`. `meta`'s layout, version and checksum fields are filled here.
@@ -131,20 +112,6 @@ impl PolicyMeta {
             training: BTreeMap::new(),
             weights_fnv1a64: String::new(),
         }
-    }
-}
-
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| ModelError::Backend(format!("serialising {}: {e}", path.display())))?;
-    fs::write(path, text).map_err(io_err(path))
-}
-
-fn read(path: PathBuf) -> Result<(PathBuf, Vec<u8>)> {
-    match fs::read(&path) {
-        Ok(bytes) => Ok((path, bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ModelError::MissingFile { path }),
-        Err(source) => Err(ModelError::Io { path, source }),
     }
 }
 

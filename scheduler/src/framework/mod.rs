@@ -15,7 +15,9 @@ mod cycle;
 mod placer;
 
 pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
-pub use placer::{ScoredPlacer, TieBreak, pick_gpus_best_fit, place_workers_tentatively};
+pub use placer::{
+    ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
+};
 
 use rand_chacha::ChaCha8Rng;
 

@@ -4,6 +4,23 @@ use crate::domain::{ClusterState, GpuDemand, GpuShare, Job, NodeId, Placement, W
 use crate::framework::{Context, NodeScorer, Placer, Status};
 
 /// How to choose among nodes of equal score.
+/// The nodes one worker of `job` fits on, in the context's listing order (which breaks
+/// score ties), or node-id order without one.
+pub fn feasible_nodes(job: &Job, state: &ClusterState, ctx: &Context) -> Vec<NodeId> {
+    match ctx.node_order {
+        Some(order) => order
+            .iter()
+            .copied()
+            .filter(|&n| state.worker_fits(job, n))
+            .collect(),
+        None => state
+            .topology()
+            .node_ids()
+            .filter(|&n| state.worker_fits(job, n))
+            .collect(),
+    }
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum TieBreak {
     /// Lowest node id: deterministic without randomness.
@@ -27,18 +44,7 @@ impl<S: NodeScorer> ScoredPlacer<S> {
     }
 
     fn best_node(&self, job: &Job, state: &ClusterState, ctx: &mut Context) -> Option<NodeId> {
-        let feasible: Vec<NodeId> = match ctx.node_order {
-            Some(order) => order
-                .iter()
-                .copied()
-                .filter(|&n| state.worker_fits(job, n))
-                .collect(),
-            None => state
-                .topology()
-                .node_ids()
-                .filter(|&n| state.worker_fits(job, n))
-                .collect(),
-        };
+        let feasible = feasible_nodes(job, state, ctx);
         let mut scores = Vec::with_capacity(feasible.len());
         self.scorer
             .score_nodes(job, &feasible, state, ctx, &mut scores);

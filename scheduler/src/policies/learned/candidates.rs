@@ -2,30 +2,14 @@
 //! the fallback's own choice first, then the best few nodes by FGD and by best fit (one
 //! worker), or the tightest domain, best-fit and packing gangs (several workers).
 
-use crate::domain::{ClusterState, Job, NodeId, Placement, WorkerPlacement};
-use crate::framework::{Context, NodeScorer, Placer, ScoredPlacer, TieBreak};
+use crate::domain::{ClusterState, Job, Placement, WorkerPlacement};
+use crate::framework::{Context, NodeScorer, Placer, ScoredPlacer, TieBreak, feasible_nodes};
 use crate::policies::{BestFit, Fgd, GpuPacking, TopoPack};
 
 use super::features::{Choice, NodeScores};
 
 /// Alternatives taken from each node ranking for a single-worker job.
 const TOP_NODES: usize = 4;
-
-/// Feasible nodes for one worker, in the context's listing order (which breaks ties).
-fn feasible_nodes(job: &Job, state: &ClusterState, ctx: &Context) -> Vec<NodeId> {
-    match ctx.node_order {
-        Some(order) => order
-            .iter()
-            .copied()
-            .filter(|&n| state.worker_fits(job, n))
-            .collect(),
-        None => state
-            .topology()
-            .node_ids()
-            .filter(|&n| state.worker_fits(job, n))
-            .collect(),
-    }
-}
 
 /// Scores every feasible node with FGD and best fit (once per decision).
 pub fn node_scores(job: &Job, state: &ClusterState, ctx: &mut Context, fgd: &Fgd) -> NodeScores {
