@@ -13,7 +13,11 @@
 //! - **Simulated telemetry** ([`SimulatedTelemetry`]) turns a simulator replay into the
 //!   samples a real node would produce, with ground-truth phases and step times, for
 //!   training and for running the agent without a GPU.
+//! - **Connected mode** ([`connected`], `marshal agent --scheduler URL`): registers the
+//!   node, streams the loop's rows (a [`RowTap`] feeding a bounded backlog), applies the
+//!   node's assignments and reports what its jobs did, reconnecting with backoff.
 
+pub mod connected;
 mod error;
 mod host;
 mod sampling;
@@ -22,6 +26,8 @@ mod topology;
 
 pub use error::AgentError;
 pub use host::HostSampler;
-pub use sampling::{Clock, LoopStats, ManualClock, SystemClock, run_sampling_loop};
+pub use sampling::{
+    Clock, LoopStats, ManualClock, RowTap, SystemClock, run_sampling_loop, run_sampling_loop_with,
+};
 pub use simulated::{SimTelemetryOptions, SimulatedTelemetry};
-pub use topology::{catalog_model, node_spec};
+pub use topology::{catalog_model, inventory_node, node_info, node_spec};

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use marshal_telemetry::{Source, TelemetrySink};
+use marshal_telemetry::{GpuSample, Source, TelemetrySink};
 
 use crate::{AgentError, HostSampler};
 
@@ -57,13 +57,35 @@ pub struct LoopStats {
     pub source_errors: u64,
 }
 
+/// Another consumer of the GPU rows the loop produces (streaming to the scheduler),
+/// called on the sampling thread with each tick's rows before the sink gets them. It
+/// must not block: sampling goes on whatever the consumer's state.
+pub trait RowTap {
+    fn gpu_rows(&mut self, rows: &[GpuSample]);
+}
+
 /// Samples `source` (and the host, when given) every `interval` into `sink` until
 /// `stop` is set or `max_ticks` ticks have run. A failing tick is logged and counted,
 /// not fatal; a sink that cannot accept rows any more (its writer died) is.
 pub fn run_sampling_loop(
     source: &mut dyn Source,
+    host: Option<&mut HostSampler>,
+    sink: &TelemetrySink,
+    interval: Duration,
+    stop: &AtomicBool,
+    clock: &mut dyn Clock,
+    max_ticks: Option<u64>,
+) -> Result<LoopStats, AgentError> {
+    run_sampling_loop_with(source, host, sink, None, interval, stop, clock, max_ticks)
+}
+
+/// [`run_sampling_loop`] with a second consumer of the GPU rows.
+#[allow(clippy::too_many_arguments)]
+pub fn run_sampling_loop_with(
+    source: &mut dyn Source,
     mut host: Option<&mut HostSampler>,
     sink: &TelemetrySink,
+    mut tap: Option<&mut dyn RowTap>,
     interval: Duration,
     stop: &AtomicBool,
     clock: &mut dyn Clock,
@@ -82,6 +104,9 @@ pub fn run_sampling_loop(
         match source.sample(started) {
             Ok(rows) => {
                 stats.rows += rows.len() as u64;
+                if let Some(tap) = tap.as_deref_mut() {
+                    tap.gpu_rows(&rows);
+                }
                 sink.send(rows)?;
             }
             Err(e) => {

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use marshal_scheduler::domain::{GpuCatalog, NodeGroupSpec};
+use marshal_scheduler::service::pb;
 use marshal_telemetry::{DiscoveredTopology, Level};
 
 use crate::AgentError;
@@ -118,6 +119,57 @@ pub fn node_spec(
         nvlink_domain: if island > 1 { island } else { 0 },
         cpu_milli,
         memory_mib,
+    })
+}
+
+/// The registration message for a one-node spec (what [`node_spec`] discovered, or a
+/// simulated node taken from the cluster inventory).
+pub fn node_info(spec: &NodeGroupSpec) -> Result<pb::NodeInfo, AgentError> {
+    let name = match spec.names.as_slice() {
+        [name] => name.clone(),
+        names => {
+            return Err(AgentError::Config(format!(
+                "a node spec for registration names exactly one node, not {names:?}"
+            )));
+        }
+    };
+    Ok(pb::NodeInfo {
+        name,
+        gpu_model: spec.gpu_model.clone().unwrap_or_default(),
+        gpus: spec.gpus as u32,
+        nvlink_domain: spec.nvlink_domain as u32,
+        cpu_milli: spec.cpu_milli,
+        memory_mib: spec.memory_mib,
+    })
+}
+
+/// The registration message for node `name` of an inventory (the simulated source:
+/// the node stands for the inventory's entry, so it reports exactly that).
+pub fn inventory_node(
+    topo: &marshal_scheduler::domain::Topology,
+    name: &str,
+) -> Result<pb::NodeInfo, AgentError> {
+    let n = topo
+        .node_ids()
+        .find(|&n| topo.node(n).name == name)
+        .ok_or_else(|| {
+            AgentError::Config(format!("node {name:?} is not in cluster {}", topo.name))
+        })?;
+    let node = topo.node(n);
+    Ok(pb::NodeInfo {
+        name: node.name.clone(),
+        gpu_model: node
+            .model
+            .map(|m| topo.catalog.get(m).name.clone())
+            .unwrap_or_default(),
+        gpus: node.gpu_count() as u32,
+        nvlink_domain: if node.island_size > 1 {
+            node.island_size as u32
+        } else {
+            0
+        },
+        cpu_milli: node.cpu_milli,
+        memory_mib: node.memory_mib,
     })
 }
 

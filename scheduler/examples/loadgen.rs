@@ -109,6 +109,9 @@ fn main() {
         db: dir.join("loadgen.redb"),
         policy: a.policy.clone(),
         durable_commits: a.fsync,
+        // The load generator's agents only report jobs (no telemetry heartbeat): keep
+        // idle nodes from timing out in a long run.
+        node_timeout_ms: 86_400_000,
         ..ServiceConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

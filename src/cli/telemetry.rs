@@ -112,6 +112,76 @@ pub struct AgentArgs {
     speedup: f64,
     #[command(flatten)]
     sim: SimSourceArgs,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+/// Connected mode: register with a `marshal serve`, stream telemetry, run assignments.
+#[derive(Debug, Args)]
+pub struct ConnectArgs {
+    /// The scheduler (`http://host:port`, or `https://…` with `--ca`). Without it the
+    /// agent only samples into its Parquet directory.
+    #[arg(long)]
+    scheduler: Option<String>,
+    /// File holding the agent's bearer token (one of the server's `agent_tokens`).
+    #[arg(long, requires = "scheduler")]
+    token_file: Option<PathBuf>,
+    /// CA certificate (PEM) the scheduler's certificate must chain to: TLS.
+    #[arg(long, requires = "scheduler")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS (with `--key` and `--ca`).
+    #[arg(long, requires_all = ["scheduler", "key", "ca"])]
+    cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS.
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Name to check the scheduler's certificate against (default: the URL's host).
+    #[arg(long, requires = "ca")]
+    tls_domain: Option<String>,
+    /// Runs each assigned worker as `sh -c CMD` in the job's environment and reports
+    /// its exit status. Without it the agent writes `OUT/assignments/<job>.<worker>.env`
+    /// (and, with the simulated source, completes jobs after their expected run time).
+    #[arg(long, requires = "scheduler")]
+    exec: Option<String>,
+    /// Telemetry rows held for the scheduler while it is unreachable (the most recent
+    /// are kept; every row is in Parquet regardless).
+    #[arg(long, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
+    backlog: usize,
+    /// Longest wait between reconnection attempts.
+    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    max_backoff: Duration,
+}
+
+impl ConnectArgs {
+    fn client(
+        &self,
+        url: &str,
+    ) -> anyhow::Result<marshal_scheduler::service::client::ClientConfig> {
+        let read =
+            |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let token = match &self.token_file {
+            Some(p) => {
+                let t = String::from_utf8(read(p)?).context("the token file is not UTF-8")?;
+                let t = t.trim().to_string();
+                if t.is_empty() {
+                    bail!("{} is empty", p.display());
+                }
+                Some(t)
+            }
+            None => None,
+        };
+        let identity = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            _ => None,
+        };
+        Ok(marshal_scheduler::service::client::ClientConfig {
+            url: url.to_string(),
+            token,
+            ca_pem: self.ca.as_ref().map(read).transpose()?,
+            identity,
+            domain: self.tls_domain.clone(),
+        })
+    }
 }
 
 /// Parses `250ms`, `1s`, `1.5s`, `2m`, `1h` (a bare number is seconds).
@@ -313,11 +383,33 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening {}", a.out.display()))?;
     let mut clock = SystemClock;
     let mut host = None;
+    let connected = a.connect.scheduler.is_some();
+    // The node as it registers (connected mode only).
+    let mut info = None;
     let mut source: Box<dyn Source> = match a.source {
         SourceArg::Nvml => {
             let config = NvmlConfig::default();
             host = Some(HostSampler::new(&config.cluster, &config.node));
-            Box::new(NvmlSource::open_with(config)?)
+            let node = config.node.clone();
+            let nvml = NvmlSource::open_with(config)?;
+            if connected {
+                let discovered = nvml.discover_topology()?;
+                let cpu_milli =
+                    std::thread::available_parallelism().map_or(0, |n| n.get() as u32 * 1000);
+                let memory_mib = HostSampler::new("", &node)
+                    .sample(0)
+                    .host_mem_total_bytes
+                    .map_or(0, |b| b >> 20);
+                let spec = marshal_agent::node_spec(
+                    &discovered,
+                    &node,
+                    cpu_milli,
+                    memory_mib,
+                    &marshal_scheduler::domain::GpuCatalog::default(),
+                )?;
+                info = Some(marshal_agent::node_info(&spec)?);
+            }
+            Box::new(nvml)
         }
         SourceArg::Sim => {
             if !(a.speedup.is_finite() && a.speedup > 0.0) {
@@ -325,10 +417,16 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
             }
             let start_us = clock.now_us();
             let mut sim = simulated(&a.sim, start_us)?;
-            if let Some(node) = &a.node {
-                sim.only_node(node)?;
-            } else {
-                sim.only_node(&first_node(&a.sim)?)?;
+            let node = match &a.node {
+                Some(node) => node.clone(),
+                None => first_node(&a.sim)?,
+            };
+            sim.only_node(&node)?;
+            if connected {
+                info = Some(marshal_agent::inventory_node(
+                    &sim_topology(&a.sim)?,
+                    &node,
+                )?);
             }
             Box::new(Accelerated {
                 inner: sim,
@@ -337,35 +435,121 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
             })
         }
     };
+    let (Some(url), Some(info)) = (a.connect.scheduler.clone(), info) else {
+        eprintln!(
+            "agent: sampling every {:?} into {} (Ctrl-C or SIGTERM stops)",
+            a.interval,
+            a.out.display()
+        );
+        let stats = run_sampling_loop(
+            source.as_mut(),
+            host.as_mut(),
+            &sink,
+            a.interval,
+            &stop,
+            &mut clock,
+            None,
+        )?;
+        let sink_stats = sink.finish()?;
+        eprintln!(
+            "agent: stopped after {} ticks, {} rows, {} files",
+            stats.ticks, stats.rows, sink_stats.files_committed
+        );
+        return Ok(());
+    };
+
+    use marshal_agent::connected::{
+        Backlog, ConnectedConfig, Counters, Mode, TelemetryTap, run_connected,
+    };
+    use marshal_scheduler::service::tokio;
+    let mode = match (&a.connect.exec, a.source) {
+        (Some(cmd), _) => Mode::Exec(cmd.clone()),
+        (None, SourceArg::Sim) => Mode::Simulated { speedup: a.speedup },
+        (None, SourceArg::Nvml) => Mode::EnvOnly,
+    };
+    let config = ConnectedConfig {
+        client: a.connect.client(&url)?,
+        node: info.clone(),
+        mode,
+        out: a.out.clone(),
+        flush_interval: a.interval,
+        backoff_max: a.connect.max_backoff,
+        journal: None,
+    };
+    let backlog = Backlog::new(&info.name, a.connect.backlog);
+    let counters = Arc::new(Counters::default());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let connected = runtime.spawn(run_connected(
+        config,
+        backlog.clone(),
+        counters,
+        async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        },
+    ));
     eprintln!(
-        "agent: sampling every {:?} into {} (Ctrl-C or SIGTERM stops)",
+        "agent: node {} ({} × {}) connected to {url}; sampling every {:?} into {} (Ctrl-C or SIGTERM stops)",
+        info.name,
+        info.gpus,
+        if info.gpu_model.is_empty() {
+            "no GPU"
+        } else {
+            &info.gpu_model
+        },
         a.interval,
         a.out.display()
     );
-    let stats = run_sampling_loop(
+    let mut tap = TelemetryTap(backlog);
+    let sampled = marshal_agent::run_sampling_loop_with(
         source.as_mut(),
         host.as_mut(),
         &sink,
+        Some(&mut tap),
         a.interval,
         &stop,
         &mut clock,
         None,
-    )?;
+    );
+    let _ = stop_tx.send(true);
+    let stats = runtime
+        .block_on(connected)
+        .context("the connected agent task")??;
+    let sampled = sampled?;
     let sink_stats = sink.finish()?;
+    let t = stats.telemetry;
     eprintln!(
-        "agent: stopped after {} ticks, {} rows, {} files",
-        stats.ticks, stats.rows, sink_stats.files_committed
+        "agent: stopped after {} ticks, {} rows, {} files; {} sessions, {} workers started, \
+         {} reports; telemetry: {} streamed, {} refused, {} not streamed (backlog full), {} held at exit",
+        sampled.ticks,
+        sampled.rows,
+        sink_stats.files_committed,
+        stats.sessions,
+        stats.starts,
+        stats.reports,
+        t.streamed,
+        t.rejected,
+        t.dropped,
+        t.held
     );
     Ok(())
 }
 
-fn first_node(a: &SimSourceArgs) -> anyhow::Result<String> {
+fn sim_topology(a: &SimSourceArgs) -> anyhow::Result<marshal_scheduler::domain::Topology> {
     let cluster = a
         .cluster
         .clone()
         .unwrap_or_else(|| crate::cli::sim::default_cluster_for(&a.trace).to_string());
     let spec = marshal_datasets::load_cluster(&cluster)?;
-    let topo = marshal_scheduler::domain::Topology::build(&spec)?;
+    Ok(marshal_scheduler::domain::Topology::build(&spec)?)
+}
+
+fn first_node(a: &SimSourceArgs) -> anyhow::Result<String> {
+    let topo = sim_topology(a)?;
     topo.nodes()
         .first()
         .map(|n| n.name.clone())

@@ -207,7 +207,7 @@ impl NodeService for Api {
         let mut stream = req.into_inner();
         let mut ack = pb::TelemetryAck::default();
         while let Some(sample) = stream.message().await? {
-            let result = self.core.lock().telemetry(&sample);
+            let result = self.core.lock().telemetry(&sample, now_us());
             match result {
                 Ok(changed) => {
                     ack.accepted += 1;
@@ -244,7 +244,7 @@ impl NodeService for Api {
         // event, every earlier one is in the snapshot (some may come twice; agents
         // apply assignments idempotently).
         let (node, first, rx, epoch) = {
-            let inner = self.core.lock();
+            let mut inner = self.core.lock();
             let node = inner.node_id("node", &name)?;
             if !inner.nodes[node.0 as usize].registered {
                 return Err(ServiceError::FailedPrecondition(format!(
@@ -252,6 +252,7 @@ impl NodeService for Api {
                 ))
                 .into());
             }
+            inner.heard_from(node, now_us());
             let mut first = inner.node_assignments(node);
             first.push(pb::Assignment {
                 action: pb::AssignmentAction::Synced as i32,

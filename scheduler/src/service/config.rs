@@ -40,6 +40,13 @@ pub struct ServiceConfig {
     /// fsync every commit. `false` is for measuring the scheduler without the disk: a
     /// crash then loses recent changes, which breaks the recovery guarantees.
     pub durable_commits: bool,
+    /// A registered node whose agent sent nothing (telemetry, a watch opened, a report,
+    /// a registration) for this long is unreachable: it takes no new work until its
+    /// agent is heard from again.
+    pub node_timeout_ms: u64,
+    /// How long jobs on an unreachable node keep their placement before they are
+    /// requeued (counted from the moment the node was marked unreachable).
+    pub node_grace_ms: u64,
     pub security: SecurityConfig,
 }
 
@@ -72,6 +79,8 @@ impl Default for ServiceConfig {
             metrics_listen: None,
             seed: 42,
             durable_commits: true,
+            node_timeout_ms: 30_000,
+            node_grace_ms: 60_000,
             security: SecurityConfig::default(),
         }
     }
@@ -115,6 +124,18 @@ impl ServiceConfig {
             return bad(format!(
                 "cycle_interval_ms = {}: must be 1..=60000",
                 self.cycle_interval_ms
+            ));
+        }
+        if !(10..=86_400_000).contains(&self.node_timeout_ms) {
+            return bad(format!(
+                "node_timeout_ms = {}: must be 10..=86400000",
+                self.node_timeout_ms
+            ));
+        }
+        if self.node_grace_ms > 86_400_000 {
+            return bad(format!(
+                "node_grace_ms = {}: must be at most 86400000",
+                self.node_grace_ms
             ));
         }
         if self.max_attempts == 0 {
@@ -162,6 +183,8 @@ mod tests {
         assert!(err("policy = \"bestfit\"").contains("unknown policy"));
         assert!(err("listen = \"nowhere\"").contains("listen"));
         assert!(err("cycle_interval_ms = 0").contains("cycle_interval_ms"));
+        assert!(err("node_timeout_ms = 0").contains("node_timeout_ms"));
+        assert!(err("node_grace_ms = 100000000").contains("node_grace_ms"));
         assert!(err("[security]\nclient_tokens = [\"short\"]").contains("client_tokens[0]"));
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));

@@ -99,6 +99,9 @@ pub struct Inner {
     pub(crate) require_registration: bool,
     pub(crate) max_attempts: u32,
     pub(crate) quarantine_after: u32,
+    /// See [`ServiceConfig::node_timeout_ms`] and [`ServiceConfig::node_grace_ms`].
+    pub(crate) node_timeout_us: i64,
+    pub(crate) node_grace_us: i64,
     pub(crate) metrics: Arc<Metrics>,
 }
 
@@ -155,6 +158,8 @@ impl Core {
             require_registration: config.require_registration,
             max_attempts: config.max_attempts,
             quarantine_after: config.quarantine_after,
+            node_timeout_us: config.node_timeout_ms.saturating_mul(1000) as i64,
+            node_grace_us: config.node_grace_ms.saturating_mul(1000) as i64,
             metrics: metrics.clone(),
         };
         for (name, record) in loaded.nodes {
@@ -166,6 +171,10 @@ impl Core {
             }
         }
         let now = now_us();
+        // Every agent gets a full timeout from the (re)start to be heard from.
+        for r in &mut inner.nodes {
+            r.last_seen_us = now;
+        }
         for mut record in loaded.jobs {
             let id = record.job.id.0;
             inner.next_job = inner.next_job.max(id.saturating_add(1));
@@ -298,6 +307,7 @@ impl Core {
             };
             let (epoch, batch, events) = {
                 let mut inner = self.lock();
+                inner.check_heartbeats(now_us());
                 if inner.needs_cycle || last_cycle.elapsed() >= self.cycle_interval {
                     last_cycle = Instant::now();
                     let started = Instant::now();
@@ -344,7 +354,10 @@ impl Inner {
     /// Whether node `n` takes new work, applied to the cluster state.
     pub fn refresh_node(&mut self, n: NodeId) {
         let r = &self.nodes[n.0 as usize];
-        let up = (r.registered || !self.require_registration) && !r.cordoned && !r.quarantined;
+        let up = (r.registered || !self.require_registration)
+            && !r.cordoned
+            && !r.quarantined
+            && !r.unreachable;
         self.state.set_node_up(n, up);
     }
 
@@ -367,6 +380,8 @@ impl Inner {
         m.queue_depth.set(self.queue.len() as i64);
         m.active_jobs.set(self.active.len() as i64);
         m.allocated_milli.set(self.state.allocated_milli() as i64);
+        m.unreachable_nodes
+            .set(self.nodes.iter().filter(|r| r.unreachable).count() as i64);
         m.schedulable_nodes.set(
             self.topo
                 .node_ids()

@@ -56,6 +56,21 @@ impl Inner {
                     env.insert("MARSHAL_JOB_NAME".into(), r.job.name.clone());
                     env.insert("MARSHAL_WORKER".into(), i.to_string());
                     env.insert("MARSHAL_WORLD_SIZE".into(), r.job.workers.to_string());
+                    env.insert("MARSHAL_ATTEMPT".into(), r.attempts.to_string());
+                    // Worker 0's node, by its inventory name: the rendezvous host of a
+                    // multi-worker job where node names resolve.
+                    if let Some(w0) = placement.workers.first() {
+                        env.insert(
+                            "MARSHAL_MASTER_NODE".into(),
+                            self.topo.node(w0.node).name.clone(),
+                        );
+                    }
+                    if r.job.total_work > 0.0 {
+                        env.insert(
+                            "MARSHAL_EXPECTED_RUNTIME_S".into(),
+                            r.job.total_work.to_string(),
+                        );
+                    }
                     let list: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
                     env.insert("CUDA_VISIBLE_DEVICES".into(), list.join(","));
                     match r.job.gpu {

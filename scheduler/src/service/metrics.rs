@@ -31,6 +31,10 @@ pub struct Metrics {
     pub allocated_milli: Gauge,
     pub capacity_milli: Gauge,
     pub schedulable_nodes: Gauge,
+    /// Registered nodes whose agent missed the heartbeat timeout.
+    pub unreachable_nodes: Gauge,
+    /// Jobs requeued because their node stayed unreachable past the grace period.
+    pub node_lost_requeues: Counter,
     pub fallback_ratio: Gauge<f64, AtomicU64>,
     pub telemetry: Family<Labels, Counter>,
 }
@@ -62,6 +66,8 @@ impl Metrics {
             allocated_milli: Gauge::default(),
             capacity_milli: Gauge::default(),
             schedulable_nodes: Gauge::default(),
+            unreachable_nodes: Gauge::default(),
+            node_lost_requeues: Counter::default(),
             fallback_ratio: Gauge::default(),
             telemetry: Family::default(),
             registry: Registry::default(),
@@ -119,8 +125,18 @@ impl Metrics {
         );
         registry.register(
             "schedulable_nodes",
-            "Nodes registered and neither cordoned nor quarantined",
+            "Nodes registered and neither cordoned, quarantined nor unreachable",
             m.schedulable_nodes.clone(),
+        );
+        registry.register(
+            "unreachable_nodes",
+            "Registered nodes whose agent has not been heard from for node_timeout_ms",
+            m.unreachable_nodes.clone(),
+        );
+        registry.register(
+            "node_lost_requeues",
+            "Jobs requeued because their node stayed unreachable past node_grace_ms",
+            m.node_lost_requeues.clone(),
         );
         registry.register(
             "fallback_ratio",

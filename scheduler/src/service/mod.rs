@@ -5,7 +5,7 @@
 //!   [`convert`]; policy code never sees them).
 //! - [`jobs`]: the job state machine; [`core`] the in-memory state, recovery and the
 //!   cycle driver with group commit; [`cycle`] and [`ops`] the transitions;
-//!   [`store`] redb persistence; [`advisor`] Advise on a snapshot.
+//!   [`store`] redb persistence; `heartbeat` node liveness; [`advisor`] Advise on a snapshot.
 //! - [`api`] the gRPC adapters, [`auth`] bearer tokens, [`metrics`] Prometheus,
 //!   [`server`] wiring (TLS, health, reflection, shutdown), [`model`] the learned-model
 //!   slot, [`config`] the TOML configuration.
@@ -29,6 +29,7 @@ pub mod convert;
 pub mod core;
 mod cycle;
 pub mod error;
+mod heartbeat;
 pub mod jobs;
 pub mod metrics;
 pub mod model;

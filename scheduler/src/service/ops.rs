@@ -83,6 +83,8 @@ impl Inner {
             reason: r.reason.clone(),
             telemetry_samples: r.telemetry_samples,
             jobs: self.jobs_on(n).len() as u32,
+            unreachable: r.unreachable,
+            last_seen_us: if r.registered { r.last_seen_us } else { 0 },
         }
     }
 
@@ -161,6 +163,7 @@ impl Inner {
 
     pub fn report(&mut self, req: &pb::ReportJobRequest, now: i64) -> Result<u32, ServiceError> {
         let n = self.registered_node("node", &req.node)?;
+        self.heard_from(n, now);
         let id = crate::service::convert::job_id("job_id", req.job_id)?.0;
         let r = self.record(id)?;
         let on_node = r.state.is_active()
@@ -299,6 +302,7 @@ impl Inner {
             }
         }
         self.nodes[n.0 as usize].registered = true;
+        self.heard_from(n, now);
         self.mark_node(n);
         Ok(Registration { node: n, stop })
     }
@@ -346,10 +350,12 @@ impl Inner {
 
     /// Validates and counts one telemetry sample; a failed GPU quarantines its node.
     /// Returns whether durable state changed.
-    pub fn telemetry(&mut self, s: &pb::TelemetrySample) -> Result<bool, String> {
+    pub fn telemetry(&mut self, s: &pb::TelemetrySample, now: i64) -> Result<bool, String> {
         let n = self
             .registered_node("node", &s.node)
             .map_err(|e| e.to_string())?;
+        // Even a sample refused below shows the agent is alive.
+        let back = self.heard_from(n, now);
         let gpus = self.topo.node(n).gpu_count() as u32;
         if s.gpu_index >= gpus {
             return Err(format!(
@@ -382,6 +388,6 @@ impl Inner {
             self.mark_node(n);
             return Ok(true);
         }
-        Ok(false)
+        Ok(back)
     }
 }

@@ -14,6 +14,18 @@ pub struct NodeRecord {
     /// Job failures (and failed-GPU reports) since the last uncordon.
     pub failures: u32,
     pub reason: String,
+    /// Its agent has not been heard from for `node_timeout_ms`: no new work goes there.
+    /// Persisted, so a restarted scheduler keeps the node out until its agent is back
+    /// and keeps counting the grace period from `unreachable_since_us`.
+    #[serde(default)]
+    pub unreachable: bool,
+    /// When the node was marked unreachable (µs since the epoch); 0 while reachable.
+    #[serde(default)]
+    pub unreachable_since_us: i64,
+    /// When its agent was last heard from (µs since the epoch). Not persisted: a
+    /// restarted scheduler counts from its start.
+    #[serde(skip)]
+    pub last_seen_us: i64,
     /// Telemetry samples accepted since the server started (not persisted).
     #[serde(skip)]
     pub telemetry_samples: u64,

@@ -1,0 +1,129 @@
+//! The environment of a job's processes, from its assignment.
+//!
+//! The scheduler's `env` comes first; the agent then sets the variables it is the
+//! authority on from the assignment itself, so they hold whatever the server sent:
+//!
+//! | variable | value |
+//! |---|---|
+//! | `CUDA_VISIBLE_DEVICES` | the assigned GPU indices, ascending, comma-separated; empty for a CPU-only worker (hides every GPU) |
+//! | `MARSHAL_JOB_ID` | the scheduler's job id |
+//! | `MARSHAL_WORKER` | this worker's rank in the gang (0-based) |
+//! | `MARSHAL_ATTEMPT` | the placement number (a retry gets a new one) |
+//! | `MARSHAL_NODE` | this node's inventory name |
+//!
+//! From the scheduler, as sent: `MARSHAL_JOB_NAME`, `MARSHAL_WORLD_SIZE` (workers in the
+//! gang), `MARSHAL_MASTER_NODE` (worker 0's node: the rendezvous host where inventory
+//! names resolve), `MARSHAL_GPU_MILLI` (a GPU share), `MARSHAL_MIG_PROFILE` (the agent
+//! does not map it to a MIG instance UUID yet) and `MARSHAL_EXPECTED_RUNTIME_S`.
+
+use std::collections::BTreeMap;
+
+use marshal_scheduler::service::pb;
+
+pub fn job_env(a: &pb::Assignment, node: &str) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> =
+        a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut gpus: Vec<u32> = a.gpus.iter().map(|g| g.index).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    env.insert("CUDA_VISIBLE_DEVICES".into(), list.join(","));
+    env.insert("MARSHAL_JOB_ID".into(), a.job_id.to_string());
+    env.insert("MARSHAL_WORKER".into(), a.worker.to_string());
+    env.insert("MARSHAL_ATTEMPT".into(), a.attempt.to_string());
+    env.insert("MARSHAL_NODE".into(), node.to_string());
+    env
+}
+
+/// The job's expected run time at full speed, when the scheduler knows it.
+pub fn expected_runtime_s(env: &BTreeMap<String, String>) -> Option<f64> {
+    env.get("MARSHAL_EXPECTED_RUNTIME_S")
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+}
+
+/// `KEY='value'` lines, sorted, single-quoted for `sh` (`set -a; . FILE; set +a`).
+pub fn env_file_text(env: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    for (k, v) in env {
+        // Names that are not shell identifiers cannot be assigned; the scheduler never
+        // sends any, but the file must stay sourceable whatever arrives.
+        if k.is_empty()
+            || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || k.starts_with(|c: char| c.is_ascii_digit())
+        {
+            continue;
+        }
+        out.push_str(k);
+        out.push_str("='");
+        out.push_str(&v.replace('\'', r"'\''"));
+        out.push_str("'\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment() -> pb::Assignment {
+        pb::Assignment {
+            job_id: 17,
+            action: pb::AssignmentAction::Start as i32,
+            worker: 1,
+            gpus: [5, 2, 2]
+                .iter()
+                .map(|&index| pb::GpuSlot {
+                    index,
+                    milli: 1000,
+                    ..Default::default()
+                })
+                .collect(),
+            env: [
+                ("MARSHAL_WORLD_SIZE", "2"),
+                ("MARSHAL_JOB_NAME", "it's"),
+                ("MARSHAL_MASTER_NODE", "n-0"),
+                ("CUDA_VISIBLE_DEVICES", "9"),
+                ("MARSHAL_EXPECTED_RUNTIME_S", "12.5"),
+                ("bad-name", "x"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            reason: String::new(),
+            attempt: 3,
+        }
+    }
+
+    #[test]
+    fn the_assignment_decides_devices_rank_and_attempt() {
+        let env = job_env(&assignment(), "n-1");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2,5");
+        assert_eq!(env["MARSHAL_JOB_ID"], "17");
+        assert_eq!(env["MARSHAL_WORKER"], "1");
+        assert_eq!(env["MARSHAL_ATTEMPT"], "3");
+        assert_eq!(env["MARSHAL_NODE"], "n-1");
+        assert_eq!(env["MARSHAL_WORLD_SIZE"], "2");
+        assert_eq!(env["MARSHAL_MASTER_NODE"], "n-0");
+        assert_eq!(expected_runtime_s(&env), Some(12.5));
+        // A CPU-only worker sees no GPU.
+        let mut cpu = assignment();
+        cpu.gpus.clear();
+        cpu.env.clear();
+        let env = job_env(&cpu, "n-1");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "");
+        assert_eq!(expected_runtime_s(&env), None);
+    }
+
+    #[test]
+    fn the_env_file_is_sourceable() {
+        let text = env_file_text(&job_env(&assignment(), "n-1"));
+        assert!(text.contains("MARSHAL_JOB_NAME='it'\\''s'\n"), "{text}");
+        assert!(text.contains("CUDA_VISIBLE_DEVICES='2,5'\n"));
+        assert!(!text.contains("bad-name"));
+        let lines: Vec<&str> = text.lines().collect();
+        let mut sorted = lines.clone();
+        sorted.sort();
+        assert_eq!(lines, sorted);
+    }
+}

@@ -1,0 +1,549 @@
+//! Applying assignments: what the node runs, keyed by incarnation (job, worker,
+//! attempt), and the reports owed to the scheduler.
+//!
+//! - **Idempotent.** A START for an incarnation that runs, or that ran here already, is
+//!   ignored: the server re-sends the node's current set on every watch, so the same
+//!   START arrives again after each reconnect. A START for a newer attempt of a worker
+//!   stops the older one first.
+//! - **Snapshot.** The STARTs that open a watch are held until SYNCED; then whatever
+//!   runs and is not in the snapshot is stopped first and the snapshot applied after, so
+//!   two incarnations never hold one GPU at the same time.
+//! - **Reports outlive connections.** RUNNING, COMPLETED and FAILED reports wait in
+//!   [`Runner::reports`] until the scheduler acknowledges (or refuses) them; the jobs
+//!   with a report owed are listed at registration as still running here.
+//! - A job's workers on this node report once for the job: FAILED as soon as one fails,
+//!   COMPLETED when all have exited with status 0.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use marshal_scheduler::service::pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::connected::Backlog;
+use crate::connected::env::{env_file_text, expected_runtime_s, job_env};
+
+/// One placement of one worker of a job.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Incarnation {
+    pub job: u64,
+    pub worker: u32,
+    pub attempt: u32,
+}
+
+impl Incarnation {
+    pub fn of(a: &pb::Assignment) -> Self {
+        Incarnation {
+            job: a.job_id,
+            worker: a.worker,
+            attempt: a.attempt,
+        }
+    }
+
+    fn file_stem(&self) -> String {
+        format!("{}.{}", self.job, self.worker)
+    }
+}
+
+/// What the agent does with a START.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mode {
+    /// Runs the command with `sh -c` in the job's environment; reports RUNNING, then
+    /// COMPLETED (exit status 0) or FAILED (anything else, or a failed spawn).
+    Exec(String),
+    /// Simulated source without a command: reports RUNNING, then COMPLETED once the job's
+    /// expected run time (`MARSHAL_EXPECTED_RUNTIME_S`) divided by `speedup` has passed.
+    /// A job without an expected run time runs until the scheduler stops it: the agent
+    /// does not invent an end.
+    Simulated { speedup: f64 },
+    /// Writes the environment file only; whatever launches the job reports on it.
+    EnvOnly,
+}
+
+/// One change to what the node runs, for tests and debugging.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    pub at: Instant,
+    pub node: String,
+    pub incarnation: Incarnation,
+    pub gpus: Vec<pb::GpuSlot>,
+    /// `true`: started; `false`: ended (exited, stopped, or superseded).
+    pub started: bool,
+}
+
+/// A shared log of [`Applied`] changes.
+pub type Journal = Arc<Mutex<Vec<Applied>>>;
+
+/// A worker's process (or simulated run) ended on its own.
+#[derive(Debug)]
+pub struct Exit {
+    pub incarnation: Incarnation,
+    /// `Ok(())`: success; `Err(why)`: failure.
+    pub outcome: Result<(), String>,
+}
+
+#[derive(Debug)]
+struct Live {
+    gpus: Vec<pb::GpuSlot>,
+    kill: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// How many ended incarnations are remembered to ignore a repeated START.
+const REMEMBERED: usize = 65_536;
+
+#[derive(Debug)]
+pub struct Runner {
+    node: String,
+    mode: Mode,
+    assignments_dir: PathBuf,
+    logs_dir: PathBuf,
+    live: BTreeMap<Incarnation, Live>,
+    ended: HashSet<Incarnation>,
+    ended_order: VecDeque<Incarnation>,
+    /// Failed workers, so that a job's report stays FAILED whatever its other workers do.
+    failed: HashSet<(u64, u32)>,
+    /// (job, attempt) → the report owed: state and message.
+    pub reports: BTreeMap<(u64, u32), (pb::JobState, String)>,
+    exits: mpsc::UnboundedSender<Exit>,
+    backlog: Arc<Backlog>,
+    journal: Option<Journal>,
+    pub starts: u64,
+}
+
+impl Runner {
+    pub fn new(
+        node: &str,
+        mode: Mode,
+        out: &Path,
+        exits: mpsc::UnboundedSender<Exit>,
+        backlog: Arc<Backlog>,
+        journal: Option<Journal>,
+    ) -> std::io::Result<Self> {
+        let assignments_dir = out.join("assignments");
+        let logs_dir = out.join("jobs");
+        std::fs::create_dir_all(&assignments_dir)?;
+        if matches!(mode, Mode::Exec(_)) {
+            std::fs::create_dir_all(&logs_dir)?;
+        }
+        Ok(Runner {
+            node: node.to_string(),
+            mode,
+            assignments_dir,
+            logs_dir,
+            live: BTreeMap::new(),
+            ended: HashSet::new(),
+            ended_order: VecDeque::new(),
+            failed: HashSet::new(),
+            reports: BTreeMap::new(),
+            exits,
+            backlog,
+            journal,
+            starts: 0,
+        })
+    }
+
+    pub fn live(&self) -> impl Iterator<Item = &Incarnation> {
+        self.live.keys()
+    }
+
+    /// What runs here, and what finished without its report acknowledged: the
+    /// registration's `running` list.
+    pub fn running_list(&self) -> Vec<pb::RunningJob> {
+        let set: BTreeSet<(u64, u32)> = self
+            .live
+            .keys()
+            .map(|i| (i.job, i.attempt))
+            .chain(self.reports.keys().copied())
+            .collect();
+        set.into_iter()
+            .map(|(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .collect()
+    }
+
+    fn journal(&self, incarnation: Incarnation, gpus: &[pb::GpuSlot], started: bool) {
+        if let Some(j) = &self.journal {
+            j.lock().unwrap_or_else(|p| p.into_inner()).push(Applied {
+                at: Instant::now(),
+                node: self.node.clone(),
+                incarnation,
+                gpus: gpus.to_vec(),
+                started,
+            });
+        }
+    }
+
+    fn remember(&mut self, i: Incarnation) {
+        if self.ended.insert(i) {
+            self.ended_order.push_back(i);
+            if self.ended_order.len() > REMEMBERED
+                && let Some(old) = self.ended_order.pop_front()
+            {
+                self.ended.remove(&old);
+            }
+        }
+    }
+
+    fn env_path(&self, i: &Incarnation) -> PathBuf {
+        self.assignments_dir.join(format!("{}.env", i.file_stem()))
+    }
+
+    /// Applies a START (idempotently).
+    pub async fn start(&mut self, a: &pb::Assignment) {
+        let inc = Incarnation::of(a);
+        if self.live.contains_key(&inc) || self.ended.contains(&inc) {
+            return;
+        }
+        let older: Vec<Incarnation> = self
+            .live
+            .keys()
+            .filter(|i| i.job == inc.job && i.worker == inc.worker && i.attempt < inc.attempt)
+            .copied()
+            .collect();
+        for i in older {
+            self.stop(i).await;
+        }
+        if inc.attempt != 0
+            && self
+                .ended
+                .iter()
+                .any(|i| i.job == inc.job && i.worker == inc.worker && i.attempt > inc.attempt)
+        {
+            return; // an older placement than one already seen
+        }
+        let env = job_env(a, &self.node);
+        let path = self.env_path(&inc);
+        if let Err(e) = write_atomically(&path, env_file_text(&env).as_bytes()) {
+            tracing::error!(path = %path.display(), error = %e, "environment file not written");
+        }
+        self.journal(inc, &a.gpus, true);
+        self.backlog.set_job(&a.gpus, Some(inc.job));
+        self.starts += 1;
+        let mut live = Live {
+            gpus: a.gpus.clone(),
+            kill: None,
+            task: None,
+        };
+        match self.mode.clone() {
+            Mode::EnvOnly => {}
+            Mode::Simulated { speedup } => {
+                self.owe(inc, pb::JobState::Running, "running (simulated)".into());
+                if let Some(s) = expected_runtime_s(&env) {
+                    let tx = self.exits.clone();
+                    let wait = Duration::from_secs_f64((s / speedup).min(1e9));
+                    live.task = Some(tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        let _ = tx.send(Exit {
+                            incarnation: inc,
+                            outcome: Ok(()),
+                        });
+                    }));
+                }
+            }
+            Mode::Exec(cmd) => {
+                let log = self
+                    .logs_dir
+                    .join(format!("{}.{}.log", inc.file_stem(), inc.attempt));
+                match spawn(&cmd, &env, &log) {
+                    Ok(child) => {
+                        self.owe(inc, pb::JobState::Running, format!("running: {cmd}"));
+                        let (kill_tx, kill_rx) = oneshot::channel();
+                        live.kill = Some(kill_tx);
+                        live.task = Some(tokio::spawn(watch_child(
+                            child,
+                            inc,
+                            kill_rx,
+                            self.exits.clone(),
+                        )));
+                    }
+                    Err(e) => {
+                        let _ = self.exits.send(Exit {
+                            incarnation: inc,
+                            outcome: Err(format!("could not start `{cmd}`: {e}")),
+                        });
+                    }
+                }
+            }
+        }
+        self.live.insert(inc, live);
+    }
+
+    /// Records a report owed, unless a final one is owed already.
+    fn owe(&mut self, inc: Incarnation, state: pb::JobState, message: String) {
+        let key = (inc.job, inc.attempt);
+        let final_owed = self
+            .reports
+            .get(&key)
+            .is_some_and(|(s, _)| *s != pb::JobState::Running);
+        if !final_owed || state == pb::JobState::Failed {
+            self.reports.insert(key, (state, message));
+        }
+    }
+
+    /// Ends one incarnation at the scheduler's word (STOP, snapshot, registration): kills
+    /// its process, reports nothing.
+    pub async fn stop(&mut self, inc: Incarnation) {
+        let Some(live) = self.live.remove(&inc) else {
+            return;
+        };
+        if let Some(kill) = live.kill {
+            let _ = kill.send(());
+        }
+        if let Some(task) = live.task {
+            if matches!(self.mode, Mode::Exec(_)) {
+                // The task kills the process group and reaps it.
+                let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+            } else {
+                task.abort();
+            }
+        }
+        self.ended_cleanup(inc, &live.gpus);
+        // A report owed about this incarnation is moot: the scheduler moved on.
+        if !self
+            .live
+            .keys()
+            .any(|i| i.job == inc.job && i.attempt == inc.attempt)
+        {
+            self.reports.remove(&(inc.job, inc.attempt));
+        }
+    }
+
+    fn ended_cleanup(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot]) {
+        self.journal(inc, gpus, false);
+        self.backlog.set_job(gpus, None);
+        let still_here = self.live.keys().any(|i| i.job == inc.job);
+        if !still_here {
+            self.backlog.clear_job(inc.job);
+        }
+        let _ = std::fs::remove_file(self.env_path(&inc));
+        self.remember(inc);
+    }
+
+    /// Stops every incarnation of `job` at `attempt` (0: any attempt).
+    pub async fn stop_job(&mut self, job: u64, attempt: u32) {
+        let matching: Vec<Incarnation> = self
+            .live
+            .keys()
+            .filter(|i| i.job == job && (attempt == 0 || i.attempt == attempt))
+            .copied()
+            .collect();
+        for i in matching {
+            self.stop(i).await;
+        }
+        if attempt == 0 {
+            self.reports.retain(|(j, _), _| *j != job);
+        } else {
+            self.reports.remove(&(job, attempt));
+        }
+    }
+
+    /// Applies a STOP assignment.
+    pub async fn apply_stop(&mut self, a: &pb::Assignment) {
+        self.stop(Incarnation::of(a)).await;
+    }
+
+    /// Applies a watch's opening snapshot.
+    pub async fn sync(&mut self, snapshot: &[pb::Assignment]) {
+        let keep: HashSet<Incarnation> = snapshot.iter().map(Incarnation::of).collect();
+        let gone: Vec<Incarnation> = self
+            .live
+            .keys()
+            .filter(|i| !keep.contains(i))
+            .copied()
+            .collect();
+        for i in gone {
+            self.stop(i).await;
+        }
+        for a in snapshot {
+            self.start(a).await;
+        }
+    }
+
+    /// A process (or simulated run) ended by itself.
+    pub fn exited(&mut self, exit: Exit) {
+        let inc = exit.incarnation;
+        let Some(live) = self.live.remove(&inc) else {
+            return; // stopped meanwhile
+        };
+        self.ended_cleanup(inc, &live.gpus);
+        match exit.outcome {
+            Err(why) => {
+                tracing::warn!(job = inc.job, worker = inc.worker, %why, "job failed");
+                self.failed.insert((inc.job, inc.attempt));
+                self.owe(
+                    inc,
+                    pb::JobState::Failed,
+                    format!("worker {}: {why}", inc.worker),
+                );
+            }
+            Ok(()) => {
+                let others = self
+                    .live
+                    .keys()
+                    .any(|i| i.job == inc.job && i.attempt == inc.attempt);
+                if !others && !self.failed.contains(&(inc.job, inc.attempt)) {
+                    self.owe(inc, pb::JobState::Completed, "exited with status 0".into());
+                }
+            }
+        }
+    }
+
+    /// Stops everything (the agent is shutting down).
+    pub async fn stop_all(&mut self) {
+        let all: Vec<Incarnation> = self.live.keys().copied().collect();
+        for i in all {
+            self.stop(i).await;
+        }
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("env.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn spawn(
+    cmd: &str,
+    env: &BTreeMap<String, String>,
+    log: &Path,
+) -> std::io::Result<tokio::process::Child> {
+    let out = std::fs::File::create(log)?;
+    let err = out.try_clone()?;
+    let mut c = tokio::process::Command::new("sh");
+    c.arg("-c")
+        .arg(cmd)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(true);
+    // Its own process group, so that stopping the job reaches what `sh` started.
+    #[cfg(unix)]
+    c.process_group(0);
+    c.spawn()
+}
+
+/// Waits for the process to exit (reported) or for a kill (not reported).
+async fn watch_child(
+    mut child: tokio::process::Child,
+    inc: Incarnation,
+    kill: oneshot::Receiver<()>,
+    exits: mpsc::UnboundedSender<Exit>,
+) {
+    let status = tokio::select! {
+        s = child.wait() => Some(s),
+        _ = kill => None,
+    };
+    match status {
+        Some(Ok(s)) if s.success() => {
+            let _ = exits.send(Exit {
+                incarnation: inc,
+                outcome: Ok(()),
+            });
+        }
+        Some(Ok(s)) => {
+            let _ = exits.send(Exit {
+                incarnation: inc,
+                outcome: Err(format!("exited with {s}")),
+            });
+        }
+        Some(Err(e)) => {
+            let _ = exits.send(Exit {
+                incarnation: inc,
+                outcome: Err(format!("waiting for the process: {e}")),
+            });
+        }
+        None => {
+            if let Some(pid) = child.id() {
+                // The whole group: `sh -c` may have started more than one process.
+                let _ = tokio::process::Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pid}")])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .await;
+            }
+            let _ = child.kill().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(job: u64, attempt: u32, gpus: &[u32]) -> pb::Assignment {
+        pb::Assignment {
+            job_id: job,
+            action: pb::AssignmentAction::Start as i32,
+            worker: 0,
+            gpus: gpus
+                .iter()
+                .map(|&index| pb::GpuSlot {
+                    index,
+                    milli: 1000,
+                    ..Default::default()
+                })
+                .collect(),
+            env: Default::default(),
+            reason: String::new(),
+            attempt,
+        }
+    }
+
+    fn runner(mode: Mode) -> (Runner, mpsc::UnboundedReceiver<Exit>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let r = Runner::new("n-0", mode, dir.path(), tx, Backlog::new("n-0", 8), None).unwrap();
+        (r, rx, dir)
+    }
+
+    #[tokio::test]
+    async fn repeated_and_stale_starts_are_ignored_and_a_snapshot_replaces_the_rest() {
+        let (mut r, _rx, dir) = runner(Mode::EnvOnly);
+        r.start(&start(1, 1, &[0])).await;
+        r.start(&start(1, 1, &[0])).await;
+        assert_eq!(r.starts, 1);
+        assert!(dir.path().join("assignments/1.0.env").exists());
+        // A newer attempt replaces the old one; the old one never comes back.
+        r.start(&start(1, 2, &[1])).await;
+        r.start(&start(1, 1, &[0])).await;
+        assert_eq!(r.live().copied().collect::<Vec<_>>().len(), 1);
+        assert_eq!(r.starts, 2);
+        r.start(&start(2, 1, &[2])).await;
+        r.sync(&[start(2, 1, &[2]), start(3, 1, &[3])]).await;
+        let live: Vec<u64> = r.live().map(|i| i.job).collect();
+        assert_eq!(live, vec![2, 3]);
+        assert_eq!(r.starts, 4);
+        assert!(!dir.path().join("assignments/1.0.env").exists());
+    }
+
+    #[tokio::test]
+    async fn exec_reports_failure_by_exit_status_and_a_stop_kills() {
+        let (mut r, mut rx, _dir) = runner(Mode::Exec("exit $MARSHAL_ATTEMPT".into()));
+        r.start(&start(7, 1, &[0])).await;
+        assert_eq!(r.reports[&(7, 1)].0, pb::JobState::Running);
+        let exit = rx.recv().await.unwrap();
+        r.exited(exit);
+        let (state, msg) = &r.reports[&(7, 1)];
+        assert_eq!(*state, pb::JobState::Failed);
+        assert!(msg.contains("exit status: 1"), "{msg}");
+        assert_eq!(r.running_list().len(), 1);
+        let (mut r, mut rx, _dir) = runner(Mode::Exec("sleep 30".into()));
+        r.start(&start(8, 1, &[0])).await;
+        let t = Instant::now();
+        r.stop_job(8, 1).await;
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(r.reports.is_empty() && r.running_list().is_empty());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), rx.recv())
+                .await
+                .is_err()
+        );
+    }
+}

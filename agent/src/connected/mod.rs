@@ -1,0 +1,332 @@
+//! Connected mode (`marshal agent --scheduler URL`): the node's side of the
+//! `marshal.v1.NodeService` protocol.
+//!
+//! [`run_connected`] runs until its shutdown future resolves. Each session connects,
+//! registers the node (with what it runs now), stops what the registration says it
+//! must, then watches its assignments while a task streams telemetry from the
+//! [`Backlog`]. Any failure ends the session; the next one starts after a backoff
+//! ([`Backoff`]: 100 ms doubling up to `backoff_max`, reset after a registration). Jobs
+//! keep running across sessions; reports owed wait for the next session.
+//!
+//! The sampling loop is not here: it runs on its own thread and feeds the backlog
+//! through a [`TelemetryTap`], so a slow or absent scheduler never delays sampling and
+//! every row still reaches the local Parquet sink.
+//!
+//! Liveness: the scheduler takes every telemetry sample, watch opened, report and
+//! registration as a heartbeat, so the agent is alive to it as long as rows flow
+//! (every `flush_interval`). A node whose source produces no GPU rows sends none.
+
+mod backlog;
+pub mod env;
+mod jobs;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use marshal_scheduler::service::client::{AgentClient, Backoff, ClientConfig, ClientError};
+use marshal_scheduler::service::pb;
+use marshal_scheduler::service::tonic::Code;
+use tokio::sync::mpsc;
+
+pub use backlog::{Backlog, BacklogStats, DEFAULT_BACKLOG, TelemetryTap, to_pb};
+pub use jobs::{Applied, Exit, Incarnation, Journal, Mode, Runner};
+
+use crate::AgentError;
+
+/// Rows sent per telemetry call.
+const CHUNK: usize = 4096;
+
+#[derive(Clone, Debug)]
+pub struct ConnectedConfig {
+    pub client: ClientConfig,
+    /// What the node registers as.
+    pub node: pb::NodeInfo,
+    pub mode: Mode,
+    /// The agent's directory: `assignments/<job>.<worker>.env` (one file per worker
+    /// running here, removed when it ends) and, with `--exec`, `jobs/<job>.<worker>.<attempt>.log`.
+    pub out: PathBuf,
+    /// How often held telemetry is sent (the heartbeat period).
+    pub flush_interval: Duration,
+    /// Longest wait between reconnection attempts.
+    pub backoff_max: Duration,
+    /// Every start and end of a worker, when set (tests, debugging).
+    pub journal: Option<Journal>,
+}
+
+/// Counters of a connected agent, readable while it runs.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub sessions: AtomicU64,
+    pub registrations: AtomicU64,
+    pub reports: AtomicU64,
+    pub starts: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectedStats {
+    pub sessions: u64,
+    pub registrations: u64,
+    pub reports: u64,
+    pub starts: u64,
+    pub telemetry: BacklogStats,
+}
+
+impl Counters {
+    pub fn snapshot(&self, backlog: &Backlog) -> ConnectedStats {
+        ConnectedStats {
+            sessions: self.sessions.load(Ordering::Relaxed),
+            registrations: self.registrations.load(Ordering::Relaxed),
+            reports: self.reports.load(Ordering::Relaxed),
+            starts: self.starts.load(Ordering::Relaxed),
+            telemetry: backlog.stats(),
+        }
+    }
+}
+
+/// Runs the connected agent until `shutdown` resolves, then stops the node's jobs
+/// (their processes die with the agent; the scheduler requeues them at the next
+/// registration or after the heartbeat grace) and tries once, for at most a second, to
+/// deliver the reports still owed and the telemetry still held.
+pub async fn run_connected(
+    config: ConnectedConfig,
+    backlog: Arc<Backlog>,
+    counters: Arc<Counters>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<ConnectedStats, AgentError> {
+    if config.flush_interval.is_zero() || config.backoff_max.is_zero() {
+        return Err(AgentError::Config(
+            "flush_interval and backoff_max must be positive".into(),
+        ));
+    }
+    if let Mode::Simulated { speedup } = config.mode
+        && !(speedup.is_finite() && speedup > 0.0)
+    {
+        return Err(AgentError::Config("the speedup must be positive".into()));
+    }
+    let (exit_tx, mut exits) = mpsc::unbounded_channel();
+    let mut runner = Runner::new(
+        &config.node.name,
+        config.mode.clone(),
+        &config.out,
+        exit_tx,
+        backlog.clone(),
+        config.journal.clone(),
+    )
+    .map_err(|e| AgentError::Config(format!("{}: {e}", config.out.display())))?;
+    let mut backoff = Backoff::new(config.backoff_max);
+    let mut client_slot: Option<AgentClient> = None;
+    tokio::pin!(shutdown);
+    'outer: loop {
+        counters.sessions.fetch_add(1, Ordering::Relaxed);
+        let mut registered = false;
+        let ended = tokio::select! {
+            _ = &mut shutdown => break 'outer,
+            r = session(&config, &mut runner, &mut exits, &backlog, &counters, &mut registered, &mut client_slot) => r,
+        };
+        if registered {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay();
+        match ended {
+            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "scheduler session ended"),
+            Ok(()) => tracing::warn!(retry_in = ?delay, "scheduler closed the assignment stream"),
+        }
+        let wake = tokio::time::sleep(delay);
+        tokio::pin!(wake);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break 'outer,
+                _ = &mut wake => break,
+                Some(e) = exits.recv() => runner.exited(e),
+            }
+        }
+    }
+    runner.stop_all().await;
+    while let Ok(e) = exits.try_recv() {
+        runner.exited(e);
+    }
+    if let Some(mut client) = client_slot {
+        // Best effort, briefly: the reports owed and the rows held (the rows are in
+        // Parquet whatever happens here).
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            if !runner.reports.is_empty() {
+                flush_reports(&mut runner, &mut client, &counters).await?;
+            }
+            loop {
+                let batch = backlog.take(CHUNK);
+                if batch.is_empty() {
+                    return Ok::<(), ClientError>(());
+                }
+                match client.telemetry(batch.clone()).await {
+                    Ok(ack) => backlog.acked(&ack),
+                    Err(e) => {
+                        backlog.put_back(batch);
+                        return Err(e);
+                    }
+                }
+            }
+        })
+        .await;
+    }
+    counters
+        .starts
+        .store(runner.starts, std::sync::atomic::Ordering::Relaxed);
+    Ok(counters.snapshot(&backlog))
+}
+
+/// Whether the scheduler refused a report for good (the job moved on, or the report is
+/// stale); anything else is retried in a later session.
+fn refused(e: &ClientError) -> bool {
+    matches!(e, ClientError::Call(s) if matches!(s.code(), Code::FailedPrecondition | Code::NotFound | Code::InvalidArgument))
+}
+
+async fn flush_reports(
+    runner: &mut Runner,
+    client: &mut AgentClient,
+    counters: &Counters,
+) -> Result<(), ClientError> {
+    let owed: Vec<((u64, u32), (pb::JobState, String))> = runner
+        .reports
+        .iter()
+        .map(|(k, v)| (*k, v.clone()))
+        .collect();
+    for ((job, attempt), (state, message)) in owed {
+        let result = client.report(job, attempt, state, &message).await;
+        match result {
+            Ok(_) => counters.reports.fetch_add(1, Ordering::Relaxed),
+            Err(e) if refused(&e) => {
+                tracing::info!(job, attempt, error = %e, "report refused; dropped");
+                0
+            }
+            Err(e) => return Err(e),
+        };
+        // Drop it unless a newer report replaced it meanwhile.
+        if runner.reports.get(&(job, attempt)).map(|r| r.0) == Some(state) {
+            runner.reports.remove(&(job, attempt));
+        }
+    }
+    Ok(())
+}
+
+/// Aborts the telemetry task when the session ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn stream_telemetry(
+    mut client: AgentClient,
+    backlog: Arc<Backlog>,
+    every: Duration,
+    failed: tokio::sync::oneshot::Sender<ClientError>,
+) {
+    let mut warned = false;
+    loop {
+        tokio::time::sleep(every).await;
+        loop {
+            let batch = backlog.take(CHUNK);
+            if batch.is_empty() {
+                break;
+            }
+            let full = batch.len() == CHUNK;
+            match client.telemetry(batch.clone()).await {
+                Ok(ack) => {
+                    backlog.acked(&ack);
+                    if ack.rejected > 0 && !warned {
+                        warned = true;
+                        tracing::warn!(
+                            rejected = ack.rejected,
+                            first_error = %ack.first_error,
+                            "the scheduler refused telemetry rows"
+                        );
+                    }
+                }
+                Err(e) => {
+                    backlog.put_back(batch);
+                    let _ = failed.send(e);
+                    return;
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn session(
+    config: &ConnectedConfig,
+    runner: &mut Runner,
+    exits: &mut mpsc::UnboundedReceiver<Exit>,
+    backlog: &Arc<Backlog>,
+    counters: &Counters,
+    registered: &mut bool,
+    client_slot: &mut Option<AgentClient>,
+) -> Result<(), ClientError> {
+    let mut client = AgentClient::connect(&config.client, &config.node.name).await?;
+    *client_slot = Some(client.clone());
+    // Exits that happened while disconnected are reported in this registration's list.
+    while let Ok(e) = exits.try_recv() {
+        runner.exited(e);
+    }
+    let reg = client
+        .register(config.node.clone(), runner.running_list())
+        .await?;
+    *registered = true;
+    counters.registrations.fetch_add(1, Ordering::Relaxed);
+    for r in &reg.stop {
+        tracing::info!(
+            job = r.job_id,
+            attempt = r.attempt,
+            "the scheduler did not place this here; stopping it"
+        );
+        runner.stop_job(r.job_id, r.attempt).await;
+    }
+    let mut watch = client.assignments().await?;
+    let (failed_tx, mut failed) = tokio::sync::oneshot::channel();
+    let _telemetry = AbortOnDrop(tokio::spawn(stream_telemetry(
+        client.clone(),
+        backlog.clone(),
+        config.flush_interval,
+        failed_tx,
+    )));
+    flush_reports(runner, &mut client, counters).await?;
+    let mut snapshot: Option<Vec<pb::Assignment>> = Some(Vec::new());
+    let mut retry = tokio::time::interval(config.flush_interval.max(Duration::from_millis(200)));
+    loop {
+        tokio::select! {
+            m = watch.message() => {
+                let Some(a) = m? else { return Ok(()) };
+                match pb::AssignmentAction::try_from(a.action) {
+                    Ok(pb::AssignmentAction::Start) => match &mut snapshot {
+                        Some(held) => held.push(a),
+                        None => runner.start(&a).await,
+                    },
+                    Ok(pb::AssignmentAction::Stop) => runner.apply_stop(&a).await,
+                    Ok(pb::AssignmentAction::Synced) => {
+                        if let Some(held) = snapshot.take() {
+                            runner.sync(&held).await;
+                        }
+                    }
+                    _ => tracing::warn!(action = a.action, "unknown assignment action; ignored"),
+                }
+                counters.starts.store(runner.starts, Ordering::Relaxed);
+            }
+            Some(e) = exits.recv() => runner.exited(e),
+            e = &mut failed => {
+                return Err(e.unwrap_or_else(|_| ClientError::Call(marshal_scheduler::service::tonic::Status::unavailable("telemetry task ended"))));
+            }
+            _ = retry.tick() => {}
+        }
+        if !runner.reports.is_empty() {
+            flush_reports(runner, &mut client, counters).await?;
+        }
+    }
+}

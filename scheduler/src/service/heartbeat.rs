@@ -1,0 +1,191 @@
+//! Node heartbeats: an agent is alive while it is heard from. Every registration,
+//! telemetry sample, watch opened and job report counts; a registered node silent for
+//! `node_timeout_ms` is marked unreachable (no new work), and once it has stayed so for
+//! `node_grace_ms` more its jobs are requeued. Hearing from the agent again makes the
+//! node schedulable again; jobs already requeued stay requeued (the agent is told to
+//! stop them through its watch or at its next registration).
+
+use crate::domain::NodeId;
+use crate::service::core::Inner;
+use crate::service::jobs::JobState;
+
+impl Inner {
+    /// Notes that node `n`'s agent was heard from at `now`. Returns whether durable state
+    /// changed (the node was unreachable and is back).
+    pub fn heard_from(&mut self, n: NodeId, now: i64) -> bool {
+        let r = &mut self.nodes[n.0 as usize];
+        r.last_seen_us = r.last_seen_us.max(now);
+        if !r.unreachable {
+            return false;
+        }
+        r.unreachable = false;
+        r.unreachable_since_us = 0;
+        tracing::info!(node = %self.topo.node(n).name, "node reachable again");
+        self.mark_node(n);
+        true
+    }
+
+    /// Marks silent nodes unreachable and requeues the jobs of nodes unreachable for
+    /// longer than the grace period. Called by the driver before every cycle.
+    pub fn check_heartbeats(&mut self, now: i64) {
+        for i in 0..self.nodes.len() {
+            let n = NodeId(i as u32);
+            let r = &mut self.nodes[i];
+            if !r.registered {
+                continue;
+            }
+            if !r.unreachable {
+                if now - r.last_seen_us < self.node_timeout_us {
+                    continue;
+                }
+                r.unreachable = true;
+                r.unreachable_since_us = now;
+                tracing::warn!(
+                    node = %self.topo.node(n).name,
+                    silent_ms = (now - r.last_seen_us) / 1000,
+                    "node unreachable: no heartbeat"
+                );
+                self.mark_node(n);
+            }
+            let since = self.nodes[i].unreachable_since_us;
+            if now - since < self.node_grace_us {
+                continue;
+            }
+            let name = self.topo.node(n).name.clone();
+            for id in self.jobs_on(n) {
+                let reason = format!(
+                    "node {name} unreachable for {:.1} s (heartbeat timeout plus grace); requeued",
+                    (now - since) as f64 / 1e6
+                );
+                match self.set_state(id, JobState::Requeued, reason, None, true, now) {
+                    Ok(()) => {
+                        self.metrics.node_lost_requeues.inc();
+                    }
+                    Err(e) => tracing::error!(job = id, error = %e, "requeue not recorded"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::domain::ClusterSpec;
+    use crate::service::config::ServiceConfig;
+    use crate::service::core::Core;
+    use crate::service::metrics::Metrics;
+    use crate::service::model::{ModelSlot, NoModel};
+    use crate::service::pb;
+    use crate::service::store::Store;
+
+    use super::*;
+
+    const CLUSTER: &str = r#"
+name = "two"
+[[nodes]]
+count = 2
+name_prefix = "n"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+    fn info(i: usize) -> pb::NodeInfo {
+        pb::NodeInfo {
+            name: format!("n-{i}"),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            nvlink_domain: 8,
+            cpu_milli: 224_000,
+            memory_mib: 2_097_152,
+        }
+    }
+
+    #[test]
+    fn a_silent_node_becomes_unreachable_then_loses_its_jobs_after_the_grace() {
+        let dir = tempfile_dir();
+        let config = ServiceConfig {
+            db: dir.join("db.redb"),
+            node_timeout_ms: 1_000,
+            node_grace_ms: 2_000,
+            ..ServiceConfig::default()
+        };
+        let spec = ClusterSpec::from_toml(CLUSTER).unwrap();
+        let store = Arc::new(Store::open(&config.db, false).unwrap());
+        let core = Core::restore(
+            &config,
+            &spec,
+            store,
+            Arc::new(Metrics::new()),
+            Arc::new(NoModel),
+        )
+        .unwrap();
+        let mut inner = core.lock();
+        // After the restore, which counts every node as heard from at its start.
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        for i in 0..2 {
+            let req = pb::RegisterNodeRequest {
+                node: Some(info(i)),
+                running: vec![],
+            };
+            inner.register(&req, t0).unwrap();
+            inner.heard_from(NodeId(i as u32), t0);
+        }
+        let spec = pb::JobSpec {
+            workers: 1,
+            gpu: Some(pb::GpuDemand {
+                kind: Some(pb::gpu_demand::Kind::Whole(8)),
+            }),
+            ..Default::default()
+        };
+        let id = inner.submit(Some(&spec), t0).unwrap();
+        let path = crate::service::model::NoModel.decision_path("topo-pack");
+        inner.cycle(t0, &path);
+        let n = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
+        let other = NodeId(1 - n.0);
+        // The other node keeps talking; `n` goes silent.
+        inner.heard_from(other, t0 + 900_000);
+        inner.check_heartbeats(t0 + 900_000);
+        assert!(!inner.nodes[n.0 as usize].unreachable);
+        inner.heard_from(other, t0 + 1_500_000);
+        inner.check_heartbeats(t0 + 1_500_000);
+        assert!(inner.nodes[n.0 as usize].unreachable);
+        assert!(!inner.state.node_is_up(n));
+        assert!(!inner.nodes[other.0 as usize].unreachable);
+        assert!(inner.node_status(n).unreachable);
+        // Within the grace the job keeps its placement.
+        inner.heard_from(other, t0 + 3_000_000);
+        inner.check_heartbeats(t0 + 3_000_000);
+        assert_eq!(inner.jobs[&id].state, JobState::Placed);
+        inner.heard_from(other, t0 + 3_600_000);
+        inner.check_heartbeats(t0 + 3_600_000);
+        assert_eq!(inner.jobs[&id].state, JobState::Requeued);
+        assert!(inner.jobs_on(n).is_empty());
+        // Placed again, on the node still reachable.
+        inner.cycle(t0 + 3_600_000, &path);
+        let p = inner.jobs[&id].placement.as_ref().unwrap();
+        assert_eq!(p.workers[0].node, other);
+        assert_eq!(inner.jobs[&id].attempts, 2);
+        // The silent node comes back: schedulable again.
+        assert!(inner.heard_from(n, t0 + 4_000_000));
+        assert!(inner.state.node_is_up(n));
+        assert!(!inner.node_status(n).unreachable);
+        drop(inner);
+        drop(core);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "marshal-heartbeat-{}-{}",
+            std::process::id(),
+            crate::service::core::now_us()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

@@ -1,0 +1,771 @@
+//! `marshal agent --scheduler` in process, on loopback: three connected agents (the
+//! library's `run_connected`, fed by the real sampling loop) against `marshal serve`'s
+//! library server. Mixed jobs all complete without two workers on one GPU; a scheduler
+//! restart mid-run starts no job twice; a silent agent's node goes unreachable and its
+//! jobs move after the grace; `--exec` reports exit statuses and kills on cancel.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use marshal_agent::connected::{
+    Backlog, ConnectedConfig, Counters, Journal, Mode, TelemetryTap, run_connected,
+};
+use marshal_agent::{SystemClock, run_sampling_loop_with};
+use marshal_scheduler::domain::ClusterSpec;
+use marshal_scheduler::service::client::ClientConfig;
+use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
+use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
+use marshal_scheduler::service::{self, NoModel, ServerHandle, ServiceConfig, pb, tokio, tonic};
+use marshal_telemetry::{GpuSample, SinkConfig, Source, TelemetrySink};
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const CLUSTER: &str = r#"
+name = "three-nodes"
+nodes_per_rack = 2
+
+[[nodes]]
+count = 3
+name_prefix = "n"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+fn spec() -> ClusterSpec {
+    ClusterSpec::from_toml(CLUSTER).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn config(db: &Path, listen: &str) -> ServiceConfig {
+    ServiceConfig {
+        listen: listen.into(),
+        db: db.to_path_buf(),
+        cluster: "three-nodes".into(),
+        cycle_interval_ms: 50,
+        durable_commits: false,
+        ..ServiceConfig::default()
+    }
+}
+
+async fn serve(config: ServiceConfig) -> ServerHandle {
+    service::start(config, spec(), Arc::new(NoModel))
+        .await
+        .unwrap()
+}
+
+/// Eight GPUs sampled at wall time: what a node's NVML source would produce.
+struct FakeGpus {
+    node: Arc<str>,
+}
+
+impl Source for FakeGpus {
+    fn sample(&mut self, now_us: i64) -> marshal_telemetry::Result<Vec<GpuSample>> {
+        Ok((0..8)
+            .map(|i| GpuSample {
+                timestamp_us: now_us,
+                cluster: "three-nodes".into(),
+                node: self.node.clone(),
+                gpu_index: i,
+                gpu_uuid: format!("GPU-{i}").into(),
+                gpu_type: "NVIDIA H100 80GB HBM3".into(),
+                sm_util_pct: Some(40.0),
+                mem_total_bytes: Some(80 << 30),
+                mem_used_bytes: Some(1 << 30),
+                temperature_c: Some(50.0),
+                power_w: Some(300.0),
+                ..Default::default()
+            })
+            .collect())
+    }
+}
+
+/// One in-process agent: the sampling loop on a thread, the connected loop on the
+/// runtime.
+struct Agent {
+    node: String,
+    journal: Journal,
+    counters: Arc<Counters>,
+    backlog: Arc<Backlog>,
+    stop_sampling: Arc<AtomicBool>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    out: PathBuf,
+}
+
+fn node_info(i: usize) -> pb::NodeInfo {
+    marshal_agent::inventory_node(
+        &marshal_scheduler::domain::Topology::build(&spec()).unwrap(),
+        &format!("n-{i}"),
+    )
+    .unwrap()
+}
+
+fn start_agent(
+    rt: &tokio::runtime::Handle,
+    addr: SocketAddr,
+    i: usize,
+    mode: Mode,
+    out: &Path,
+) -> Agent {
+    let node = format!("n-{i}");
+    let out = out.join(&node);
+    let journal: Journal = Arc::default();
+    let backlog = Backlog::new(&node, 10_000);
+    let counters = Arc::new(Counters::default());
+    let stop_sampling = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, backlog, node, out) = (
+            stop_sampling.clone(),
+            backlog.clone(),
+            node.clone(),
+            out.clone(),
+        );
+        std::thread::spawn(move || {
+            let sink = TelemetrySink::open(SinkConfig::new(&out)).unwrap();
+            let mut source = FakeGpus { node: node.into() };
+            let mut tap = TelemetryTap(backlog);
+            run_sampling_loop_with(
+                &mut source,
+                None,
+                &sink,
+                Some(&mut tap),
+                Duration::from_millis(100),
+                &stop,
+                &mut SystemClock,
+                None,
+            )
+            .unwrap();
+            sink.finish().unwrap();
+        })
+    };
+    let config = ConnectedConfig {
+        client: ClientConfig {
+            url: format!("http://{addr}"),
+            ..Default::default()
+        },
+        node: node_info(i),
+        mode,
+        out: out.clone(),
+        flush_interval: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(300),
+        journal: Some(journal.clone()),
+    };
+    let (stop, mut stop_rx) = watch::channel(false);
+    let task = {
+        let (backlog, counters) = (backlog.clone(), counters.clone());
+        rt.spawn(async move {
+            run_connected(config, backlog, counters, async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            })
+            .await
+            .unwrap();
+        })
+    };
+    Agent {
+        node,
+        journal,
+        counters,
+        backlog,
+        stop_sampling,
+        sampler: Some(sampler),
+        stop,
+        task,
+        out,
+    }
+}
+
+impl Agent {
+    /// An orderly stop.
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        self.stop_sampling.store(true, Ordering::Relaxed);
+        if let Some(s) = self.sampler.take() {
+            s.join().unwrap();
+        }
+    }
+
+    /// Gone without a word: the connected loop dropped mid-flight, sampling stopped.
+    fn vanish(mut self) {
+        self.task.abort();
+        self.stop_sampling.store(true, Ordering::Relaxed);
+        if let Some(s) = self.sampler.take() {
+            s.join().unwrap();
+        }
+    }
+}
+
+fn whole(n: u32) -> Option<pb::GpuDemand> {
+    Some(pb::GpuDemand {
+        kind: Some(pb::gpu_demand::Kind::Whole(n)),
+    })
+}
+
+fn job(name: &str, workers: u32, gpu: Option<pb::GpuDemand>, runtime_s: f64) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        tenant: "t".into(),
+        workers,
+        gpu,
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        expected_runtime_s: runtime_s,
+        idempotency_key: name.into(),
+        ..Default::default()
+    }
+}
+
+/// ~`n` jobs of mixed shapes running `min_s..max_s` seconds.
+fn mix(n: usize, min_s: f64, max_s: f64) -> Vec<pb::JobSpec> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    (0..n)
+        .map(|i| {
+            let t = rng.random_range(min_s..max_s);
+            let name = format!("mix-{i}");
+            match rng.random_range(0..100u32) {
+                0..35 => job(&name, 1, whole(1), t),
+                35..55 => job(&name, 1, whole(2), t),
+                55..65 => job(&name, 1, whole(4), t),
+                65..72 => job(&name, 1, whole(8), t),
+                72..85 => job(
+                    &name,
+                    1,
+                    Some(pb::GpuDemand {
+                        kind: Some(pb::gpu_demand::Kind::Milli(if i % 2 == 0 {
+                            250
+                        } else {
+                            500
+                        })),
+                    }),
+                    t,
+                ),
+                85..90 => job(&name, 2, whole(8), t),
+                90..95 => job(&name, 3, whole(2), t),
+                _ => job(&name, 1, None, t),
+            }
+        })
+        .collect()
+}
+
+async fn jobs_client(addr: SocketAddr) -> JobServiceClient<tonic::transport::Channel> {
+    JobServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+async fn submit(addr: SocketAddr, specs: &[pb::JobSpec]) -> Vec<u64> {
+    let mut c = jobs_client(addr).await;
+    let mut ids = Vec::new();
+    for s in specs {
+        let r = c
+            .submit(pb::SubmitRequest {
+                spec: Some(s.clone()),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        ids.push(r.job.unwrap().id);
+    }
+    ids
+}
+
+/// All jobs, or `None` while the scheduler is unreachable.
+async fn list(addr: SocketAddr) -> Option<Vec<pb::Job>> {
+    let mut c = JobServiceClient::connect(format!("http://{addr}"))
+        .await
+        .ok()?;
+    let r = c
+        .list(pb::ListJobsRequest {
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+    Some(r.into_inner().jobs)
+}
+
+async fn nodes(addr: SocketAddr) -> Vec<pb::NodeStatus> {
+    NodeServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+}
+
+fn is_final(j: &pb::Job) -> bool {
+    use pb::JobState::*;
+    matches!(
+        pb::JobState::try_from(j.state),
+        Ok(Completed | Failed | Cancelled | Rejected)
+    )
+}
+
+/// Waits until every job is final (panics after `limit`).
+async fn wait_final(addr: SocketAddr, limit: Duration) -> Vec<pb::Job> {
+    let t = Instant::now();
+    loop {
+        if let Some(jobs) = list(addr).await
+            && jobs.iter().all(is_final)
+        {
+            return jobs;
+        }
+        assert!(
+            t.elapsed() < limit,
+            "jobs not final after {limit:?}: {:?}",
+            list(addr).await.map(|j| j
+                .into_iter()
+                .filter(|j| !is_final(j))
+                .map(|j| (j.id, j.state, j.reason))
+                .collect::<Vec<_>>())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Replays each agent's journal: a GPU never holds more than 1000 milli at any moment,
+/// and a whole-GPU worker never shares its GPUs. Returns the starts per incarnation.
+fn check_journals(agents: &[&Journal]) -> HashMap<(String, u64, u32, u32), u32> {
+    let mut starts = HashMap::new();
+    for journal in agents {
+        let journal = journal.lock().unwrap();
+        let mut used: HashMap<u32, u32> = HashMap::new();
+        let mut live: HashSet<(u64, u32, u32)> = HashSet::new();
+        for e in journal.iter() {
+            let i = e.incarnation;
+            let key = (i.job, i.worker, i.attempt);
+            if e.started {
+                *starts
+                    .entry((e.node.clone(), i.job, i.worker, i.attempt))
+                    .or_insert(0) += 1;
+                assert!(live.insert(key), "{} started {key:?} while it ran", e.node);
+                for g in &e.gpus {
+                    let u = used.entry(g.index).or_default();
+                    *u += g.milli;
+                    assert!(
+                        *u <= 1000,
+                        "{}: GPU {} over-allocated ({} milli) when job {} started",
+                        e.node,
+                        g.index,
+                        u,
+                        i.job
+                    );
+                }
+            } else {
+                assert!(
+                    live.remove(&key),
+                    "{} ended {key:?} that did not run",
+                    e.node
+                );
+                for g in &e.gpus {
+                    *used.get_mut(&g.index).unwrap() -= g.milli;
+                }
+            }
+        }
+    }
+    starts
+}
+
+#[test]
+fn three_connected_agents_complete_mixed_jobs_without_sharing_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
+        let addr = server.addr;
+        let agents: Vec<Agent> = (0..3)
+            .map(|i| {
+                start_agent(
+                    rt.handle(),
+                    addr,
+                    i,
+                    Mode::Simulated { speedup: 1.0 },
+                    dir.path(),
+                )
+            })
+            .collect();
+        let specs = mix(100, 0.05, 0.4);
+        let ids = submit(addr, &specs).await;
+        assert_eq!(ids.len(), 100);
+        let jobs = wait_final(addr, Duration::from_secs(90)).await;
+        for j in &jobs {
+            assert_eq!(
+                j.state,
+                pb::JobState::Completed as i32,
+                "job {} ({:?}) ended {}: {}",
+                j.id,
+                j.spec.as_ref().map(|s| &s.name),
+                j.state,
+                j.reason
+            );
+            assert_eq!(j.attempts, 1, "job {} placed more than once", j.id);
+        }
+        // Telemetry flowed to the scheduler and into Parquet.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for n in nodes(addr).await {
+            assert!(n.registered && !n.unreachable, "{n:?}");
+            assert!(n.telemetry_samples > 0, "{n:?}");
+        }
+        let journals: Vec<&Journal> = agents.iter().map(|a| &a.journal).collect();
+        let starts = check_journals(&journals);
+        assert!(starts.values().all(|&n| n == 1));
+        let workers: u32 = specs.iter().map(|s| s.workers).sum();
+        assert_eq!(starts.len() as u32, workers);
+        for a in agents {
+            let t = a.backlog.stats();
+            assert!(t.streamed > 0 && t.rejected == 0, "{}: {t:?}", a.node);
+            let out = a.out.clone();
+            a.stop().await;
+            assert!(
+                marshal_telemetry::summarize(&out)
+                    .unwrap()
+                    .kinds
+                    .iter()
+                    .any(|k| k.rows > 0)
+            );
+            // Every worker's environment file is gone with the worker.
+            assert_eq!(
+                std::fs::read_dir(out.join("assignments")).unwrap().count(),
+                0
+            );
+        }
+        server.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn agents_reconnect_to_a_restarted_scheduler_and_start_no_job_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let db = dir.path().join("db.redb");
+        let server = serve(config(&db, "127.0.0.1:0")).await;
+        let addr = server.addr;
+        let agents: Vec<Agent> = (0..3)
+            .map(|i| {
+                start_agent(
+                    rt.handle(),
+                    addr,
+                    i,
+                    Mode::Simulated { speedup: 1.0 },
+                    dir.path(),
+                )
+            })
+            .collect();
+        let specs = mix(60, 0.2, 1.0);
+        submit(addr, &specs).await;
+        // Restart once about a third of the jobs are done.
+        loop {
+            let jobs = list(addr).await.unwrap();
+            if jobs.iter().filter(|j| is_final(j)).count() >= 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let server = serve(config(&db, &addr.to_string())).await;
+        let jobs = wait_final(addr, Duration::from_secs(90)).await;
+        for j in &jobs {
+            assert_eq!(
+                j.state,
+                pb::JobState::Completed as i32,
+                "job {}: {}",
+                j.id,
+                j.reason
+            );
+            assert_eq!(j.attempts, 1, "job {} placed again: {}", j.id, j.reason);
+        }
+        let journals: Vec<&Journal> = agents.iter().map(|a| &a.journal).collect();
+        let starts = check_journals(&journals);
+        assert!(starts.values().all(|&n| n == 1), "a worker started twice");
+        let workers: u32 = specs.iter().map(|s| s.workers).sum();
+        assert_eq!(starts.len() as u32, workers);
+        for a in agents {
+            let regs = a.counters.registrations.load(Ordering::Relaxed);
+            assert!(regs >= 2, "{} registered {regs} times", a.node);
+            a.stop().await;
+        }
+        server.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn a_silent_agent_makes_its_node_unreachable_and_its_jobs_move_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let config = ServiceConfig {
+            node_timeout_ms: 500,
+            node_grace_ms: 1_500,
+            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
+        };
+        let server = serve(config).await;
+        let addr = server.addr;
+        let mut agents: Vec<Option<Agent>> = (0..3)
+            .map(|i| {
+                Some(start_agent(
+                    rt.handle(),
+                    addr,
+                    i,
+                    Mode::Simulated { speedup: 1.0 },
+                    dir.path(),
+                ))
+            })
+            .collect();
+        // Three full-node jobs long enough to outlive the timeout and grace; two more wait.
+        let specs: Vec<pb::JobSpec> = (0..5)
+            .map(|i| job(&format!("big-{i}"), 1, whole(8), 4.0))
+            .collect();
+        let ids = submit(addr, &specs).await;
+        // The first job's node goes silent once the job runs there.
+        let (victim, node) = loop {
+            let jobs = list(addr).await.unwrap();
+            let j = jobs.iter().find(|j| j.id == ids[0]).unwrap();
+            if j.state == pb::JobState::Running as i32 {
+                break (j.id, j.placement[0].node.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let i: usize = node.trim_start_matches("n-").parse().unwrap();
+        let silent = Instant::now();
+        agents[i].take().unwrap().vanish();
+        // Unreachable after the timeout; the job keeps its placement during the grace.
+        loop {
+            let n = nodes(addr)
+                .await
+                .into_iter()
+                .find(|n| n.name == node)
+                .unwrap();
+            if n.unreachable {
+                break;
+            }
+            assert!(
+                silent.elapsed() < Duration::from_secs(5),
+                "{node} never unreachable"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Not before the timeout (500 ms) less the last flush interval and some slack.
+        assert!(silent.elapsed() >= Duration::from_millis(250));
+        let j = list(addr)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|j| j.id == victim)
+            .unwrap();
+        assert_eq!(
+            j.state,
+            pb::JobState::Running as i32,
+            "requeued before the grace: {}",
+            j.reason
+        );
+        assert_eq!(j.placement[0].node, node);
+        // Everything completes elsewhere; the victim was requeued once.
+        let jobs = wait_final(addr, Duration::from_secs(60)).await;
+        for j in &jobs {
+            assert_eq!(
+                j.state,
+                pb::JobState::Completed as i32,
+                "job {}: {}",
+                j.id,
+                j.reason
+            );
+        }
+        let j = jobs.iter().find(|j| j.id == victim).unwrap();
+        assert_eq!(j.attempts, 2);
+        let journals: Vec<&Journal> = agents.iter().flatten().map(|a| &a.journal).collect();
+        let starts = check_journals(&journals);
+        assert!(
+            starts
+                .keys()
+                .any(|(n, job, _, attempt)| *job == victim && *attempt == 2 && *n != node)
+        );
+        // The node comes back with a new agent: schedulable again, and used.
+        agents[i] = Some(start_agent(
+            rt.handle(),
+            addr,
+            i,
+            Mode::Simulated { speedup: 1.0 },
+            &dir.path().join("again"),
+        ));
+        let t = Instant::now();
+        while nodes(addr)
+            .await
+            .into_iter()
+            .any(|n| n.name == node && n.unreachable)
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{node} never came back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let more: Vec<pb::JobSpec> = (0..3)
+            .map(|k| job(&format!("again-{k}"), 1, whole(8), 0.3))
+            .collect();
+        let more = submit(addr, &more).await;
+        let jobs = wait_final(addr, Duration::from_secs(30)).await;
+        assert!(
+            jobs.iter()
+                .filter(|j| more.contains(&j.id))
+                .all(|j| j.state == pb::JobState::Completed as i32)
+        );
+        let back = agents[i].as_ref().unwrap();
+        assert!(
+            back.journal
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| more.contains(&e.incarnation.job))
+        );
+        for a in agents.into_iter().flatten() {
+            a.stop().await;
+        }
+        server.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn exec_reports_exit_status_sets_the_environment_and_kills_on_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let config = ServiceConfig {
+            max_attempts: 1,
+            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
+        };
+        let server = serve(config).await;
+        let addr = server.addr;
+        let seen = dir.path().join("seen");
+        std::fs::create_dir_all(&seen).unwrap();
+        let cmd = format!(
+            "env | grep -E '^(MARSHAL_|CUDA_VISIBLE_DEVICES=)' | sort > '{}'/$MARSHAL_JOB_ID.env; \
+             case \"$MARSHAL_JOB_NAME\" in fail) exit 1;; long) exec sleep 30;; esac",
+            seen.display()
+        );
+        let agent = start_agent(rt.handle(), addr, 0, Mode::Exec(cmd), dir.path());
+        let ids = submit(
+            addr,
+            &[job("ok", 1, whole(2), 0.0), job("fail", 1, whole(1), 0.0)],
+        )
+        .await;
+        let jobs = wait_final(addr, Duration::from_secs(30)).await;
+        let by_id = |id: u64| jobs.iter().find(|j| j.id == id).unwrap();
+        assert_eq!(
+            by_id(ids[0]).state,
+            pb::JobState::Completed as i32,
+            "{}",
+            by_id(ids[0]).reason
+        );
+        let failed = by_id(ids[1]);
+        assert_eq!(
+            failed.state,
+            pb::JobState::Failed as i32,
+            "{}",
+            failed.reason
+        );
+        assert!(
+            failed.reason.contains("exit status: 1"),
+            "{}",
+            failed.reason
+        );
+        let env = std::fs::read_to_string(seen.join(format!("{}.env", ids[0]))).unwrap();
+        // A finished job has no placement any more: the GPUs are the agent's.
+        let mut gpus: Vec<u32> = agent
+            .journal
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|e| e.incarnation.job == ids[0] && e.started)
+            .unwrap()
+            .gpus
+            .iter()
+            .map(|g| g.index)
+            .collect();
+        gpus.sort_unstable();
+        assert_eq!(gpus.len(), 2);
+        let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        assert!(
+            env.contains(&format!("CUDA_VISIBLE_DEVICES={}\n", gpus.join(","))),
+            "{env}"
+        );
+        assert!(
+            env.contains(&format!("MARSHAL_JOB_ID={}\n", ids[0])),
+            "{env}"
+        );
+        assert!(
+            env.contains("MARSHAL_WORKER=0\n") && env.contains("MARSHAL_WORLD_SIZE=1\n"),
+            "{env}"
+        );
+        assert!(
+            env.contains("MARSHAL_NODE=n-0\n") && env.contains("MARSHAL_ATTEMPT=1\n"),
+            "{env}"
+        );
+        // A cancelled job's process is killed.
+        let long = submit(addr, &[job("long", 1, whole(1), 0.0)]).await[0];
+        let t = Instant::now();
+        loop {
+            let j = list(addr)
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|j| j.id == long)
+                .unwrap();
+            if j.state == pb::JobState::Running as i32 {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        jobs_client(addr)
+            .await
+            .cancel(pb::CancelRequest {
+                job_id: long,
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+        let t = Instant::now();
+        while !agent
+            .journal
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.incarnation.job == long && !e.started)
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the cancelled job was not stopped"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let j = list(addr)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|j| j.id == long)
+            .unwrap();
+        assert_eq!(j.state, pb::JobState::Cancelled as i32);
+        agent.stop().await;
+        server.shutdown().await.unwrap();
+    });
+}
