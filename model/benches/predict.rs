@@ -1,6 +1,7 @@
-//! Inference latency: one `predict` call on 64 candidate placements of 8 GPUs each.
+//! Inference latency: one `predict` call on 64 candidate placements of 8 GPUs each, with
+//! the serving path (`predict`, plain Rust) and the burn network (`predict_on_device`).
 //!
-//! `cargo bench -p marshal-model --bench predict`; the per-pair figure is printed at the end.
+//! `cargo bench -p marshal-model --bench predict`; the per-pair figures are printed at the end.
 
 use std::time::Instant;
 
@@ -28,14 +29,38 @@ fn bench(c: &mut Criterion) {
                 .expect("predict")
         })
     });
+    c.bench_function("predict_on_device_64x8gpu", |b| {
+        b.iter(|| {
+            predictor
+                .predict_on_device(std::hint::black_box(&batch))
+                .expect("predict")
+        })
+    });
 
     let reps = 200;
-    let start = Instant::now();
-    for _ in 0..reps {
-        std::hint::black_box(predictor.predict(&batch).expect("predict"));
+    for (name, path) in [
+        ("predict (plain Rust)", false),
+        ("predict_on_device (burn flex)", true),
+    ] {
+        let mut calls = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let start = Instant::now();
+            let out = if path {
+                predictor.predict_on_device(&batch)
+            } else {
+                predictor.predict(&batch)
+            };
+            std::hint::black_box(out.expect("predict"));
+            calls.push(start.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        }
+        calls.sort_by(f64::total_cmp);
+        let mean = calls.iter().sum::<f64>() / reps as f64;
+        println!(
+            "{name}: {mean:.2} µs per (job, placement) pair (p50 {:.2}, p99 {:.2}), batch {BATCH} × {GPUS} GPUs",
+            calls[reps / 2],
+            calls[reps * 99 / 100],
+        );
     }
-    let per_pair = start.elapsed().as_secs_f64() * 1e6 / (reps * BATCH) as f64;
-    println!("predict: {per_pair:.2} µs per (job, placement) pair, batch {BATCH} × {GPUS} GPUs");
 }
 
 criterion_group!(benches, bench);

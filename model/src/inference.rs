@@ -9,6 +9,7 @@ use crate::error::{ModelError, Result};
 use crate::features::{MEM_PHASES, PlacementGraph};
 use crate::network::PredictorNetwork;
 use crate::normalize::Normalization;
+use crate::serving::{PlainNetwork, RawOutput, Scratch};
 use crate::train::{TrainingSummary, to_vec};
 
 /// Standard-normal quantile of 0.95 (so ±Z spans the 5 %–95 % interval).
@@ -52,6 +53,8 @@ pub struct TrainedPredictor {
     config: PredictorConfig,
     normalization: Normalization,
     network: PredictorNetwork,
+    /// The same weights as `network`, for [`TrainedPredictor::predict`].
+    plain: PlainNetwork,
     summary: TrainingSummary,
     device: Device,
 }
@@ -66,10 +69,12 @@ impl TrainedPredictor {
     ) -> Result<Self> {
         let device = device.without_autodiff();
         let network = network.valid().to_device(&device);
+        let plain = PlainNetwork::new(&network)?;
         Ok(Self {
             config,
             normalization,
             network,
+            plain,
             summary,
             device,
         })
@@ -109,63 +114,91 @@ impl TrainedPredictor {
         }
     }
 
-    /// Predicts every graph of `batch` in one pass (internally chunked by 256 graphs).
-    /// Graphs of different sizes may be mixed. Any invalid graph fails the whole call with
-    /// an error naming it (`graph[i]...`); nothing panics on bad input.
+    /// Predicts every graph of `batch` (graphs of different sizes may be mixed), on the
+    /// CPU with the plain-Rust forward pass ([`crate::serving`]). Any invalid graph fails
+    /// the whole call with an error naming it (`graph[i]...`); nothing panics on bad input.
     pub fn predict(&self, batch: &[PlacementGraph]) -> Result<Vec<Prediction>> {
-        for (i, g) in batch.iter().enumerate() {
-            g.validate(&format!("graph[{i}]"))?;
-        }
+        validate(batch)?;
+        let mut scratch = Scratch::default();
+        batch
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let raw = self.plain.forward(g, &self.normalization, &mut scratch);
+                self.prediction(raw, i)
+            })
+            .collect()
+    }
+
+    /// The same predictions from the burn network on [`Self::device`], in padded batches of
+    /// up to 256 graphs: the path for a GPU device, and the reference the plain path is
+    /// tested against.
+    pub fn predict_on_device(&self, batch: &[PlacementGraph]) -> Result<Vec<Prediction>> {
+        validate(batch)?;
         let mut out = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(PREDICT_CHUNK) {
             let refs: Vec<&PlacementGraph> = chunk.iter().collect();
-            self.predict_chunk(&refs, &mut out)?;
+            let inputs = GraphBatch::new(&refs, &self.normalization, &self.device);
+            let raw = self.network.forward(&inputs);
+            let mean = to_vec(raw.step_mean)?;
+            let log_var = to_vec(raw.step_log_var)?;
+            let mem = to_vec(raw.peak_mem)?;
+            let util = to_vec(raw.util)?;
+            for i in 0..chunk.len() {
+                let mut peak_mem = [0.0; MEM_PHASES];
+                peak_mem.copy_from_slice(&mem[i * MEM_PHASES..(i + 1) * MEM_PHASES]);
+                let raw = RawOutput {
+                    step_mean: mean[i],
+                    step_log_var: log_var[i],
+                    peak_mem,
+                    util: util[i],
+                };
+                out.push(self.prediction(raw, out.len())?);
+            }
         }
         Ok(out)
     }
 
-    fn predict_chunk(&self, graphs: &[&PlacementGraph], out: &mut Vec<Prediction>) -> Result<()> {
+    /// Raw units from standardised outputs; an error when anything is not finite.
+    fn prediction(&self, raw: RawOutput, index: usize) -> Result<Prediction> {
         let norm = &self.normalization;
-        let inputs = GraphBatch::new(graphs, norm, &self.device);
-        let raw = self.network.forward(&inputs);
-        let mean = to_vec(raw.step_mean)?;
-        let log_var = to_vec(raw.step_log_var)?;
-        let mem = to_vec(raw.peak_mem)?;
-        let util = to_vec(raw.util)?;
         let log_std = norm.log_step_time.std[0];
-        for i in 0..graphs.len() {
-            let mu = norm
-                .log_step_time
-                .invert(0, mean[i].clamp(-MAX_STEP_Z, MAX_STEP_Z));
-            let sigma = (0.5 * log_var[i]).exp() * log_std;
-            let mut peak_mem_gib = [0.0; MEM_PHASES];
-            for (p, slot) in peak_mem_gib.iter_mut().enumerate() {
-                *slot = norm.peak_mem.invert(p, mem[i * MEM_PHASES + p]).max(0.0);
-            }
-            let prediction = Prediction {
-                step_time_s: mu.exp(),
-                step_time_p05: (mu - Z95 * sigma).exp(),
-                step_time_p95: (mu + Z95 * sigma).exp(),
-                peak_mem_gib,
-                gpu_util_pct: norm.gpu_util.invert(0, util[i]).clamp(0.0, 100.0),
-            };
-            let finite = [
-                prediction.step_time_s,
-                prediction.step_time_p05,
-                prediction.step_time_p95,
-                prediction.gpu_util_pct,
-            ]
-            .iter()
-            .chain(&prediction.peak_mem_gib)
-            .all(|v| v.is_finite());
-            if !finite || prediction.step_time_s <= 0.0 {
-                return Err(ModelError::Backend(format!(
-                    "non-finite prediction for graph {}: {prediction:?}",
-                    out.len()
-                )));
-            }
-            out.push(prediction);
+        let mu = norm
+            .log_step_time
+            .invert(0, raw.step_mean.clamp(-MAX_STEP_Z, MAX_STEP_Z));
+        let sigma = (0.5 * raw.step_log_var).exp() * log_std;
+        let mut peak_mem_gib = [0.0; MEM_PHASES];
+        for (p, slot) in peak_mem_gib.iter_mut().enumerate() {
+            *slot = norm.peak_mem.invert(p, raw.peak_mem[p]).max(0.0);
         }
-        Ok(())
+        let prediction = Prediction {
+            step_time_s: mu.exp(),
+            step_time_p05: (mu - Z95 * sigma).exp(),
+            step_time_p95: (mu + Z95 * sigma).exp(),
+            peak_mem_gib,
+            gpu_util_pct: norm.gpu_util.invert(0, raw.util).clamp(0.0, 100.0),
+        };
+        let finite = [
+            prediction.step_time_s,
+            prediction.step_time_p05,
+            prediction.step_time_p95,
+            prediction.gpu_util_pct,
+        ]
+        .iter()
+        .chain(&prediction.peak_mem_gib)
+        .all(|v| v.is_finite());
+        if !finite || prediction.step_time_s <= 0.0 {
+            return Err(ModelError::Backend(format!(
+                "non-finite prediction for graph {index}: {prediction:?}"
+            )));
+        }
+        Ok(prediction)
     }
+}
+
+fn validate(batch: &[PlacementGraph]) -> Result<()> {
+    for (i, g) in batch.iter().enumerate() {
+        g.validate(&format!("graph[{i}]"))?;
+    }
+    Ok(())
 }

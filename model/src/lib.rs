@@ -1,5 +1,5 @@
 //! Marshal's neural networks (burn): the graph-network resource predictors, with artifact
-//! save/load. (The placement policy network arrives with issue 6.)
+//! save/load, and the placement policy network ([`policy`]).
 //!
 //! # What it predicts
 //!
@@ -18,7 +18,12 @@
 //! - **Dense, padded graphs.** Placements are small (1–64 GPUs, typically ≤ 16), so a batch is
 //!   padded to its largest graph and processed as `B×N×F` node and `B×N×N×E` edge tensors
 //!   with masks. That is a handful of large tensor ops instead of many tiny scatter/gather ops —
-//!   what a CPU backend is fastest at — and whole candidate lists are scored in one call.
+//!   what a CPU backend is fastest at for training.
+//! - **Serving is plain Rust.** At inference a candidate list is a few dozen small products,
+//!   where a tensor backend's per-op overhead dominates, so [`TrainedPredictor::predict`]
+//!   copies the weights into flat arrays once and runs each graph unpadded, encoding each
+//!   distinct kind of link once (module `serving`); `predict_on_device` keeps the burn path for
+//!   GPU devices, and a test holds the two to the same outputs.
 //! - **Message passing** ([`network`]): node/edge encoders, `rounds` rounds of an MLP over
 //!   `[h_i, h_j, e_ij]` (computed as a sum of three linear maps, never concatenated) with
 //!   masked mean aggregation and a residual update, then masked mean + max pooling joined with
@@ -46,6 +51,7 @@
 pub mod artifact;
 mod batch;
 mod config;
+mod dense;
 pub mod device;
 mod error;
 mod features;
@@ -53,6 +59,7 @@ mod inference;
 pub mod network;
 mod normalize;
 pub mod policy;
+mod serving;
 pub mod synthetic;
 pub mod train;
 

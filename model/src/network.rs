@@ -39,25 +39,25 @@ pub(crate) const LOG_VAR_MAX: f32 = 4.0;
 /// One message-passing round.
 #[derive(Module, Debug)]
 pub struct MessageRound {
-    msg_self: Linear,
-    msg_neighbour: Linear,
-    msg_edge: Linear,
-    update_self: Linear,
-    update_agg: Linear,
+    pub(crate) msg_self: Linear,
+    pub(crate) msg_neighbour: Linear,
+    pub(crate) msg_edge: Linear,
+    pub(crate) update_self: Linear,
+    pub(crate) update_agg: Linear,
 }
 
 /// The predictor network (see the module docs for the equations).
 #[derive(Module, Debug)]
 pub struct PredictorNetwork {
-    node_encoder: Linear,
-    edge_encoder: Linear,
-    job_encoder: Linear,
-    rounds: Vec<MessageRound>,
-    trunk: Linear,
-    step_head: Linear,
-    step_skip: Linear,
-    mem_head: Linear,
-    util_head: Linear,
+    pub(crate) node_encoder: Linear,
+    pub(crate) edge_encoder: Linear,
+    pub(crate) job_encoder: Linear,
+    pub(crate) rounds: Vec<MessageRound>,
+    pub(crate) trunk: Linear,
+    pub(crate) step_head: Linear,
+    pub(crate) step_skip: Linear,
+    pub(crate) mem_head: Linear,
+    pub(crate) util_head: Linear,
 }
 
 /// Raw network outputs in standardised units.

@@ -163,8 +163,13 @@ fn prediction_ignores_padding_and_gpu_order_and_rejects_bad_graphs() {
         .0
         .clone();
 
-    let alone = predictor.predict(std::slice::from_ref(&small)).unwrap()[0];
-    let padded = predictor.predict(&[big.clone(), small.clone()]).unwrap()[1];
+    // The tensor path pads a batch to its largest graph.
+    let alone = predictor
+        .predict_on_device(std::slice::from_ref(&small))
+        .unwrap()[0];
+    let padded = predictor
+        .predict_on_device(&[big.clone(), small.clone()])
+        .unwrap()[1];
     assert_close(alone.step_time_s, padded.step_time_s);
     assert_close(alone.gpu_util_pct, padded.gpu_util_pct);
 
@@ -200,6 +205,40 @@ fn prediction_ignores_padding_and_gpu_order_and_rejects_bad_graphs() {
         ..small
     };
     assert!(predictor.predict(&[empty]).is_err());
+}
+
+/// The plain-Rust serving path and the burn network compute the same function, also on
+/// graphs with missing links, repeated links and mixed sizes in one batch.
+#[test]
+fn serving_path_matches_the_tensor_network() {
+    let data = synthetic::dataset(60, 9, 0.05);
+    let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
+    let mut graphs: Vec<PlacementGraph> = data.iter().map(|(g, _)| g.clone()).collect();
+    for (i, g) in graphs.iter_mut().enumerate() {
+        match i % 3 {
+            // Drop every other link: GPUs with no link keep degree 0.
+            0 => g.links = g.links.iter().copied().step_by(2).collect(),
+            // A repeated pair: the later features win on both paths.
+            1 if !g.links.is_empty() => {
+                let (a, b, mut link) = g.links[0];
+                link.values[1] *= 0.5;
+                g.links.push((b, a, link));
+            }
+            _ => {}
+        }
+    }
+    let plain = predictor.predict(&graphs).unwrap();
+    let tensor = predictor.predict_on_device(&graphs).unwrap();
+    assert_eq!(plain.len(), tensor.len());
+    for (p, t) in plain.iter().zip(&tensor) {
+        assert_close(p.step_time_s, t.step_time_s);
+        assert_close(p.step_time_p05, t.step_time_p05);
+        assert_close(p.step_time_p95, t.step_time_p95);
+        assert_close(p.gpu_util_pct, t.gpu_util_pct);
+        for (a, b) in p.peak_mem_gib.iter().zip(&t.peak_mem_gib) {
+            assert_close(*a, *b);
+        }
+    }
 }
 
 fn assert_close(a: f32, b: f32) {

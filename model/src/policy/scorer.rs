@@ -1,12 +1,10 @@
 //! Serving: the network's weights as flat arrays, scores and confidence per decision.
 
-use burn::module::Param;
-use burn::nn::Linear;
-use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::features::{DecisionFeatures, INPUT_FEATURES};
 use super::network::PolicyNetwork;
+use crate::dense::Dense;
 use crate::error::{ModelError, Result};
 
 /// Standardisation of the network input, fitted on the training decisions, and how far
@@ -119,52 +117,6 @@ pub struct Scored {
     pub margin: f32,
     /// [`FeatureStats::distance`] of the decision.
     pub distance: f32,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct Dense {
-    w: Vec<f32>,
-    b: Vec<f32>,
-    d_in: usize,
-    d_out: usize,
-}
-
-impl Dense {
-    fn from_linear(l: &Linear) -> Result<Dense> {
-        let [d_in, d_out] = l.weight.val().dims();
-        let w = to_vec(l.weight.val())?;
-        let b = match &l.bias {
-            Some(b) => to_vec::<1>(Param::val(b))?,
-            None => vec![0.0; d_out],
-        };
-        Ok(Dense { w, b, d_in, d_out })
-    }
-
-    fn forward(&self, x: &[f32], out: &mut Vec<f32>, relu: bool) {
-        out.clear();
-        out.extend_from_slice(&self.b);
-        for (i, xi) in x.iter().enumerate().take(self.d_in) {
-            if *xi == 0.0 {
-                continue;
-            }
-            let row = &self.w[i * self.d_out..(i + 1) * self.d_out];
-            for (o, w) in out.iter_mut().zip(row) {
-                *o += xi * w;
-            }
-        }
-        if relu {
-            for o in out.iter_mut() {
-                *o = o.max(0.0);
-            }
-        }
-    }
-}
-
-fn to_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
-    t.try_into_data()
-        .map_err(|e| ModelError::Backend(format!("{e:?}")))?
-        .try_into_vec::<f32>()
-        .map_err(|e| ModelError::Backend(format!("{e:?}")))
 }
 
 /// The candidate scorer with plain-Rust arithmetic: the same function as
