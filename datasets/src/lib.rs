@@ -5,7 +5,8 @@
 //!
 //! Job traces (each row a [`Job`]; all return the jobs and a [`ParseReport`]):
 //! - Alibaba openb (v2023, the FGD paper): node lists → [`parse_openb_nodes`], pod lists
-//!   (11- and 5-column) → [`parse_openb_pods`].
+//!   (11- and 5-column) → [`parse_openb_pods`]; with the incumbent's scheduled times
+//!   (shadow mode) → [`parse_openb_recorded`], [`load_recorded_trace`].
 //! - Microsoft Philly (2017, Pollux's copy): jobs → [`parse_philly`], 7-day windows →
 //!   [`philly_window`], machines → [`philly_cluster`].
 //! - Microsoft ITP (ElasticFlow's release, raw and processed) → [`parse_itp`].
@@ -141,7 +142,7 @@ pub use lucid::{
     parse_lucid_single,
 };
 pub use occupancy::{OccupancyPoint, OccupancySeries, OccupancyUnit, parse_occupancy};
-pub use openb::{parse_openb_nodes, parse_openb_pods};
+pub use openb::{RecordedRun, parse_openb_nodes, parse_openb_pods, parse_openb_recorded};
 pub use pai::{
     BatchTimeSample, PaiMachine, pai_machine_spec, parse_pai_batch_times, parse_pai_machine_spec,
     parse_pai_machine_spec_archive,
@@ -157,7 +158,7 @@ pub use presets::{CLUSTER_PRESETS, cluster_preset};
 pub use report::{MAX_SKIPPED_DETAILS, ParseReport, SkippedRow};
 pub use resolve::{
     OCCUPANCY_NAMES, PAI_BATCH_TIME_NAMES, TRACE_NAMES, UNBUNDLED_TRACE_NAMES, load_cluster,
-    load_occupancy, load_pai_batch_times, load_trace, trace_gpu_model,
+    load_occupancy, load_pai_batch_times, load_recorded_trace, load_trace, trace_gpu_model,
 };
 pub use summary::{
     ClusterSummary, SUMMARY_COLUMNS, acme_cluster_summary, helios_cluster_summary,

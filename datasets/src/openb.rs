@@ -197,6 +197,54 @@ pub fn parse_openb_pods(
     text: &str,
     catalog: &GpuCatalog,
 ) -> Result<(Vec<Job>, ParseReport), DatasetError> {
+    let (rows, report) = parse_pods(name, text, catalog, false)?;
+    Ok((rows.into_iter().map(|(job, _)| job).collect(), report))
+}
+
+/// What the incumbent scheduler did with one pod, as its log records it (times in the
+/// file's clock, seconds, like [`Job::submit_time`] of [`parse_openb_pods`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedRun {
+    pub created: f64,
+    /// `scheduled_time`; `None` when empty (the pod was never scheduled, e.g. `Pending`).
+    pub scheduled: Option<f64>,
+    pub deleted: f64,
+    /// The node it ran on, from an optional `node` column (openb publishes none).
+    pub node: Option<String>,
+}
+
+/// Parses an 11-column openb pod list as [`parse_openb_pods`] does, keeping with each job
+/// what the incumbent did: `scheduled_time` and, when the file has a `node` column, the
+/// node. A row whose `scheduled_time` is not a number, is before `creation_time` or after
+/// `deletion_time` is skipped with its line, like every malformed row. A 5-column file
+/// records no times: an error.
+pub fn parse_openb_recorded(
+    name: &str,
+    text: &str,
+    catalog: &GpuCatalog,
+) -> Result<(Vec<(Job, RecordedRun)>, ParseReport), DatasetError> {
+    let (rows, report) = parse_pods(name, text, catalog, true)?;
+    let rows = rows
+        .into_iter()
+        .map(|(job, run)| Some((job, run?)))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| DatasetError::Malformed {
+            file: name.to_string(),
+            line: 1,
+            field: "header".into(),
+            reason: "a 5-column pod list records no creation, deletion or scheduled times".into(),
+        })?;
+    Ok((rows, report))
+}
+
+type PodRow = (Job, Option<RecordedRun>);
+
+fn parse_pods(
+    name: &str,
+    text: &str,
+    catalog: &GpuCatalog,
+    recorded: bool,
+) -> Result<(Vec<PodRow>, ParseReport), DatasetError> {
     let table = Table::open(name, text, POD_HEADER_FULL)?;
     let is_full = FULL_ONLY.iter().any(|c| table.has(c));
     let expected = if is_full {
@@ -214,6 +262,14 @@ pub fn parse_openb_pods(
     } else {
         None
     };
+    let scheduled = if recorded && is_full {
+        Some(table.column("scheduled_time", expected)?)
+    } else {
+        None
+    };
+    let node = (recorded && table.has("node"))
+        .then(|| table.column("node", expected))
+        .transpose()?;
     let cols = PodCols {
         name: table.column("name", expected)?,
         cpu: table.column("cpu_milli", expected)?,
@@ -229,7 +285,11 @@ pub fn parse_openb_pods(
         let job = parse_pod(row, &cols, catalog, id)?;
         job.validate()
             .map_err(|e| Bad::new("record", e.to_string()))?;
-        jobs.push(job);
+        let run = match (&cols.full, scheduled) {
+            (Some(f), Some(s)) => Some(recorded_run(row, f, s, node)?),
+            _ => None,
+        };
+        jobs.push((job, run));
         Ok(())
     });
     if jobs.is_empty() {
@@ -296,6 +356,39 @@ fn parse_pod(row: &Row<'_>, c: &PodCols, catalog: &GpuCatalog, id: JobId) -> Res
         job.total_work = (deletion - creation).max(0.0);
     }
     Ok(job)
+}
+
+fn recorded_run(
+    row: &Row<'_>,
+    f: &FullCols,
+    scheduled: Col,
+    node: Option<Col>,
+) -> Result<RecordedRun, Bad> {
+    let created = row.seconds(f.creation)?;
+    let deleted = row.seconds(f.deletion)?;
+    let scheduled_at = match row.get(scheduled)? {
+        "" => None,
+        _ => Some(row.seconds(scheduled)?),
+    };
+    if let Some(t) = scheduled_at
+        && !(created..=deleted).contains(&t)
+    {
+        return Err(Bad::new(
+            "scheduled_time",
+            format!("{t} is outside creation_time..=deletion_time ({created}..={deleted})"),
+        ));
+    }
+    let node = node
+        .map(|c| row.get(c))
+        .transpose()?
+        .filter(|n| !n.is_empty())
+        .map(String::from);
+    Ok(RecordedRun {
+        created,
+        scheduled: scheduled_at,
+        deleted,
+        node,
+    })
 }
 
 fn gpu_models(spec: &str, catalog: &GpuCatalog) -> Result<GpuModelSet, Bad> {
@@ -427,6 +520,31 @@ p3,8000,8192,4,1000,V100M32,,Failed,70,170,70
             jobs.iter()
                 .all(|j| j.workers == 1 && j.comm == CommPattern::None)
         );
+    }
+
+    #[test]
+    fn recorded_pods_keep_scheduled_times_and_nodes() {
+        let catalog = GpuCatalog::default();
+        let (rows, report) = parse_openb_recorded("pods.csv", PODS, &catalog).unwrap();
+        assert_eq!(
+            report.rows_skipped, 1,
+            "p1 was deleted before it was scheduled"
+        );
+        assert_eq!(report.skipped[0].line, 3);
+        assert_eq!(report.skipped[0].field, "scheduled_time");
+        let runs: Vec<_> = rows.iter().map(|(_, r)| (r.scheduled, r.deleted)).collect();
+        assert_eq!(
+            runs,
+            [(Some(0.0), 100.0), (None, 70.0), (Some(70.0), 170.0)]
+        );
+        let with_node = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,\
+                         creation_time,deletion_time,scheduled_time,node\n\
+                         p0,1,1,1,1000,,BE,Running,0,9,2,n7\n";
+        let (rows, _) = parse_openb_recorded("n.csv", with_node, &catalog).unwrap();
+        assert_eq!(rows[0].1.node.as_deref(), Some("n7"));
+        let short = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,1000\n";
+        let err = parse_openb_recorded("short.csv", short, &catalog).unwrap_err();
+        assert!(err.to_string().contains("records no"), "{err}");
     }
 
     #[test]

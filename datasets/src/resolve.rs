@@ -11,9 +11,10 @@ use crate::bundled::{
 use crate::gzip::gunzip;
 use crate::table::{Table, malformed};
 use crate::{
-    BatchTimeSample, CLUSTER_PRESETS, DatasetError, OccupancySeries, ParseReport, cluster_preset,
-    parse_chronus, parse_dlrm, parse_itp, parse_occupancy, parse_openb_nodes, parse_openb_pods,
-    parse_pai_batch_times, parse_philly, parse_pollux, parse_sia, philly_window,
+    BatchTimeSample, CLUSTER_PRESETS, DatasetError, OccupancySeries, ParseReport, RecordedRun,
+    cluster_preset, parse_chronus, parse_dlrm, parse_itp, parse_occupancy, parse_openb_nodes,
+    parse_openb_pods, parse_openb_recorded, parse_pai_batch_times, parse_philly, parse_pollux,
+    parse_sia, philly_window,
 };
 
 /// Bundled traces [`load_trace`] knows by name:
@@ -295,6 +296,42 @@ pub fn load_trace(
     Err(unknown_trace(arg))
 }
 
+/// Loads a recorded log of another scheduler's decisions: an 11-column openb pod list
+/// with its `scheduled_time` (and an optional `node` column) by name (`openb`,
+/// `openb-default`, `openb-<variant>` from the traces directory) or by path. Other
+/// traces record no scheduling times and are an error saying so.
+pub fn load_recorded_trace(
+    arg: &str,
+    catalog: &GpuCatalog,
+) -> Result<(Vec<(Job, RecordedRun)>, ParseReport), DatasetError> {
+    let (name, text) = match arg {
+        "openb" | "openb-default" => (
+            OPENB_PODS_DEFAULT.name.to_string(),
+            OPENB_PODS_DEFAULT.text.to_string(),
+        ),
+        _ => {
+            let path = match arg.strip_prefix("openb-") {
+                Some(variant) if is_variant_name(variant) => {
+                    find_openb_variant(arg, variant, &trace_dirs())?
+                }
+                _ if looks_like_path(arg) => PathBuf::from(arg),
+                _ => {
+                    return Err(DatasetError::Malformed {
+                        file: arg.to_string(),
+                        line: 1,
+                        field: "trace".into(),
+                        reason: "not a recorded log: give an openb pod list with \
+                                 scheduled_time (openb-default, openb-<variant> or a path)"
+                            .into(),
+                    });
+                }
+            };
+            (path.display().to_string(), read(&path)?)
+        }
+    };
+    parse_openb_recorded(&name, &text, catalog)
+}
+
 /// Loads a cluster: a name in [`CLUSTER_PRESETS`], or a path to a `.toml` cluster spec or
 /// an openb-style node-list `.csv` (rows the parser skips are dropped; call
 /// [`parse_openb_nodes`] to see them). A file with another extension is read as a node
@@ -556,12 +593,21 @@ fn load_openb_variant(
     dirs: &[PathBuf],
     catalog: &GpuCatalog,
 ) -> Result<(Vec<Job>, ParseReport), DatasetError> {
+    let path = find_openb_variant(name, variant, dirs)?;
+    let text = read(&path)?;
+    parse_openb_pods(&path.display().to_string(), &text, catalog)
+}
+
+fn find_openb_variant(
+    name: &str,
+    variant: &str,
+    dirs: &[PathBuf],
+) -> Result<PathBuf, DatasetError> {
     let file = format!("openb_pod_list_{variant}.csv");
     for dir in dirs {
         for candidate in [dir.join(OPENB_DIR).join(&file), dir.join(&file)] {
             if candidate.is_file() {
-                let text = read(&candidate)?;
-                return parse_openb_pods(&candidate.display().to_string(), &text, catalog);
+                return Ok(candidate);
             }
         }
     }

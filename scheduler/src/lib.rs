@@ -6,4 +6,5 @@ pub mod framework;
 pub mod policies;
 #[cfg(feature = "service")]
 pub mod service;
+pub mod shadow;
 pub mod sim;

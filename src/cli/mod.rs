@@ -7,6 +7,7 @@ mod output;
 mod policy;
 mod predictor;
 mod serve;
+mod shadow;
 mod sim;
 mod svg;
 mod telemetry;
@@ -46,6 +47,9 @@ enum Command {
     Agent(telemetry::AgentArgs),
     /// The online scheduler: gRPC primary mode, advisor, admin (see the README).
     Serve(serve::ServeArgs),
+    /// Shadow mode beside another scheduler: replay its recorded log against Marshal's
+    /// decisions, or serve only the Advisor and log its recommendations. Never acts.
+    Shadow(shadow::ShadowArgs),
     /// List policies, bundled traces and cluster presets.
     List,
 }
@@ -73,6 +77,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),
         Command::Serve(args) => serve::run(args),
+        Command::Shadow(args) => shadow::run(args),
         Command::List => {
             println!(
                 "policies: {}, {} (a trained model: --model, default models/policy-default)",

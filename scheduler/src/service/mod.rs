@@ -8,7 +8,8 @@
 //!   [`store`] redb persistence; `heartbeat` node liveness; [`advisor`] Advise on a snapshot.
 //! - [`api`] the gRPC adapters, [`auth`] bearer tokens, [`metrics`] Prometheus,
 //!   [`server`] wiring (TLS, health, reflection, shutdown), [`model`] the learned-model
-//!   slot, [`config`] the TOML configuration.
+//!   slot, [`config`] the TOML configuration; [`shadow`] the advisor-only server of
+//!   `marshal shadow --listen`.
 
 /// Generated protobuf and gRPC code for `marshal.v1`.
 #[allow(clippy::all, missing_debug_implementations)]
@@ -36,11 +37,12 @@ pub mod model;
 mod ops;
 pub mod records;
 pub mod server;
+pub mod shadow;
 pub mod store;
 
 pub use config::{SecurityConfig, ServiceConfig};
 pub use error::{ServiceError, StartError};
 pub use model::{ModelSlot, NoModel};
-pub use server::{ServerHandle, start};
+pub use server::{AdvisorHandle, ServerHandle, start, start_advisor};
 /// Re-exported so clients (tests, the load generator, agents) use the same versions.
 pub use {tokio, tonic, tonic_health};

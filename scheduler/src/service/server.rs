@@ -80,6 +80,86 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, StartError> {
     std::fs::read(path).map_err(|e| StartError::Tls(format!("{}: {e}", path.display())))
 }
 
+/// A server builder with TLS (and mutual TLS) as `sec` says.
+fn server_builder(sec: &crate::service::SecurityConfig) -> Result<Server, StartError> {
+    let mut builder = Server::builder();
+    if let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) {
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+        if let Some(ca) = &sec.client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+        }
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+    }
+    Ok(builder)
+}
+
+/// A running advisor-only server ([`start_advisor`]).
+#[derive(Debug)]
+pub struct AdvisorHandle {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl AdvisorHandle {
+    /// Stops accepting calls and waits for open ones (up to a grace period).
+    pub async fn shutdown(self) -> Result<(), StartError> {
+        let _ = self.stop.send(true);
+        let mut server = self.server;
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+            Ok(Ok(r)) => r.map_err(StartError::from),
+            Ok(Err(e)) => Err(StartError::Io(std::io::Error::other(e.to_string()))),
+            Err(_) => {
+                server.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Shadow mode: serves only the Advisor service (with health and reflection, TLS and
+/// client tokens as `config.security` says) on `config.listen`, appending every
+/// recommendation to `shadow_log`. No database, no cluster, no cycle: it never acts.
+pub async fn start_advisor(
+    config: &ServiceConfig,
+    shadow_log: &std::path::Path,
+) -> Result<AdvisorHandle, StartError> {
+    config.validate()?;
+    let advisor = Arc::new(
+        crate::service::shadow::ShadowAdvisor::open(&config.policy, shadow_log).map_err(|e| {
+            StartError::Io(std::io::Error::other(format!(
+                "shadow log {}: {e}",
+                shadow_log.display()
+            )))
+        })?,
+    );
+    let listener = TcpListener::bind(config.listen_addr()?).await?;
+    let addr = listener.local_addr()?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(SERVICES[2], ServingStatus::Serving)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
+    let clients = BearerAuth::new(&config.security.client_tokens, "client");
+    let (stop, stop_rx) = watch::channel(false);
+    let router = server_builder(&config.security)?
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(AdvisorServiceServer::with_interceptor(advisor, clients));
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        crate::service::core::stopped(stop_rx),
+    ));
+    tracing::info!(%addr, policy = %config.policy, log = %shadow_log.display(), "shadow advisor");
+    Ok(AdvisorHandle { addr, stop, server })
+}
+
 /// Opens the database, restores the state and starts serving on `config.listen`.
 pub async fn start(
     config: ServiceConfig,
@@ -150,16 +230,7 @@ pub async fn start(
         .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
 
     let sec = &config.security;
-    let mut builder = Server::builder();
-    if let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) {
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-        if let Some(ca) = &sec.client_ca {
-            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-        }
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| StartError::Tls(e.to_string()))?;
-    }
+    let mut builder = server_builder(sec)?;
     let clients = BearerAuth::new(&sec.client_tokens, "client");
     let agents = BearerAuth::new(&sec.agent_tokens, "agent");
     let api = Api {

@@ -42,6 +42,11 @@ pub struct SpeedModel {
     /// communication share and co-location speed from here instead of the defaults above.
     #[serde(default)]
     pub workloads: WorkloadCatalog,
+    /// Every job runs at speed 1 wherever it is placed: a job's work is its recorded
+    /// duration, whatever GPU model, locality or co-tenants it gets. Shadow mode replays
+    /// recorded logs this way, so both schedulers' jobs last what the log says.
+    #[serde(default)]
+    pub recorded_durations: bool,
 }
 
 impl Default for SpeedModel {
@@ -54,6 +59,7 @@ impl Default for SpeedModel {
             interference: 0.10,
             min_interference_factor: 0.5,
             workloads: WorkloadCatalog::default(),
+            recorded_durations: false,
         }
     }
 }
@@ -126,7 +132,7 @@ impl SpeedModel {
     /// Progress rate of `job` on `placement` given the current co-tenants in `state`.
     pub fn speed(&self, job: &Job, placement: &Placement, state: &ClusterState) -> f64 {
         let topo = state.topology();
-        if job.gpu_count() == 0 {
+        if job.gpu_count() == 0 || self.recorded_durations {
             return 1.0;
         }
         let mut throughput = f64::INFINITY;

@@ -1,0 +1,127 @@
+//! Shadow mode's live advisor: the Advisor service alone (and health), answering a
+//! foreign scheduler's `Advise` calls and appending every recommendation to a shadow log
+//! (JSON lines, one [`DecisionRecord`] each). It holds no cluster and no jobs, so it
+//! cannot act.
+
+use std::collections::VecDeque;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tonic::{Request, Response, Status};
+
+use crate::service::error::ServiceError;
+use crate::service::model::{ModelSlot, NoModel};
+use crate::service::pb;
+use crate::service::pb::advisor_service_server::AdvisorService;
+use crate::service::records::DecisionRecord;
+
+/// Decisions kept in memory for Explain (the log has them all).
+const EXPLAIN_WINDOW: usize = 100_000;
+
+#[derive(Debug)]
+pub struct ShadowAdvisor {
+    policy: String,
+    log: Mutex<std::io::BufWriter<std::fs::File>>,
+    log_name: String,
+    next_id: AtomicU64,
+    recent: Mutex<VecDeque<DecisionRecord>>,
+}
+
+impl ShadowAdvisor {
+    /// Appends to `log` (created when missing). Decision ids continue after those
+    /// already in it, so Explain ids stay unique across restarts.
+    pub fn open(policy: &str, log: &Path) -> Result<Self, std::io::Error> {
+        let existing = match std::fs::read_to_string(log) {
+            Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).count() as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        Ok(ShadowAdvisor {
+            policy: policy.to_string(),
+            log: Mutex::new(std::io::BufWriter::new(file)),
+            log_name: log.display().to_string(),
+            next_id: AtomicU64::new(existing + 1),
+            recent: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    fn append(&self, records: &[DecisionRecord]) -> Result<(), Status> {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let io = |e: std::io::Error| Status::internal(format!("shadow log {}: {e}", self.log_name));
+        for r in records {
+            let line = serde_json::to_string(r).map_err(|e| Status::internal(e.to_string()))?;
+            writeln!(log, "{line}").map_err(io)?;
+        }
+        log.flush().map_err(io)
+    }
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+#[tonic::async_trait]
+impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
+    async fn advise(
+        &self,
+        req: Request<pb::AdviseRequest>,
+    ) -> Result<Response<pb::AdviseResponse>, Status> {
+        let req = req.into_inner();
+        let path = NoModel.decision_path(if req.policy.is_empty() {
+            &self.policy
+        } else {
+            &req.policy
+        });
+        let policy = self.policy.clone();
+        let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
+            crate::service::advisor::advise(&req, &policy, &path, now_us())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("advise task: {e}")))??;
+        for (rec, record) in recs.iter_mut().zip(records.iter_mut()) {
+            record.id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            rec.decision_id = record.id;
+        }
+        self.append(&records)?;
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        for r in records {
+            if recent.len() == EXPLAIN_WINDOW {
+                recent.pop_front();
+            }
+            recent.push_back(r);
+        }
+        Ok(Response::new(pb::AdviseResponse {
+            recommendations: recs,
+            policy: name,
+        }))
+    }
+
+    async fn explain(
+        &self,
+        req: Request<pb::ExplainRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        let id = req.into_inner().decision_id;
+        if id == 0 {
+            return Err(ServiceError::invalid("decision_id", "missing (ids start at 1)").into());
+        }
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let record = recent.iter().find(|r| r.id == id).ok_or_else(|| {
+            Status::not_found(format!(
+                "decision {id} is not among the last {EXPLAIN_WINDOW} of this process; \
+                 the shadow log {} has every decision",
+                self.log_name
+            ))
+        })?;
+        Ok(Response::new(
+            record.to_pb(&crate::domain::GpuCatalog::default()),
+        ))
+    }
+}

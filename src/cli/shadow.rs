@@ -1,0 +1,368 @@
+//! `marshal shadow`: what Marshal would have done beside another scheduler (see the
+//! README). Replay mode reads a recorded log; live mode serves only the Advisor; report
+//! mode summarises a live mode's shadow log. None of them acts.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use marshal_scheduler::domain::Topology;
+use marshal_scheduler::service::records::DecisionRecord;
+use marshal_scheduler::service::{self, ServiceConfig, tokio};
+use marshal_scheduler::shadow::{self, MarshalPolicy, Recorded, Shadow, ShadowReport};
+use serde_json::json;
+
+use crate::cli::output::Format;
+use crate::cli::sim::{ModeArg, default_cluster_for};
+
+#[derive(Debug, Args)]
+pub struct ShadowArgs {
+    /// Replay mode: the recorded log, an openb pod list with `scheduled_time`
+    /// (`openb-default`, `openb-<variant>` or a path; an optional `node` column is
+    /// honoured).
+    #[arg(long, conflicts_with_all = ["listen", "report_log"])]
+    pub trace: Option<String>,
+    /// Cluster (preset, TOML or node CSV); defaults to the trace's own (`openb`).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Marshal's policy (see `marshal list`); in live mode the default for calls that
+    /// name none.
+    #[arg(long, default_value = "topo-pack")]
+    pub policy: String,
+    /// The `learned` policy's artifact directory (default: `models/policy-default`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The `learned` policy's fallback heuristic (default: the artifact's).
+    #[arg(long)]
+    pub fallback: Option<String>,
+    /// The heuristic whose placer puts the incumbent's jobs when the log names no node.
+    #[arg(long, default_value = "best-fit")]
+    pub incumbent_placer: String,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Replay mode: write `report.json`, `records.jsonl` and `allocation.csv` here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Live mode: serve the Advisor (and health) on this address (port 0: any free one).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Live mode: the shadow log every recommendation is appended to (JSON lines).
+    #[arg(long, default_value = "shadow-log.jsonl")]
+    pub log: PathBuf,
+    /// Live mode: a `marshal serve` configuration file for TLS and client tokens (its
+    /// `listen` and `policy` are overridden by the flags).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Summarise a live mode's shadow log.
+    #[arg(long, conflicts_with = "listen")]
+    pub report_log: Option<PathBuf>,
+}
+
+pub fn run(args: ShadowArgs) -> anyhow::Result<()> {
+    if let Some(addr) = &args.listen {
+        return live(&args, addr);
+    }
+    if let Some(log) = &args.report_log {
+        let summary = summarise_log(log)?;
+        return print_log_summary(&summary, args.format);
+    }
+    let Some(trace) = &args.trace else {
+        bail!("give --trace (replay a recorded log), --listen (live advisor) or --report-log");
+    };
+    let started = std::time::Instant::now();
+    let shadow = replay(&args, trace)?;
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &shadow)?;
+    }
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&shadow.report)?)?,
+        Format::Table => print_table(&shadow.report, &mut out)?,
+    }
+    eprintln!(
+        "marshal shadow: {} jobs replayed twice in {:.1} s",
+        shadow.report.replayed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
+    let cluster = args
+        .cluster
+        .clone()
+        .unwrap_or_else(|| default_cluster_for(trace).to_string());
+    let spec = marshal_datasets::load_cluster(&cluster)
+        .with_context(|| format!("loading cluster {cluster}"))?;
+    let topo =
+        Arc::new(Topology::build(&spec).with_context(|| format!("building cluster {cluster}"))?);
+    let (rows, report) = marshal_datasets::load_recorded_trace(trace, &topo.catalog)
+        .with_context(|| format!("loading recorded log {trace}"))?;
+    for row in &report.skipped {
+        eprintln!("warning: {}:{}: skipped: {row}", report.source, row.line);
+    }
+    if report.skipped.len() < report.rows_skipped {
+        eprintln!(
+            "warning: {}: … and {} more rows skipped",
+            report.source,
+            report.rows_skipped - report.skipped.len()
+        );
+    }
+    let (jobs, recorded): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .map(|(job, run)| {
+            let rec = Recorded {
+                scheduled: run.scheduled,
+                ended: run.deleted,
+                node: run.node,
+            };
+            (job, rec)
+        })
+        .unzip();
+    crate::cli::policy::check_name(&args.policy)?;
+    let learned = (args.policy == marshal_scheduler::policies::learned::LEARNED).then(|| {
+        crate::cli::policy::LearnedSetup::load(
+            args.model.as_deref(),
+            args.fallback.as_deref(),
+            ModeArg::Replay,
+        )
+    });
+    let (policy, gate) = crate::cli::policy::build_policy(&args.policy, &jobs, learned.as_ref())?;
+    let placer = marshal_scheduler::policies::build(&args.incumbent_placer, &jobs)
+        .context("--incumbent-placer")?;
+    Ok(shadow::run_shadow(
+        topo,
+        &jobs,
+        &recorded,
+        MarshalPolicy { policy, gate },
+        placer,
+        trace,
+        args.seed,
+    )?)
+}
+
+fn write_outputs(dir: &Path, shadow: &Shadow) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write(
+        "report.json",
+        serde_json::to_string_pretty(&shadow.report)? + "\n",
+    )?;
+    let mut records = String::new();
+    for row in &shadow.rows {
+        records.push_str(&serde_json::to_string(row)?);
+        records.push('\n');
+    }
+    write("records.jsonl", records)?;
+    let mut alloc = String::from("hour,incumbent_alloc_pct,marshal_alloc_pct\n");
+    for (h, a, b) in &shadow.allocation {
+        alloc.push_str(&format!("{h},{a:.3},{b:.3}\n"));
+    }
+    write("allocation.csv", alloc)
+}
+
+/// A table line: measure, incumbent, Marshal, effect.
+type Line<'a> = (&'a str, Option<f64>, Option<f64>, Option<f64>);
+
+fn print_table(r: &ShadowReport, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "trace {} on {} ({} GPUs), seed {}: {} jobs in the log, {} replayed, {} never \
+         scheduled by the incumbent (not replayed)",
+        r.trace, r.cluster, r.gpus, r.seed, r.jobs_in_log, r.replayed, r.not_replayed
+    )?;
+    writeln!(
+        out,
+        "incumbent: recorded starts, placed by {}; {} recorded starts delayed (no room \
+         in this cluster model; mean {}, max {}), {} recorded nodes unknown",
+        r.incumbent_placer,
+        r.incumbent_recorded_start_delayed,
+        opt(r.incumbent_delay_mean_s),
+        opt(r.incumbent_delay_max_s),
+        r.incumbent_recorded_node_unknown
+    )?;
+    let (i, m, e) = (&r.incumbent, &r.marshal, &r.effect);
+    writeln!(
+        out,
+        "{:<22} {:>14} {:>14} {:>14}",
+        "measure",
+        "incumbent",
+        r.policy.as_str(),
+        "effect"
+    )?;
+    let rows: [Line; 13] = [
+        (
+            "queue_mean_s",
+            i.queue_mean_s,
+            m.queue_mean_s,
+            e.queue_mean_s,
+        ),
+        ("queue_p50_s", i.queue_p50_s, m.queue_p50_s, e.queue_p50_s),
+        ("queue_p95_s", i.queue_p95_s, m.queue_p95_s, e.queue_p95_s),
+        ("queue_p99_s", i.queue_p99_s, m.queue_p99_s, e.queue_p99_s),
+        ("jct_mean_s", i.jct_mean_s, m.jct_mean_s, e.jct_mean_s),
+        ("jct_p50_s", i.jct_p50_s, m.jct_p50_s, e.jct_p50_s),
+        ("jct_p95_s", i.jct_p95_s, m.jct_p95_s, e.jct_p95_s),
+        ("jct_p99_s", i.jct_p99_s, m.jct_p99_s, e.jct_p99_s),
+        (
+            "gpu_alloc_pct",
+            Some(i.gpu_alloc_pct),
+            Some(m.gpu_alloc_pct),
+            Some(m.gpu_alloc_pct - i.gpu_alloc_pct),
+        ),
+        (
+            "gpu_hours_idle",
+            Some(i.gpu_hours_idle),
+            Some(m.gpu_hours_idle),
+            Some(e.gpu_hours_idle),
+        ),
+        (
+            "completed",
+            Some(i.completed as f64),
+            Some(m.completed as f64),
+            Some(m.completed as f64 - i.completed as f64),
+        ),
+        (
+            "rejected",
+            Some(i.rejected as f64),
+            Some(m.rejected as f64),
+            Some(e.rejected as f64),
+        ),
+        (
+            "preemptions",
+            Some(i.preemptions as f64),
+            Some(m.preemptions as f64),
+            None,
+        ),
+    ];
+    for (k, a, b, d) in rows {
+        writeln!(out, "{k:<22} {:>14} {:>14} {:>14}", opt(a), opt(b), opt(d))?;
+    }
+    writeln!(
+        out,
+        "Marshal starts {} jobs sooner, {} later, {} at the same time",
+        e.started_sooner, e.started_later, e.started_same
+    )?;
+    if let Some(f) = r.fallback_rate {
+        writeln!(out, "learned policy fallback rate: {:.1} %", f * 100.0)?;
+    }
+    Ok(())
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.1}"))
+}
+
+fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            ServiceConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => ServiceConfig::default(),
+    };
+    config.listen = addr.to_string();
+    config.policy = args.policy.clone();
+    marshal_scheduler::policies::build(&config.policy, &[])
+        .context("live mode serves the heuristic policies")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let log = args.log.clone();
+    runtime.block_on(async move {
+        let handle = service::start_advisor(&config, &log).await?;
+        // Tests and scripts read the bound address from this line.
+        println!(
+            "marshal shadow: advisor listening on {}, logging to {}",
+            handle.addr,
+            log.display()
+        );
+        let _ = std::io::stdout().flush();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("marshal shadow: shutting down");
+        handle.shutdown().await?;
+        anyhow::Ok(())
+    })
+}
+
+/// What a live shadow log holds, counted.
+#[derive(Debug, Default, serde::Serialize)]
+struct LogSummary {
+    file: String,
+    decisions: u64,
+    jobs: u64,
+    /// Jobs that got a Place recommendation at least once.
+    jobs_placed: u64,
+    by_verdict: BTreeMap<String, u64>,
+    by_path: BTreeMap<String, u64>,
+    by_policy: BTreeMap<String, u64>,
+    first_at_us: Option<i64>,
+    last_at_us: Option<i64>,
+}
+
+/// Reads a shadow log; a line that is not a decision record is an error naming
+/// `file:line`.
+fn summarise_log(path: &Path) -> anyhow::Result<LogSummary> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = path.display().to_string();
+    let mut s = LogSummary {
+        file: file.clone(),
+        ..LogSummary::default()
+    };
+    let mut jobs = std::collections::BTreeSet::new();
+    let mut placed = std::collections::BTreeSet::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: DecisionRecord = serde_json::from_str(line)
+            .with_context(|| format!("{file}:{}: not a shadow-log decision record", i + 1))?;
+        s.decisions += 1;
+        let verdict = format!("{:?}", r.verdict).to_lowercase();
+        if verdict == "place" {
+            placed.insert(r.job.clone());
+        }
+        jobs.insert(r.job);
+        *s.by_verdict.entry(verdict).or_default() += 1;
+        *s.by_path.entry(r.path).or_default() += 1;
+        *s.by_policy.entry(r.policy).or_default() += 1;
+        s.first_at_us = Some(s.first_at_us.map_or(r.at_us, |t| t.min(r.at_us)));
+        s.last_at_us = Some(s.last_at_us.map_or(r.at_us, |t| t.max(r.at_us)));
+    }
+    s.jobs = jobs.len() as u64;
+    s.jobs_placed = placed.len() as u64;
+    Ok(s)
+}
+
+fn print_log_summary(s: &LogSummary, format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(s)?),
+        Format::Table => {
+            println!(
+                "{}: {} decisions on {} jobs ({} recommended a placement at least once)",
+                s.file, s.decisions, s.jobs, s.jobs_placed
+            );
+            println!(
+                "{}",
+                json!({"by_verdict": s.by_verdict, "by_path": s.by_path, "by_policy": s.by_policy})
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! `marshal shadow`: replay of a recorded log against Marshal's decisions, and the live
+//! advisor-only server with its shadow log.
+
+mod common;
+
+use std::io::BufRead as _;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::{fails_with, stdout_of};
+use marshal_scheduler::service::pb::advisor_service_client::AdvisorServiceClient;
+use marshal_scheduler::service::{pb, tokio, tonic, tonic_health};
+use serde_json::Value;
+
+const OPENB_PODS: &str = include_str!("../datasets/data/openb_pod_list_default.csv");
+
+/// The header and the first `n` pods of the bundled openb default pod list.
+fn openb_slice(dir: &Path, n: usize) -> String {
+    let text: Vec<&str> = OPENB_PODS.lines().take(n + 1).collect();
+    let path = dir.join("openb-slice.csv");
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    path.display().to_string()
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn replay_of_an_openb_slice_honours_recorded_starts_and_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = openb_slice(dir.path(), 400);
+    let run = |out: &str| {
+        let out = dir.path().join(out);
+        let stdout = stdout_of(&[
+            "shadow",
+            "--trace",
+            &trace,
+            "--cluster",
+            "openb",
+            "--policy",
+            "topo-pack",
+            "--seed",
+            "7",
+            "--format",
+            "json",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        (serde_json::from_str::<Value>(&stdout).unwrap(), out)
+    };
+    let (report, out_a) = run("a");
+    let (_, out_b) = run("b");
+    for f in ["report.json", "records.jsonl", "allocation.csv"] {
+        assert_eq!(
+            std::fs::read(out_a.join(f)).unwrap(),
+            std::fs::read(out_b.join(f)).unwrap(),
+            "{f} differs between two runs with the same seed"
+        );
+    }
+    assert_eq!(report, read_json(&out_a.join("report.json")));
+    assert_eq!(report["jobs_in_log"], 400);
+    // The same keys as `marshal sim` where they overlap, on both sides.
+    for side in ["incumbent", "marshal"] {
+        for key in [
+            "policy",
+            "jobs",
+            "completed",
+            "rejected",
+            "jct_mean_s",
+            "jct_p50_s",
+            "jct_p99_s",
+            "queue_mean_s",
+            "makespan_s",
+            "gpu_alloc_pct",
+            "locality_pct",
+            "preemptions",
+            "jct_p95_s",
+            "queue_p99_s",
+            "gpu_hours_idle",
+        ] {
+            assert!(
+                report[side].get(key).is_some(),
+                "{side}.{key} missing: {report}"
+            );
+        }
+    }
+    assert_eq!(report["marshal"]["policy"], "topo-pack");
+    let rows = records(&out_a.join("records.jsonl"));
+    assert_eq!(rows.len(), 400, "one row per job of the log");
+    let mut replayed = 0;
+    for r in &rows {
+        match r["recorded_start_s"].as_f64() {
+            None => {
+                assert_eq!(r["incumbent_status"], "not_replayed");
+                assert_eq!(r["marshal_status"], "not_replayed");
+            }
+            Some(recorded) => {
+                replayed += 1;
+                let start = r["incumbent_start_s"]
+                    .as_f64()
+                    .expect("replayed jobs start");
+                assert!(start >= recorded, "{r}: started before its recorded time");
+                assert_eq!(r["incumbent_delay_s"].as_f64(), Some(start - recorded));
+                assert!(r["marshal_start_s"].as_f64().unwrap() >= r["created_s"].as_f64().unwrap());
+                assert!(
+                    r["marshal_path"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with("heuristic:topo-pack")
+                );
+            }
+        }
+    }
+    assert_eq!(report["replayed"], replayed);
+    assert_eq!(report["not_replayed"], 400 - replayed);
+    let table = stdout_of(&["shadow", "--trace", &trace, "--cluster", "openb"]);
+    assert!(
+        table.contains("queue_p95_s") && table.contains("incumbent"),
+        "{table}"
+    );
+}
+
+#[test]
+fn recorded_nodes_without_room_delay_the_start_and_bad_rows_name_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = dir.path().join("nodes.csv");
+    std::fs::write(
+        &nodes,
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,V100M32\nn1,64000,262144,2,V100M32\n",
+    )
+    .unwrap();
+    let pods = dir.path().join("pods.csv");
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time,node\n\
+         p0,1000,1024,2,1000,,BE,Running,0,100,0,n0\n\
+         p1,1000,1024,1,1000,,BE,Running,5,40,10,n0\n\
+         p2,1000,1024,1,1000,,BE,Pending,6,30,,\n\
+         p3,1000,1024,1,1000,,BE,Running,6,30,abc,n1\n\
+         p4,1000,1024,1,1000,,BE,Running,6,30,50,n1\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let cmd = common::marshal(&[
+        "shadow",
+        "--trace",
+        pods.to_str().unwrap(),
+        "--cluster",
+        nodes.to_str().unwrap(),
+        "--policy",
+        "best-fit",
+        "--format",
+        "json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        cmd.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cmd.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&cmd.stderr);
+    assert!(
+        stderr.contains("pods.csv:5:") && stderr.contains("scheduled_time"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("pods.csv:6:") && stderr.contains("outside"),
+        "{stderr}"
+    );
+    let report = read_json(&out.join("report.json"));
+    assert_eq!(report["jobs_in_log"], 3);
+    assert_eq!(report["not_replayed"], 1);
+    assert_eq!(report["incumbent_recorded_start_delayed"], 1, "{report}");
+    assert_eq!(report["incumbent_delay_max_s"], 90.0);
+    let rows = records(&out.join("records.jsonl"));
+    assert_eq!(rows.len(), 3);
+    assert_eq!(
+        rows[1]["incumbent_start_s"], 100.0,
+        "p1 waits for room on n0"
+    );
+    assert!(
+        rows[1]["incumbent_placement"]
+            .as_str()
+            .unwrap()
+            .starts_with("n0:")
+    );
+    assert_eq!(
+        rows[1]["marshal_start_s"], 5.0,
+        "Marshal puts p1 on n1 at once"
+    );
+    assert_eq!(rows[1]["start_delta_s"], -95.0);
+    assert_eq!(rows[2]["incumbent_status"], "not_replayed");
+}
+
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn snapshot_node(name: &str, used: &[u32]) -> pb::SnapshotNode {
+    pb::SnapshotNode {
+        node: Some(pb::NodeInfo {
+            name: name.into(),
+            gpu_model: "H100".into(),
+            gpus: 8,
+            nvlink_domain: 8,
+            cpu_milli: 224_000,
+            memory_mib: 2_097_152,
+        }),
+        schedulable: true,
+        gpus_used: used
+            .iter()
+            .map(|&index| pb::GpuUsage { index, milli: 1000 })
+            .collect(),
+        cpu_used_milli: 0,
+        memory_used_mib: 0,
+    }
+}
+
+#[test]
+fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("shadow.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args([
+            "shadow",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            "topo-pack",
+            "--log",
+        ])
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("marshal shadow starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let _reap = Reap(child);
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("marshal shadow: advisor listening on ")
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rec = runtime.block_on(async {
+        let url = format!("http://{addr}");
+        let ch = tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let health = tonic_health::pb::health_client::HealthClient::new(ch.clone())
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "marshal.v1.AdvisorService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(health.status, 1, "SERVING");
+        let resp = AdvisorServiceClient::new(ch)
+            .advise(pb::AdviseRequest {
+                cluster: Some(pb::ClusterSnapshot {
+                    name: "foreign".into(),
+                    nodes: vec![
+                        snapshot_node("a", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                        snapshot_node("b", &[0]),
+                    ],
+                    ..Default::default()
+                }),
+                pending: vec![pb::PendingJob {
+                    id: "slurm-17".into(),
+                    spec: Some(pb::JobSpec {
+                        workers: 1,
+                        gpu: Some(pb::GpuDemand {
+                            kind: Some(pb::gpu_demand::Kind::Whole(4)),
+                        }),
+                        ..Default::default()
+                    }),
+                    waited_s: 12.0,
+                }],
+                policy: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.policy, "topo-pack");
+        resp.recommendations.into_iter().next().unwrap()
+    });
+    assert_eq!(rec.job_id, "slurm-17");
+    assert_eq!(rec.verdict, pb::Verdict::Place as i32);
+    assert_eq!(rec.placement[0].node, "b", "node a is full");
+    assert_eq!(rec.decision_id, 1);
+    let lines: Vec<Value> = records(&log);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["job"], "slurm-17");
+    assert_eq!(lines[0]["verdict"], "Place");
+    assert_eq!(lines[0]["source"], "advise");
+    assert_eq!(lines[0]["placement"][0]["node"], "b");
+
+    let summary: Value = serde_json::from_str(&stdout_of(&[
+        "shadow",
+        "--report-log",
+        log.to_str().unwrap(),
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(summary["decisions"], 1);
+    assert_eq!(summary["jobs_placed"], 1);
+    let bad = dir.path().join("bad.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap() + "{\"not\": \"a record\"}\n";
+    std::fs::write(&bad, text).unwrap();
+    fails_with(
+        &["shadow", "--report-log", bad.to_str().unwrap()],
+        "bad.jsonl:2:",
+    );
+}
