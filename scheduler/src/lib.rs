@@ -1,6 +1,8 @@
 //! Marshal's scheduler core.
 //!
 //! - [`domain`]: GPU models, topology, cluster state, jobs and placements.
+#[cfg(feature = "decision-log")]
+pub mod decision_log;
 pub mod domain;
 pub mod framework;
 pub mod policies;

@@ -10,10 +10,7 @@ use clap::Args;
 use marshal_model::policy::{PolicyMeta, save_policy};
 use marshal_scheduler::domain::Job;
 use marshal_scheduler::framework::Policy;
-use marshal_scheduler::policies::{
-    self,
-    learned::{GateStats, LEARNED, LearnedModel, build_learned},
-};
+use marshal_scheduler::policies::learned::{self, GateStats};
 use marshal_trainer::policy::{EpisodeSpec, TrainOptions, train_policy, training_summary};
 
 use crate::cli::sim::{Experiment, ModeArg, SimArgs};
@@ -30,52 +27,36 @@ pub fn default_model_dir() -> PathBuf {
     }
 }
 
-/// The learned policy's model and fallback, resolved once per experiment.
-#[derive(Debug, Clone)]
-pub struct LearnedSetup {
-    pub model: LearnedModel,
-    pub fallback: String,
-}
+pub use marshal_scheduler::policies::learned::LearnedSetup;
 
-impl LearnedSetup {
-    /// Loads the model (a missing or bad one is reported on stderr and the policy then
-    /// runs on its fallback) and picks the fallback for `mode`.
-    pub fn load(model: Option<&Path>, fallback: Option<&str>, mode: ModeArg) -> LearnedSetup {
-        let dir = model.map_or_else(default_model_dir, Path::to_path_buf);
-        let model = LearnedModel::load(&dir);
-        if let Err(why) = &model.scorer {
-            eprintln!("warning: learned policy: {why}; every decision falls back to the heuristic");
-        }
-        let objective = match mode {
-            ModeArg::Replay => "replay",
-            ModeArg::Inflation => "inflation",
-        };
-        let fallback = fallback.map_or_else(|| model.fallback_for(objective), String::from);
-        LearnedSetup { model, fallback }
+/// Loads the learned policy's model (a missing or bad one is reported on stderr and the
+/// policy then runs on its fallback) and picks the fallback for `mode`.
+pub fn load_setup(model: Option<&Path>, fallback: Option<&str>, mode: ModeArg) -> LearnedSetup {
+    let dir = model.map_or_else(default_model_dir, Path::to_path_buf);
+    let objective = match mode {
+        ModeArg::Replay => "replay",
+        ModeArg::Inflation => "inflation",
+    };
+    let setup = LearnedSetup::load(&dir, fallback, objective);
+    if let Err(why) = &setup.model.scorer {
+        eprintln!("warning: learned policy: {why}; every decision falls back to the heuristic");
     }
+    setup
 }
 
 /// Checks a policy name (`learned` or a heuristic).
 pub fn check_name(name: &str) -> anyhow::Result<()> {
-    if name != LEARNED {
-        policies::build(name, &[]).map_err(|e| anyhow::anyhow!("{e}, {LEARNED}"))?;
-    }
-    Ok(())
+    Ok(learned::check_name(name)?)
 }
 
-/// Builds a policy by name; `learned` comes with its decision counters.
+/// Builds a policy by name; `learned` comes with its decision counters (the scheduler
+/// crate's `build_policy`, shared with `marshal serve`).
 pub fn build_policy(
     name: &str,
     jobs: &[Job],
     learned: Option<&LearnedSetup>,
 ) -> anyhow::Result<(Policy, Option<Arc<GateStats>>)> {
-    if name == LEARNED {
-        let setup = learned.context("the learned policy needs a model setup")?;
-        let (policy, stats) = build_learned(&setup.model, &setup.fallback, jobs)
-            .with_context(|| format!("fallback {}", setup.fallback))?;
-        return Ok((policy, Some(stats)));
-    }
-    Ok((policies::build(name, jobs)?, None))
+    Ok(learned::build_policy(name, jobs, learned)?)
 }
 
 #[derive(Debug, Args)]

@@ -1,11 +1,10 @@
 //! `marshal serve`: the online scheduler (gRPC primary mode and advisor).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
-use marshal_scheduler::service::{self, NoModel, ServiceConfig, tokio};
+use marshal_scheduler::service::{self, ServiceConfig, model_slot, tokio};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -27,6 +26,12 @@ pub struct ServeArgs {
     /// Overrides `metrics_listen`.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Overrides `model` (the learned policy's artifact directory).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Overrides `decision_log_dir`.
+    #[arg(long)]
+    pub decision_log_dir: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -53,7 +58,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(v) = args.metrics_listen {
         config.metrics_listen = Some(v);
     }
+    if let Some(v) = args.model {
+        config.model = Some(v);
+    }
+    if let Some(v) = args.decision_log_dir {
+        config.decision_log_dir = Some(v);
+    }
     config.validate()?;
+    // The same default artifact as `marshal sim --policy learned`.
+    let model_dir = config
+        .model
+        .clone()
+        .unwrap_or_else(crate::cli::policy::default_model_dir);
+    let model = model_slot(&config, &model_dir);
+    if config.policy == marshal_scheduler::policies::learned::LEARNED {
+        let status = model.status(&config.policy);
+        if !status.loaded {
+            eprintln!("warning: {}", status.detail);
+        }
+    }
     let spec = marshal_datasets::load_cluster(&config.cluster)
         .with_context(|| format!("loading cluster {}", config.cluster))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -61,7 +84,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let handle = service::start(config, spec, Arc::new(NoModel)).await?;
+        let handle = service::start(config, spec, model).await?;
         // Tests and scripts read the bound address from this line.
         println!("marshal serve: listening on {}", handle.addr);
         if let Some(m) = handle.metrics_addr {

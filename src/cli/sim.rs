@@ -237,7 +237,7 @@ impl Experiment {
                 .iter()
                 .any(|p| p == policies::learned::LEARNED)
                 .then(|| {
-                    crate::cli::policy::LearnedSetup::load(
+                    crate::cli::policy::load_setup(
                         args.model.as_deref(),
                         args.fallback.as_deref(),
                         args.mode,

@@ -113,6 +113,19 @@ pub trait Placer: Send + Sync + std::fmt::Debug {
         state: &mut ClusterState,
         ctx: &mut Context,
     ) -> Result<Placement, Status>;
+
+    /// The placer's score for each of `nodes` (feasible for one worker), when it ranks
+    /// nodes by one (higher is preferred); `None` when it has no per-node score. For
+    /// explanations only: the schedule never depends on it.
+    fn node_scores(
+        &self,
+        _job: &Job,
+        _nodes: &[NodeId],
+        _state: &ClusterState,
+        _ctx: &mut Context,
+    ) -> Option<Vec<f64>> {
+        None
+    }
 }
 
 /// A running job a preemptor may consider, with its rank under the policy's order.

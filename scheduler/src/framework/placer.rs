@@ -95,6 +95,18 @@ impl<S: NodeScorer> Placer for ScoredPlacer<S> {
             Ok(WorkerPlacement { node, gpus })
         })
     }
+
+    fn node_scores(
+        &self,
+        job: &Job,
+        nodes: &[NodeId],
+        state: &ClusterState,
+        ctx: &mut Context,
+    ) -> Option<Vec<f64>> {
+        let mut scores = Vec::with_capacity(nodes.len());
+        self.scorer.score_nodes(job, nodes, state, ctx, &mut scores);
+        Some(scores)
+    }
 }
 
 /// Builds a gang worker by worker: `next_worker` chooses worker `k` (given how many are

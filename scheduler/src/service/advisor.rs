@@ -142,6 +142,7 @@ pub fn advise(
     req: &pb::AdviseRequest,
     default_policy: &str,
     path: &DecisionPath,
+    learned: Option<&crate::policies::learned::LearnedSetup>,
     now_us: i64,
 ) -> Result<(String, Vec<pb::Recommendation>, Vec<DecisionRecord>), ServiceError> {
     let mut state = snapshot_state(req.cluster.as_ref())?;
@@ -156,8 +157,20 @@ pub fn advise(
     } else {
         &req.policy
     };
-    let policy =
-        crate::policies::build(policy_name, &[]).map_err(|e| ServiceError::invalid("policy", e))?;
+    // `learned` runs on the server's current model, reporting each decision's path.
+    let trace = crate::policies::learned::TraceSink::default();
+    let learned = learned.map(|s| crate::policies::learned::LearnedSetup {
+        trace: Some(trace.clone()),
+        ..s.clone()
+    });
+    let (policy, _) = crate::policies::learned::build_policy(policy_name, &[], learned.as_ref())
+        .map_err(|e| match e {
+            crate::policies::learned::PolicyError::NoSetup => ServiceError::invalid(
+                "policy",
+                "learned: this server has no learned model (its policy is a heuristic)",
+            ),
+            e => ServiceError::invalid("policy", e),
+        })?;
     let now_s = now_us as f64 / 1e6;
     let mut jobs = Vec::with_capacity(req.pending.len());
     for (i, p) in req.pending.iter().enumerate() {
@@ -224,15 +237,43 @@ pub fn advise(
     for (k, why) in decisions.errors {
         verdicts[schedulable[k]] = (Verdict::Wait, format!("placement error: {why}"), None);
     }
+    let traces: std::collections::HashMap<JobId, crate::policies::learned::DecisionTrace> =
+        std::mem::take(&mut *trace.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .map(|t| (t.job, t))
+            .collect();
+    let learned_policy = learned.is_some() && policy_name == crate::policies::learned::LEARNED;
     let mut recs = Vec::with_capacity(jobs.len());
     let mut records = Vec::with_capacity(jobs.len());
     for ((p, job), (verdict, reason, placement)) in req.pending.iter().zip(&jobs).zip(verdicts) {
         let empty = Placement::default();
-        let (feasible, list) = candidates(job, &before, placement.as_ref().unwrap_or(&empty));
+        let (feasible, mut list, ids) =
+            candidates(job, &before, placement.as_ref().unwrap_or(&empty));
+        let heuristic_scored = !learned_policy
+            && crate::service::records::score_candidates(
+                policy.placer.as_ref(),
+                job,
+                &before,
+                &ids,
+                &mut list,
+                now_s,
+            );
         let workers = placement
             .as_ref()
             .map(|pl| WorkerRecord::of(pl, &topo))
             .unwrap_or_default();
+        let path = match traces.get(&job.id) {
+            Some(t) => DecisionPath {
+                kind: if t.path.is_learned() {
+                    "learned"
+                } else {
+                    "fallback"
+                },
+                label: t.path.label().to_string(),
+                confidence: t.margin.map(f64::from),
+            },
+            None => path.clone(),
+        };
         recs.push(pb::Recommendation {
             job_id: p.id.clone(),
             verdict: crate::service::records::verdict_to_pb(verdict) as i32,
@@ -258,6 +299,14 @@ pub fn advise(
             idle_gpus: before.idle_gpus(),
             feasible_nodes: feasible,
             candidates: list,
+            model_version: None,
+            gate_threshold: None,
+            score_note: if learned_policy {
+                "no score: Advise records the learned policy's path and confidence only".into()
+            } else {
+                crate::service::records::heuristic_score_note(&policy.name, heuristic_scored)
+            },
+            scored: Vec::new(),
         });
     }
     Ok((policy.name.clone(), recs, records))

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::service::convert::{job_id, job_to_pb, state_from_pb};
 use crate::service::core::{Core, Event, now_us};
 use crate::service::error::ServiceError;
+use crate::service::model::ModelSlot as _;
 use crate::service::pb;
 use crate::service::pb::admin_service_server::AdminService;
 use crate::service::pb::advisor_service_server::AdvisorService;
@@ -338,15 +339,21 @@ impl AdvisorService for Api {
     ) -> Result<Response<pb::AdviseResponse>, Status> {
         let req = req.into_inner();
         let core = self.core.clone();
-        let path = core.model.decision_path(if req.policy.is_empty() {
+        let name = if req.policy.is_empty() {
             &core.policy_name
         } else {
             &req.policy
-        });
+        };
+        let path = if name == crate::policies::learned::LEARNED {
+            core.model.decision_path(name)
+        } else {
+            crate::service::model::NoModel.decision_path(name)
+        };
         let policy = core.policy_name.clone();
+        let learned = core.model.policy_update(0).map(|u| u.setup);
         // Building a cluster and running a cycle is CPU work: keep it off the I/O threads.
         let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
-            crate::service::advisor::advise(&req, &policy, &path, now_us())
+            crate::service::advisor::advise(&req, &policy, &path, learned.as_ref(), now_us())
         })
         .await
         .map_err(|e| Status::internal(format!("advise task: {e}")))??;
@@ -395,10 +402,11 @@ impl AdminService for Api {
     ) -> Result<Response<pb::ModelInfo>, Status> {
         let path = req.into_inner().path;
         let path = (!path.is_empty()).then(|| std::path::PathBuf::from(path));
-        let status = self
-            .core
-            .model
-            .reload(path.as_deref(), &self.core.policy_name)
+        let (model, policy) = (self.core.model.clone(), self.core.policy_name.clone());
+        // Reading and checking an artifact is file I/O: keep it off the I/O threads.
+        let status = tokio::task::spawn_blocking(move || model.reload(path.as_deref(), &policy))
+            .await
+            .map_err(|e| Status::internal(format!("reload task: {e}")))?
             .map_err(|e| match e {
                 crate::service::model::ModelError::Unsupported(m) => Status::failed_precondition(m),
                 e @ crate::service::model::ModelError::Rejected { .. } => {
@@ -430,6 +438,10 @@ impl Api {
             detail: s.detail,
             decisions: count("heuristic") + count("learned") + count("fallback"),
             fallback_decisions: count("fallback"),
+            fallback: s.fallback,
+            reloads: s.reloads,
+            rejected_reloads: s.rejected_reloads,
+            last_error: s.last_error,
         }
     }
 }

@@ -47,6 +47,22 @@ pub struct ServiceConfig {
     /// How long jobs on an unreachable node keep their placement before they are
     /// requeued (counted from the moment the node was marked unreachable).
     pub node_grace_ms: u64,
+    /// The learned policy's model artifact directory (`policy = "learned"` only).
+    /// Absent: `models/policy-default` (`marshal serve` also looks next to its source
+    /// tree). A missing or bad model is reported by `ModelInfo` and the fallback decides.
+    pub model: Option<PathBuf>,
+    /// The heuristic the learned policy falls back to; absent: the artifact's choice
+    /// for JCT (`replay`), else `topo-pack`.
+    pub fallback: Option<String>,
+    /// How often the model directory is checked for a changed artifact (content hash of
+    /// its files) and reloaded; 0 turns automatic reloading off.
+    pub model_poll_ms: u64,
+    /// Directory of the Parquet decision log; absent: no decision log.
+    pub decision_log_dir: Option<PathBuf>,
+    /// Rows per decision-log file at most.
+    pub decision_log_file_rows: usize,
+    /// Buffered decision-log rows are written at least this often.
+    pub decision_log_flush_ms: u64,
     pub security: SecurityConfig,
 }
 
@@ -81,6 +97,12 @@ impl Default for ServiceConfig {
             durable_commits: true,
             node_timeout_ms: 30_000,
             node_grace_ms: 60_000,
+            model: None,
+            fallback: None,
+            model_poll_ms: 2000,
+            decision_log_dir: None,
+            decision_log_file_rows: 8192,
+            decision_log_flush_ms: 10_000,
             security: SecurityConfig::default(),
         }
     }
@@ -117,8 +139,52 @@ impl ServiceConfig {
         if self.db.as_os_str().is_empty() {
             return bad("db: empty path".into());
         }
-        if let Err(e) = crate::policies::build(&self.policy, &[]) {
+        if let Err(e) = crate::policies::learned::check_name(&self.policy) {
             return bad(format!("policy: {e}"));
+        }
+        let learned = self.policy == crate::policies::learned::LEARNED;
+        if !learned && (self.model.is_some() || self.fallback.is_some()) {
+            return bad(format!(
+                "model and fallback apply to policy = \"learned\" only (policy is {:?})",
+                self.policy
+            ));
+        }
+        if let Some(f) = &self.fallback
+            && let Err(e) = crate::policies::build(f, &[])
+        {
+            return bad(format!("fallback: {e} (a heuristic)"));
+        }
+        if self
+            .model
+            .as_ref()
+            .is_some_and(|m| m.as_os_str().is_empty())
+        {
+            return bad("model: empty path".into());
+        }
+        if self.model_poll_ms > 3_600_000 {
+            return bad(format!(
+                "model_poll_ms = {}: must be 0 (off) or at most 3600000",
+                self.model_poll_ms
+            ));
+        }
+        if self
+            .decision_log_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return bad("decision_log_dir: empty path".into());
+        }
+        if !(1..=1_000_000).contains(&self.decision_log_file_rows) {
+            return bad(format!(
+                "decision_log_file_rows = {}: must be 1..=1000000",
+                self.decision_log_file_rows
+            ));
+        }
+        if !(1..=3_600_000).contains(&self.decision_log_flush_ms) {
+            return bad(format!(
+                "decision_log_flush_ms = {}: must be 1..=3600000",
+                self.decision_log_flush_ms
+            ));
         }
         if !(1..=60_000).contains(&self.cycle_interval_ms) {
             return bad(format!(
@@ -189,5 +255,15 @@ mod tests {
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));
         assert!(err("polcy = \"fifo\"").contains("unknown field"));
+        assert!(err("model = \"m\"").contains("learned"));
+        assert!(err("policy = \"learned\"\nfallback = \"learned\"").contains("fallback"));
+        assert!(err("policy = \"learned\"\nfallback = \"nope\"").contains("fallback"));
+        assert!(err("policy = \"learned\"\nmodel_poll_ms = 99999999").contains("model_poll_ms"));
+        assert!(err("decision_log_file_rows = 0").contains("decision_log_file_rows"));
+        let ok = ServiceConfig::from_toml(
+            "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
+        )
+        .unwrap();
+        assert_eq!(ok.fallback.as_deref(), Some("fgd"));
     }
 }

@@ -15,13 +15,15 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::{Notify, broadcast, watch};
 
+use crate::decision_log::{DecisionLog, LogBatch, LogCounts, LogOptions, OutcomeRow};
 use crate::domain::{ClusterSpec, ClusterState, NodeId, Topology};
 use crate::framework::Policy;
+use crate::policies::learned::{LEARNED, LearnedSetup, TraceSink, build_policy};
 use crate::service::config::ServiceConfig;
 use crate::service::error::{ServiceError, StartError};
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::metrics::Metrics;
-use crate::service::model::ModelSlot;
+use crate::service::model::{ModelSlot, ModelUpdate};
 use crate::service::pb;
 use crate::service::records::{DecisionRecord, NodeRecord};
 use crate::service::store::{Batch, META_NEXT_DECISION, META_NEXT_JOB, Store};
@@ -66,6 +68,8 @@ pub(crate) struct Dirty {
     pub decisions: Vec<DecisionRecord>,
     pub events: Vec<Event>,
     pub meta: bool,
+    /// Ended placements (and rejections) for the decision log.
+    pub outcomes: Vec<OutcomeRow>,
 }
 
 /// The last durable epoch, or why persisting stopped.
@@ -103,6 +107,15 @@ pub struct Inner {
     pub(crate) node_timeout_us: i64,
     pub(crate) node_grace_us: i64,
     pub(crate) metrics: Arc<Metrics>,
+    /// The learned placer's per-decision reports (drained after every cycle).
+    pub(crate) trace: TraceSink,
+    /// The learned model the policy was built with (generation, content version, gate
+    /// margin threshold); generation 0 for heuristics.
+    pub(crate) model_generation: u64,
+    pub(crate) model_version: Option<String>,
+    pub(crate) gate_threshold: Option<f64>,
+    /// Whether decision-log rows are produced.
+    pub(crate) log_enabled: bool,
 }
 
 #[derive(Debug)]
@@ -116,6 +129,8 @@ pub struct Core {
     pub model: Arc<dyn ModelSlot>,
     pub policy_name: String,
     cycle_interval: Duration,
+    log: Mutex<Option<DecisionLog>>,
+    log_seen: Mutex<LogCounts>,
 }
 
 impl Core {
@@ -128,7 +143,22 @@ impl Core {
         model: Arc<dyn ModelSlot>,
     ) -> Result<Core, StartError> {
         let topo = Arc::new(Topology::build(spec).map_err(|e| StartError::Cluster(e.to_string()))?);
-        let policy = crate::policies::build(&config.policy, &[])
+        let trace = TraceSink::default();
+        let update = if config.policy == LEARNED {
+            Some(model.policy_update(0).ok_or_else(|| {
+                StartError::Policy(
+                    "policy learned needs a learned-model slot (service::model::LearnedSlot)"
+                        .into(),
+                )
+            })?)
+        } else {
+            None
+        };
+        let setup = update.as_ref().map(|u| LearnedSetup {
+            trace: Some(trace.clone()),
+            ..u.setup.clone()
+        });
+        let (policy, _) = build_policy(&config.policy, &[], setup.as_ref())
             .map_err(|e| StartError::Policy(e.to_string()))?;
         let loaded = store.load().map_err(|e| StartError::Database {
             path: config.db.display().to_string(),
@@ -161,6 +191,11 @@ impl Core {
             node_timeout_us: config.node_timeout_ms.saturating_mul(1000) as i64,
             node_grace_us: config.node_grace_ms.saturating_mul(1000) as i64,
             metrics: metrics.clone(),
+            trace,
+            model_generation: update.as_ref().map_or(0, |u| u.generation),
+            model_version: update.as_ref().and_then(|u| u.version.clone()),
+            gate_threshold: update.as_ref().and_then(|u| u.gate_threshold()),
+            log_enabled: config.decision_log_dir.is_some(),
         };
         for (name, record) in loaded.nodes {
             match inner.node_index.get(&name) {
@@ -227,6 +262,17 @@ impl Core {
             model,
             policy_name: config.policy.clone(),
             cycle_interval: Duration::from_millis(config.cycle_interval_ms),
+            log: Mutex::new(config.decision_log_dir.as_ref().map(|dir| {
+                DecisionLog::open(
+                    dir,
+                    LogOptions {
+                        file_rows: config.decision_log_file_rows,
+                        flush_ms: config.decision_log_flush_ms,
+                        ..LogOptions::default()
+                    },
+                )
+            })),
+            log_seen: Mutex::new(LogCounts::default()),
         })
     }
 
@@ -308,6 +354,11 @@ impl Core {
             let (epoch, batch, events) = {
                 let mut inner = self.lock();
                 inner.check_heartbeats(now_us());
+                // A reloaded model takes over here, between cycles: every decision of a
+                // cycle is made by one model.
+                if let Some(update) = self.model.policy_update(inner.model_generation) {
+                    inner.install_model(update);
+                }
                 if inner.needs_cycle || last_cycle.elapsed() >= self.cycle_interval {
                     last_cycle = Instant::now();
                     let started = Instant::now();
@@ -320,6 +371,7 @@ impl Core {
                 inner.update_gauges(&self.metrics);
                 inner.take_batch()
             };
+            let (batch, log_rows) = batch;
             if !batch.is_empty() {
                 let store = self.store.clone();
                 let started = Instant::now();
@@ -339,6 +391,7 @@ impl Core {
                 }
             }
             self.committed.send_modify(|c| c.epoch = epoch);
+            self.log_rows(log_rows);
             for event in events {
                 // No receiver is not an error: nobody is watching.
                 let _ = self.events.send(Arc::new(event));
@@ -350,7 +403,76 @@ impl Core {
     }
 }
 
+impl Core {
+    /// Hands committed rows to the decision-log writer (never blocks) and brings the
+    /// log's counters into the metrics.
+    fn log_rows(&self, rows: LogBatch) {
+        let guard = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(log) = guard.as_ref() else { return };
+        log.send(rows);
+        let now = log.stats();
+        drop(guard);
+        self.account_log(now);
+    }
+
+    fn account_log(&self, now: LogCounts) {
+        let mut seen = self.log_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let m = &self.metrics;
+        m.decision_log_rows
+            .get_or_create(&vec![("outcome", "written")])
+            .inc_by(now.rows_written.saturating_sub(seen.rows_written));
+        m.decision_log_rows
+            .get_or_create(&vec![("outcome", "lost")])
+            .inc_by(now.rows_lost.saturating_sub(seen.rows_lost));
+        m.decision_log_errors
+            .inc_by(now.write_errors.saturating_sub(seen.write_errors));
+        *seen = now;
+    }
+
+    /// The decision log's counters (zero without a log).
+    pub fn decision_log_stats(&self) -> LogCounts {
+        let guard = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let now = guard.as_ref().map(DecisionLog::stats).unwrap_or_default();
+        drop(guard);
+        if now != LogCounts::default() {
+            self.account_log(now);
+        }
+        now
+    }
+
+    /// Writes the decision log's buffered rows and stops its writer (at shutdown,
+    /// after the driver's last commit).
+    pub fn finish_decision_log(&self) -> Option<LogCounts> {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        let counts = log.finish();
+        self.account_log(counts);
+        Some(counts)
+    }
+}
+
 impl Inner {
+    /// Rebuilds the learned policy on a newly loaded model (between cycles).
+    pub(crate) fn install_model(&mut self, update: ModelUpdate) {
+        let setup = LearnedSetup {
+            trace: Some(self.trace.clone()),
+            ..update.setup.clone()
+        };
+        match build_policy(LEARNED, &[], Some(&setup)) {
+            Ok((policy, _)) => {
+                self.policy = policy;
+                self.model_generation = update.generation;
+                self.model_version = update.version.clone();
+                self.gate_threshold = update.gate_threshold();
+                self.trace.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            }
+            Err(e) => {
+                // Cannot happen with a validated configuration; keep the current policy.
+                tracing::error!(error = %e, "learned policy not rebuilt; the current model is kept");
+                self.model_generation = update.generation;
+            }
+        }
+    }
+
     /// Whether node `n` takes new work, applied to the cluster state.
     pub fn refresh_node(&mut self, n: NodeId) {
         let r = &self.nodes[n.0 as usize];
@@ -391,7 +513,7 @@ impl Inner {
     }
 
     /// Closes the current epoch: its records serialised, its events to publish.
-    fn take_batch(&mut self) -> (u64, Batch, Vec<Event>) {
+    fn take_batch(&mut self) -> (u64, (Batch, LogBatch), Vec<Event>) {
         let epoch = self.epoch;
         self.epoch += 1;
         let dirty = std::mem::take(&mut self.dirty);
@@ -419,6 +541,19 @@ impl Inner {
             batch.meta.push((META_NEXT_JOB, self.next_job as u64));
             batch.meta.push((META_NEXT_DECISION, self.next_decision));
         }
-        (epoch, batch, dirty.events)
+        let log = if self.log_enabled {
+            LogBatch {
+                decisions: dirty
+                    .decisions
+                    .iter()
+                    .filter(|d| d.source == "cycle")
+                    .map(|d| d.log_row())
+                    .collect(),
+                outcomes: dirty.outcomes,
+            }
+        } else {
+            LogBatch::default()
+        };
+        (epoch, (batch, log), dirty.events)
     }
 }

@@ -6,13 +6,17 @@ use std::collections::HashMap;
 
 use crate::domain::{ClusterState, GpuDemand, Placement};
 use crate::framework::{Context, JobStats, Pending, Running, run_cycle};
+use crate::policies::learned::DecisionTrace;
 use crate::service::convert::{placement_to_pb, slot_to_pb, state_to_pb};
 use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::model::DecisionPath;
 use crate::service::pb;
-use crate::service::records::{DecisionRecord, Verdict, WorkerRecord, candidates};
+use crate::service::records::{
+    CandidateRecord, DecisionRecord, ScoredCandidateRecord, Verdict, WorkerRecord, candidates,
+    heuristic_score_note, score_candidates,
+};
 
 fn stats(r: &JobRecord, now_s: f64) -> JobStats {
     let running = if r.state.is_active() {
@@ -122,6 +126,7 @@ impl Inner {
             .ok_or_else(|| ServiceError::NotFound(format!("job {id} does not exist")))?;
         let old = record.placement.clone();
         let was_active = record.state.is_active();
+        let (queued_since_s, placed_at_s) = (record.queued_since_s, record.placed_at_s);
         record
             .transition(to, reason, placement, now)
             .map_err(|e| ServiceError::FailedPrecondition(e.to_string()))?;
@@ -137,6 +142,23 @@ impl Inner {
             self.active.remove(&id);
         }
         let record = &self.jobs[&id];
+        // The decision log's outcome: the placement ended, or the job was rejected.
+        let ended = was_active && !to.is_active();
+        if self.log_enabled && record.decision_id > 0 && (ended || to == JobState::Rejected) {
+            let now_s = now as f64 / 1e6;
+            self.dirty.outcomes.push(crate::decision_log::OutcomeRow {
+                decision_id: record.decision_id,
+                job_id: id.to_string(),
+                state: to.name().to_string(),
+                at_us: now,
+                wait_s: if ended {
+                    (placed_at_s - queued_since_s).max(0.0)
+                } else {
+                    (now_s - queued_since_s).max(0.0)
+                },
+                run_s: ended.then(|| (now_s - placed_at_s).max(0.0)),
+            });
+        }
         let mut events = Vec::new();
         if was_active
             && !to.is_active()
@@ -185,6 +207,7 @@ impl Inner {
         before: &ClusterState,
         queue_depth: u32,
         path: &DecisionPath,
+        trace: Option<&DecisionTrace>,
         now: i64,
     ) -> u64 {
         let decision = self.next_decision;
@@ -192,7 +215,40 @@ impl Inner {
         self.dirty.meta = true;
         let job = &self.jobs[&id].job;
         let empty = Placement::default();
-        let (feasible, list) = candidates(job, before, placement.unwrap_or(&empty));
+        let (feasible, mut list, ids) = candidates(job, before, placement.unwrap_or(&empty));
+        let learned = self.model_generation > 0;
+        let path = match trace {
+            Some(t) => DecisionPath {
+                kind: if t.path.is_learned() {
+                    "learned"
+                } else {
+                    "fallback"
+                },
+                label: t.path.label().to_string(),
+                confidence: t.margin.map(f64::from),
+            },
+            None => path.clone(),
+        };
+        let scored = trace.map(|t| self.scored(t, placement)).unwrap_or_default();
+        let score_note = if !learned {
+            let scored = score_candidates(
+                self.policy.placer.as_ref(),
+                job,
+                before,
+                &ids,
+                &mut list,
+                now as f64 / 1e6,
+            );
+            heuristic_score_note(&self.policy.name, scored)
+        } else if scored.iter().any(|c| c.probability.is_some()) {
+            fill_node_scores(&mut list, &scored);
+            "learned: a node's score is the network's probability of the best candidate placement using it; scored_candidates has every candidate's logit and probability; confidence is the gate's margin between the two best".to_string()
+        } else {
+            format!(
+                "no score: the network scored no candidate ({}); the fallback decided",
+                path.label
+            )
+        };
         let record = DecisionRecord {
             id: decision,
             source: "cycle".into(),
@@ -211,10 +267,42 @@ impl Inner {
             idle_gpus: before.idle_gpus(),
             feasible_nodes: feasible,
             candidates: list,
+            model_version: self.model_version.clone(),
+            gate_threshold: self.gate_threshold.filter(|_| learned),
+            score_note,
+            scored,
         };
         self.dirty.decisions.push(record);
         self.metrics.decision(path.kind);
         decision
+    }
+
+    /// A traced decision's candidates as records.
+    fn scored(
+        &self,
+        t: &DecisionTrace,
+        placement: Option<&Placement>,
+    ) -> Vec<ScoredCandidateRecord> {
+        t.candidates
+            .iter()
+            .map(|c| ScoredCandidateRecord {
+                nodes: c
+                    .placement
+                    .as_ref()
+                    .map(|p| {
+                        p.workers
+                            .iter()
+                            .map(|w| self.topo.node(w.node).name.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                wait: c.placement.is_none(),
+                fallback_choice: c.fallback,
+                chosen: c.placement.is_some() && c.placement.as_ref() == placement,
+                logit: c.logit.map(f64::from),
+                probability: c.probability.map(f64::from),
+            })
+            .collect()
     }
 
     /// One scheduling cycle over the whole queue.
@@ -264,6 +352,12 @@ impl Inner {
             let mut ctx = Context::new(now_s, rng);
             run_cycle(policy, state, &pending, &running, &mut ctx)
         };
+        // The learned placer's report per job: the last one is the decision that stood.
+        let traces: HashMap<crate::domain::JobId, DecisionTrace> =
+            std::mem::take(&mut *self.trace.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .map(|t| (t.job, t))
+                .collect();
         for k in decisions.preempted {
             let id = running_ids[k];
             self.metrics.preemptions.inc();
@@ -288,6 +382,7 @@ impl Inner {
                 &before,
                 queue_depth,
                 path,
+                traces.get(&self.jobs[&id].job.id),
                 now,
             );
             let submitted = self.jobs[&id].submitted_at_us;
@@ -320,6 +415,7 @@ impl Inner {
                 &before,
                 queue_depth,
                 path,
+                traces.get(&self.jobs[&id].job.id),
                 now,
             );
             if let Some(r) = self.jobs.get_mut(&id) {
@@ -332,5 +428,16 @@ impl Inner {
         for (i, error) in decisions.errors {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
+    }
+}
+
+/// Gives each node the highest probability among the scored placements that use it.
+fn fill_node_scores(list: &mut [CandidateRecord], scored: &[ScoredCandidateRecord]) {
+    for c in list {
+        c.score = scored
+            .iter()
+            .filter(|s| s.nodes.contains(&c.node))
+            .filter_map(|s| s.probability)
+            .reduce(f64::max);
     }
 }

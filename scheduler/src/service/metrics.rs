@@ -37,6 +37,11 @@ pub struct Metrics {
     pub node_lost_requeues: Counter,
     pub fallback_ratio: Gauge<f64, AtomicU64>,
     pub telemetry: Family<Labels, Counter>,
+    /// Model (re)loads by outcome (`loaded`, `rejected`).
+    pub model_reloads: Family<Labels, Counter>,
+    /// Decision-log rows by outcome (`written`, `lost`) and failed file writes.
+    pub decision_log_rows: Family<Labels, Counter>,
+    pub decision_log_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -70,6 +75,9 @@ impl Metrics {
             node_lost_requeues: Counter::default(),
             fallback_ratio: Gauge::default(),
             telemetry: Family::default(),
+            model_reloads: Family::default(),
+            decision_log_rows: Family::default(),
+            decision_log_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -142,6 +150,21 @@ impl Metrics {
             "fallback_ratio",
             "Share of learned-policy decisions taken by the fallback heuristic (0 when a heuristic policy decides everything)",
             m.fallback_ratio.clone(),
+        );
+        registry.register(
+            "model_reloads",
+            "Learned-model loads after start, by outcome (loaded, rejected: the current model was kept)",
+            m.model_reloads.clone(),
+        );
+        registry.register(
+            "decision_log_rows",
+            "Decision-log rows, by outcome (written, lost)",
+            m.decision_log_rows.clone(),
+        );
+        registry.register(
+            "decision_log_write_errors",
+            "Decision-log files that could not be written",
+            m.decision_log_errors.clone(),
         );
         registry.register(
             "telemetry_samples",

@@ -42,7 +42,7 @@ pub mod store;
 
 pub use config::{SecurityConfig, ServiceConfig};
 pub use error::{ServiceError, StartError};
-pub use model::{ModelSlot, NoModel};
+pub use model::{LearnedSlot, ModelSlot, NoModel, model_slot};
 pub use server::{AdvisorHandle, ServerHandle, start, start_advisor};
 /// Re-exported so clients (tests, the load generator, agents) use the same versions.
 pub use {tokio, tonic, tonic_health};

@@ -100,7 +100,24 @@ pub struct CandidateRecord {
     pub idle_gpus: u32,
     pub free_milli: u32,
     pub chosen: bool,
+    /// The policy's score for the node, when it has one (learned: the network's
+    /// probability of the best candidate placement that uses the node).
     pub score: Option<f64>,
+}
+
+/// One candidate placement the learned policy ranked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoredCandidateRecord {
+    /// The node of each worker; empty for the "wait" action.
+    pub nodes: Vec<String>,
+    pub wait: bool,
+    /// Whether this is the fallback heuristic's placement.
+    pub fallback_choice: bool,
+    /// Whether this is the placement the decision used.
+    pub chosen: bool,
+    /// The network's logit and softmax probability (absent when it scored nothing).
+    pub logit: Option<f64>,
+    pub probability: Option<f64>,
 }
 
 /// Why one job was placed, left waiting or rejected: what Explain returns.
@@ -124,17 +141,65 @@ pub struct DecisionRecord {
     pub idle_gpus: u32,
     pub feasible_nodes: u32,
     pub candidates: Vec<CandidateRecord>,
+    /// Content hash of the model artifact that served the decision (learned policy).
+    #[serde(default)]
+    pub model_version: Option<String>,
+    /// The gate's margin threshold the confidence was compared with.
+    #[serde(default)]
+    pub gate_threshold: Option<f64>,
+    /// What the candidates' scores are, or why there are none.
+    #[serde(default)]
+    pub score_note: String,
+    /// The learned policy's candidate placements with their network scores.
+    #[serde(default)]
+    pub scored: Vec<ScoredCandidateRecord>,
 }
 
 /// At most this many candidates are recorded per decision.
 pub const MAX_CANDIDATES: usize = 16;
 
-/// The nodes where one worker of `job` fits on `state`, most idle GPUs first.
+/// Scores `list` (whose nodes are `ids`) with the placer's own node score, when it has
+/// one (a separate random stream: the schedule never depends on it). Returns whether
+/// it had one.
+pub fn score_candidates(
+    placer: &dyn crate::framework::Placer,
+    job: &Job,
+    state: &crate::domain::ClusterState,
+    ids: &[crate::domain::NodeId],
+    list: &mut [CandidateRecord],
+    now_s: f64,
+) -> bool {
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+    let mut ctx = crate::framework::Context::new(now_s, &mut rng);
+    match placer.node_scores(job, ids, state, &mut ctx) {
+        Some(scores) if scores.len() == list.len() => {
+            for (c, s) in list.iter_mut().zip(scores) {
+                c.score = s.is_finite().then_some(s);
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// What a heuristic decision's `score_note` says.
+pub fn heuristic_score_note(policy: &str, scored: bool) -> String {
+    if scored {
+        format!(
+            "{policy}: the heuristic's node score (higher is preferred; ties broken by its tie-break), on the cluster before the decisions"
+        )
+    } else {
+        format!("no score: the {policy} heuristic exposes no per-candidate score")
+    }
+}
+
+/// The nodes where one worker of `job` fits on `state`, most idle GPUs first (with
+/// their ids, in the same order).
 pub fn candidates(
     job: &Job,
     state: &crate::domain::ClusterState,
     chosen: &Placement,
-) -> (u32, Vec<CandidateRecord>) {
+) -> (u32, Vec<CandidateRecord>, Vec<crate::domain::NodeId>) {
     let topo = state.topology();
     let mut fit: Vec<crate::domain::NodeId> = topo
         .node_ids()
@@ -148,10 +213,10 @@ pub fn candidates(
             n,
         )
     });
+    fit.truncate(MAX_CANDIDATES);
     let list = fit
-        .into_iter()
-        .take(MAX_CANDIDATES)
-        .map(|n| CandidateRecord {
+        .iter()
+        .map(|&n| CandidateRecord {
             node: topo.node(n).name.clone(),
             idle_gpus: state.node_idle_gpus(n) as u32,
             free_milli: state.node_free_milli(n),
@@ -159,7 +224,7 @@ pub fn candidates(
             score: None,
         })
         .collect();
-    (feasible, list)
+    (feasible, list, fit)
 }
 
 impl DecisionRecord {
@@ -192,6 +257,100 @@ impl DecisionRecord {
                     score: c.score,
                 })
                 .collect(),
+            model_version: self.model_version.clone().unwrap_or_default(),
+            gate_threshold: self.gate_threshold,
+            score_note: self.score_note.clone(),
+            scored_candidates: self
+                .scored
+                .iter()
+                .map(|c| pb::ScoredCandidate {
+                    nodes: c.nodes.clone(),
+                    wait: c.wait,
+                    fallback_choice: c.fallback_choice,
+                    chosen: c.chosen,
+                    logit: c.logit,
+                    probability: c.probability,
+                })
+                .collect(),
+        }
+    }
+
+    /// The decision-log row of this decision.
+    pub fn log_row(&self) -> crate::decision_log::DecisionRow {
+        use crate::domain::{CommPattern, GpuDemand};
+        let j = &self.spec;
+        let (gpu_kind, per_worker) = match j.gpu {
+            GpuDemand::None => ("none", 0),
+            GpuDemand::Whole(n) => ("whole", u32::from(n) * 1000),
+            GpuDemand::Milli(m) => ("milli", u32::from(m)),
+            GpuDemand::Mig { .. } => ("mig", j.gpu.milli()),
+        };
+        let comm = match j.comm {
+            CommPattern::None => "none",
+            CommPattern::DataParallel => "data-parallel",
+            CommPattern::TensorParallel => "tensor-parallel",
+            CommPattern::PipelineParallel => "pipeline-parallel",
+        };
+        let gpus = self
+            .placement
+            .iter()
+            .map(|w| {
+                let list: Vec<String> = w
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        if g.milli >= 1000 || g.milli == 0 {
+                            g.index.to_string()
+                        } else {
+                            format!("{}@{}", g.index, g.milli)
+                        }
+                    })
+                    .collect();
+                format!("{}:{}", w.node, list.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(";");
+        crate::decision_log::DecisionRow {
+            decision_id: self.id,
+            at_us: self.at_us,
+            job_id: self.job.clone(),
+            job_name: j.name.clone(),
+            tenant: j.tenant.clone(),
+            priority: j.priority,
+            workers: j.workers,
+            gpu_kind: gpu_kind.into(),
+            gpu_milli_per_worker: per_worker,
+            cpu_milli: j.cpu_milli,
+            memory_mib: j.memory_mib,
+            comm: comm.into(),
+            preemptible: j.preemptible,
+            queue_depth: self.queue_depth,
+            idle_gpus: self.idle_gpus,
+            feasible_nodes: self.feasible_nodes,
+            verdict: match self.verdict {
+                Verdict::Place => "place",
+                Verdict::Wait => "wait",
+                Verdict::Reject => "reject",
+            }
+            .into(),
+            reason: self.reason.clone(),
+            nodes: self
+                .placement
+                .iter()
+                .map(|w| w.node.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            gpus,
+            gpu_milli_placed: self
+                .placement
+                .iter()
+                .flat_map(|w| w.gpus.iter())
+                .map(|g| u64::from(g.milli))
+                .sum(),
+            path: self.path.clone(),
+            confidence: self.confidence,
+            policy: self.policy.clone(),
+            model_version: self.model_version.clone(),
         }
     }
 }

@@ -48,6 +48,7 @@ pub struct ServerHandle {
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     driver: JoinHandle<()>,
     metrics_task: Option<JoinHandle<()>>,
+    poll_task: Option<JoinHandle<()>>,
 }
 
 impl ServerHandle {
@@ -66,6 +67,12 @@ impl ServerHandle {
         };
         let _ = self.stop_driver.send(true);
         let _ = self.driver.await;
+        if let Some(p) = self.poll_task {
+            p.abort();
+        }
+        // After the driver's last commit: every committed decision and outcome is in.
+        let core = self.core.clone();
+        let _ = tokio::task::spawn_blocking(move || core.finish_decision_log()).await;
         if let Some(m) = self.metrics_task {
             m.abort();
         }
@@ -179,6 +186,7 @@ pub async fn start(
             message: e.to_string(),
         })?;
     let metrics = Arc::new(Metrics::new());
+    model.attach_metrics(metrics.clone());
     let core = Arc::new(Core::restore(
         &config,
         &cluster,
@@ -201,6 +209,28 @@ pub async fn start(
     let (stop, stop_rx) = watch::channel(false);
     let (stop_driver, driver_rx) = watch::channel(false);
     let driver = tokio::spawn(core.clone().drive(driver_rx));
+    // Automatic model reload: check the artifact directory every `model_poll_ms`.
+    let poll_task = (config.policy == crate::policies::learned::LEARNED
+        && config.model_poll_ms > 0)
+        .then(|| {
+            let model = core.model.clone();
+            let every = Duration::from_millis(config.model_poll_ms);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let model = model.clone();
+                    if tokio::task::spawn_blocking(move || model.poll())
+                        .await
+                        .is_err()
+                    {
+                        tracing::error!("model poll task failed");
+                    }
+                }
+            })
+        });
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for s in SERVICES {
@@ -264,5 +294,6 @@ pub async fn start(
         server,
         driver,
         metrics_task,
+        poll_task,
     })
 }

@@ -13,6 +13,7 @@
 
 pub mod candidates;
 pub mod features;
+pub mod setup;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,11 +23,12 @@ use marshal_model::policy::{DecisionFeatures, MAX_CANDIDATES, PolicyScorer, load
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{ClusterState, GpuDemand, Job, Placement};
+use crate::domain::{ClusterState, GpuDemand, Job, JobId, Placement};
 use crate::framework::{Context, Placer, Policy, Status};
 use crate::policies::{Fgd, UnknownPolicy, build};
 
 pub use features::{Choice, NodeScores, featurise};
+pub use setup::{LearnedSetup, PolicyError, build_policy, check_name};
 
 /// Name of the learned policy.
 pub const LEARNED: &str = "learned";
@@ -45,6 +47,54 @@ pub enum DecisionPath {
     /// Scoring failed (a non-finite feature or logit).
     ScoringError,
 }
+
+impl DecisionPath {
+    /// The label decisions carry: `learned` or `fallback:<reason>`.
+    pub fn label(self) -> &'static str {
+        match self {
+            DecisionPath::Learned => "learned",
+            DecisionPath::NoModel => "fallback:no-model",
+            DecisionPath::LowMargin => "fallback:low-margin",
+            DecisionPath::OutOfDistribution => "fallback:out-of-distribution",
+            DecisionPath::ScoringError => "fallback:scoring-error",
+        }
+    }
+
+    pub fn is_learned(self) -> bool {
+        self == DecisionPath::Learned
+    }
+}
+
+/// One candidate of a traced decision, with the network's scores when it scored them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracedCandidate {
+    /// `None` for the "wait" action.
+    pub placement: Option<Placement>,
+    /// Whether this is the fallback heuristic's choice.
+    pub fallback: bool,
+    /// The network's logit and softmax probability (absent when nothing was scored).
+    pub logit: Option<f32>,
+    pub probability: Option<f32>,
+}
+
+/// What one `place` call of the learned placer decided and why: the service reads
+/// these to label each decision (path, confidence) and to explain its candidates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecisionTrace {
+    pub job: JobId,
+    pub path: DecisionPath,
+    /// The gate's confidence: the probability margin between the two best candidates.
+    pub margin: Option<f32>,
+    /// The input distance from the training data.
+    pub distance: Option<f32>,
+    /// Index of the candidate the network chose (when it decided).
+    pub chosen: Option<usize>,
+    pub candidates: Vec<TracedCandidate>,
+}
+
+/// Where a placer appends its [`DecisionTrace`]s; the owner drains it (the service does
+/// after every cycle, so it holds at most one cycle's decisions).
+pub type TraceSink = Arc<Mutex<Vec<DecisionTrace>>>;
 
 /// How the placer picks among scored candidates.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -151,6 +201,7 @@ pub struct LearnedPlacer {
     pub act: Act,
     stats: Arc<GateStats>,
     recorder: Option<Arc<Mutex<Vec<Record>>>>,
+    trace: Option<TraceSink>,
     calls: AtomicU64,
 }
 
@@ -170,6 +221,7 @@ impl LearnedPlacer {
             act: Act::Greedy,
             stats: Arc::default(),
             recorder: None,
+            trace: None,
             calls: AtomicU64::new(0),
         }
     }
@@ -185,6 +237,12 @@ impl LearnedPlacer {
         self
     }
 
+    /// Reports every gated decision into `sink` (the service's per-decision paths).
+    pub fn with_trace(mut self, sink: TraceSink) -> Self {
+        self.trace = Some(sink);
+        self
+    }
+
     /// Why there is no model, if there is none.
     pub fn model_error(&self) -> Option<&str> {
         self.model.as_ref().err().map(String::as_str)
@@ -197,6 +255,47 @@ impl LearnedPlacer {
     ) -> Result<Placement, Status> {
         self.stats.count(path);
         fallback
+    }
+
+    /// Appends a decision to the trace sink, if there is one.
+    fn trace(
+        &self,
+        job: &Job,
+        path: DecisionPath,
+        choices: &[Choice],
+        scored: Option<&marshal_model::policy::Scored>,
+        chosen: Option<usize>,
+    ) {
+        let Some(sink) = &self.trace else { return };
+        let candidates = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (placement, fallback) = match c {
+                    Choice::Place {
+                        placement,
+                        fallback,
+                    } => (Some(placement.clone()), *fallback),
+                    Choice::Wait => (None, false),
+                };
+                TracedCandidate {
+                    placement,
+                    fallback,
+                    logit: scored.and_then(|s| s.logits.get(i).copied()),
+                    probability: scored.and_then(|s| s.probs.get(i).copied()),
+                }
+            })
+            .collect();
+        sink.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(DecisionTrace {
+                job: job.id,
+                path,
+                margin: scored.map(|s| s.margin),
+                distance: scored.map(|s| s.distance),
+                chosen,
+                candidates,
+            });
     }
 }
 
@@ -215,7 +314,10 @@ impl Placer for LearnedPlacer {
         let scorer = match (&self.model, self.act) {
             (Ok(s), _) => Some(s.clone()),
             (Err(_), Act::Imitate) => None,
-            (Err(_), _) => return self.fall_back(DecisionPath::NoModel, fallback),
+            (Err(_), _) => {
+                self.trace(job, DecisionPath::NoModel, &[], None, None);
+                return self.fall_back(DecisionPath::NoModel, fallback);
+            }
         };
         let scores = candidates::node_scores(job, state, ctx, &self.fgd);
         // Waiting is offered to whole-GPU gangs only, and only while something runs, so a
@@ -242,20 +344,27 @@ impl Placer for LearnedPlacer {
         let features = featurise(job, state, &choices, &scores);
         let scored = match scorer.map(|s| s.score(&features)) {
             Some(Ok(s)) => Some(s),
-            Some(Err(_)) => return self.fall_back(DecisionPath::ScoringError, fallback),
+            Some(Err(_)) => {
+                self.trace(job, DecisionPath::ScoringError, &choices, None, None);
+                return self.fall_back(DecisionPath::ScoringError, fallback);
+            }
             None => None,
         };
-        let chosen = match (self.act, scored) {
+        let chosen = match (self.act, &scored) {
             (Act::Imitate, _) | (_, None) => choices
                 .iter()
                 .position(|c| matches!(c, Choice::Place { fallback: true, .. }))
                 .unwrap_or(0),
             (Act::Greedy, Some(scored)) => {
                 if scored.distance > self.gate.distance_limit {
-                    return self.fall_back(DecisionPath::OutOfDistribution, fallback);
+                    let path = DecisionPath::OutOfDistribution;
+                    self.trace(job, path, &choices, Some(scored), None);
+                    return self.fall_back(path, fallback);
                 }
                 if scored.margin < self.gate.margin_threshold {
-                    return self.fall_back(DecisionPath::LowMargin, fallback);
+                    let path = DecisionPath::LowMargin;
+                    self.trace(job, path, &choices, Some(scored), None);
+                    return self.fall_back(path, fallback);
                 }
                 scored.best
             }
@@ -282,6 +391,13 @@ impl Placer for LearnedPlacer {
             });
         }
         self.stats.count(DecisionPath::Learned);
+        self.trace(
+            job,
+            DecisionPath::Learned,
+            &choices,
+            scored.as_ref(),
+            Some(chosen),
+        );
         match &choices[chosen] {
             Choice::Place { placement, .. } => Ok(placement.clone()),
             Choice::Wait => {
@@ -307,17 +423,22 @@ impl LearnedModel {
     /// Loads `dir`; a missing, corrupt or mismatched artifact becomes a model-less value
     /// whose error says why (the policy then runs on its fallback).
     pub fn load(dir: &Path) -> LearnedModel {
-        match load_policy(dir) {
-            Ok(a) => LearnedModel {
-                scorer: Ok(Arc::new(a.scorer)),
-                gate: Gate {
-                    margin_threshold: a.meta.margin_threshold,
-                    distance_limit: a.meta.distance_limit,
-                },
-                fallback: a.meta.fallback,
+        LearnedModel::try_load(dir).unwrap_or_else(|e| {
+            LearnedModel::missing(format!("policy model {}: {e}", dir.display()))
+        })
+    }
+
+    /// Loads `dir`, or says why it cannot be used (without naming `dir`).
+    pub fn try_load(dir: &Path) -> Result<LearnedModel, String> {
+        let a = load_policy(dir).map_err(|e| e.to_string())?;
+        Ok(LearnedModel {
+            scorer: Ok(Arc::new(a.scorer)),
+            gate: Gate {
+                margin_threshold: a.meta.margin_threshold,
+                distance_limit: a.meta.distance_limit,
             },
-            Err(e) => LearnedModel::missing(format!("policy model {}: {e}", dir.display())),
-        }
+            fallback: a.meta.fallback,
+        })
     }
 
     pub fn missing(why: String) -> LearnedModel {

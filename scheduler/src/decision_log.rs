@@ -1,0 +1,761 @@
+//! The decision log in Parquet (feature `decision-log`, on with `service`): one row per
+//! placement decision the server makes, and one outcome row when the placement it made
+//! ends, for the trainer to retrain from.
+//!
+//! Two file sets under the log directory, joined on `decision_id`:
+//!
+//! ```text
+//! <dir>/decisions/part-<first decision id, 20 digits>-<seq>.parquet   DecisionRow
+//! <dir>/outcomes/part-<unix µs>-<seq>.parquet                        OutcomeRow
+//! ```
+//!
+//! (Two schemas rather than one with nullable outcome columns: a decision row is final
+//! when written, and an outcome arrives minutes to days later, so no file is rewritten.)
+//!
+//! The writer ([`DecisionLog`]) is a thread behind a bounded channel: [`DecisionLog::send`]
+//! never blocks (a full channel drops the batch and counts it), rows are buffered up to
+//! `file_rows` or `flush_ms`, and each file is written whole under a hidden `.tmp` name,
+//! `fsync`ed and renamed, so a reader sees complete files only. A write error is logged,
+//! counted (its rows are dropped, so memory stays bounded) and the writer carries on.
+//! [`read_decision_log`] reads both sets back.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, StringBuilder, UInt32Builder,
+    UInt64Builder,
+};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    UInt32Array, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+/// Sub-directory of the decision rows.
+pub const DECISIONS_DIR: &str = "decisions";
+/// Sub-directory of the outcome rows.
+pub const OUTCOMES_DIR: &str = "outcomes";
+
+/// One placement decision: its inputs, the action and who decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DecisionRow {
+    pub decision_id: u64,
+    /// Wall-clock time of the decision, Unix microseconds.
+    pub at_us: i64,
+    pub job_id: String,
+    // The job spec, summarised.
+    pub job_name: String,
+    pub tenant: String,
+    pub priority: i32,
+    pub workers: u32,
+    /// `none`, `whole`, `milli` or `mig`.
+    pub gpu_kind: String,
+    /// GPU per worker in thousandths (8 whole GPUs = 8000).
+    pub gpu_milli_per_worker: u32,
+    pub cpu_milli: u32,
+    pub memory_mib: u64,
+    /// `none`, `data-parallel`, `tensor-parallel`, `pipeline-parallel`.
+    pub comm: String,
+    pub preemptible: bool,
+    // The cluster at decision time.
+    pub queue_depth: u32,
+    pub idle_gpus: u32,
+    pub feasible_nodes: u32,
+    // The action.
+    /// `place` or `reject`.
+    pub verdict: String,
+    pub reason: String,
+    /// The node of each worker, comma-separated (empty when not placed).
+    pub nodes: String,
+    /// GPU indices per worker: `node:0,1;node:2` (`node:3@500` for a share).
+    pub gpus: String,
+    /// GPU thousandths allocated by the placement.
+    pub gpu_milli_placed: u64,
+    // Who decided.
+    /// `heuristic:<policy>`, `learned` or `fallback:<reason>`.
+    pub path: String,
+    /// The gate's confidence (probability margin); absent for heuristics.
+    pub confidence: Option<f64>,
+    pub policy: String,
+    /// Content hash of the model artifact that served the decision (learned policy).
+    pub model_version: Option<String>,
+}
+
+/// How a placement ended: the outcome of its decision.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutcomeRow {
+    pub decision_id: u64,
+    pub job_id: String,
+    /// The job state that ended the placement: `COMPLETED`, `FAILED`, `PREEMPTED`,
+    /// `REQUEUED`, `CANCELLED`, or `REJECTED` for a rejection decision.
+    pub state: String,
+    pub at_us: i64,
+    /// Seconds from entering the queue to the decision.
+    pub wait_s: f64,
+    /// Seconds the placement ran (absent for a rejection).
+    pub run_s: Option<f64>,
+}
+
+/// Rows to append.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogBatch {
+    pub decisions: Vec<DecisionRow>,
+    pub outcomes: Vec<OutcomeRow>,
+}
+
+impl LogBatch {
+    pub fn is_empty(&self) -> bool {
+        self.decisions.is_empty() && self.outcomes.is_empty()
+    }
+
+    fn len(&self) -> u64 {
+        (self.decisions.len() + self.outcomes.len()) as u64
+    }
+}
+
+/// Writer settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogOptions {
+    /// Rows per file at most (decisions and outcomes each).
+    pub file_rows: usize,
+    /// Buffered rows are written at least this often.
+    pub flush_ms: u64,
+    /// Batches the channel holds before `send` starts dropping.
+    pub channel_batches: usize,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            file_rows: 8192,
+            flush_ms: 10_000,
+            channel_batches: 1024,
+        }
+    }
+}
+
+/// The writer's counters.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    pub rows_written: AtomicU64,
+    pub files_written: AtomicU64,
+    /// Failed file writes (their rows are lost).
+    pub write_errors: AtomicU64,
+    /// Rows lost: in failed files, or dropped because the channel was full.
+    pub rows_lost: AtomicU64,
+}
+
+/// A snapshot of [`LogStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogCounts {
+    pub rows_written: u64,
+    pub files_written: u64,
+    pub write_errors: u64,
+    pub rows_lost: u64,
+}
+
+impl LogStats {
+    pub fn snapshot(&self) -> LogCounts {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LogCounts {
+            rows_written: r(&self.rows_written),
+            files_written: r(&self.files_written),
+            write_errors: r(&self.write_errors),
+            rows_lost: r(&self.rows_lost),
+        }
+    }
+}
+
+/// The decision-log writer: a thread fed through a bounded channel.
+#[derive(Debug)]
+pub struct DecisionLog {
+    dir: PathBuf,
+    tx: Option<SyncSender<LogBatch>>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<LogStats>,
+}
+
+impl DecisionLog {
+    /// Starts the writer for `dir`. Never fails: a directory that cannot be created or
+    /// written shows up as write errors, and scheduling goes on.
+    pub fn open(dir: &Path, opts: LogOptions) -> DecisionLog {
+        let (tx, rx) = sync_channel(opts.channel_batches.max(1));
+        let stats = Arc::new(LogStats::default());
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            opts,
+            stats: stats.clone(),
+            seq: 0,
+            decisions: Vec::new(),
+            outcomes: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("decision-log".into())
+            .spawn(move || writer.run(rx));
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(error = %e, "decision log: cannot start the writer thread; nothing is logged");
+                stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        };
+        DecisionLog {
+            dir: dir.to_path_buf(),
+            tx: thread.as_ref().map(|_| tx),
+            thread,
+            stats,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Queues rows for writing; never blocks. A full channel drops them (counted).
+    pub fn send(&self, batch: LogBatch) {
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len();
+        let sent = match &self.tx {
+            Some(tx) => match tx.try_send(batch) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    tracing::warn!(rows = n, "decision log: writer behind; rows dropped");
+                    false
+                }
+                Err(TrySendError::Disconnected(_)) => false,
+            },
+            None => false,
+        };
+        if !sent {
+            self.stats.rows_lost.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn stats(&self) -> LogCounts {
+        self.stats.snapshot()
+    }
+
+    /// Writes whatever is buffered and stops the thread.
+    pub fn finish(mut self) -> LogCounts {
+        self.close();
+        self.stats.snapshot()
+    }
+
+    fn close(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DecisionLog {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    opts: LogOptions,
+    stats: Arc<LogStats>,
+    seq: u64,
+    decisions: Vec<DecisionRow>,
+    outcomes: Vec<OutcomeRow>,
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<LogBatch>) {
+        let every = Duration::from_millis(self.opts.flush_ms.max(1));
+        let mut last = Instant::now();
+        loop {
+            let wait = every.saturating_sub(last.elapsed());
+            match rx.recv_timeout(wait) {
+                Ok(mut b) => {
+                    self.decisions.append(&mut b.decisions);
+                    self.outcomes.append(&mut b.outcomes);
+                    if self.decisions.len() >= self.opts.file_rows {
+                        self.flush_decisions();
+                    }
+                    if self.outcomes.len() >= self.opts.file_rows {
+                        self.flush_outcomes();
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.flush_decisions();
+                    self.flush_outcomes();
+                    return;
+                }
+            }
+            if last.elapsed() >= every {
+                self.flush_decisions();
+                self.flush_outcomes();
+                last = Instant::now();
+            }
+        }
+    }
+
+    fn flush_decisions(&mut self) {
+        while !self.decisions.is_empty() {
+            let n = self.decisions.len().min(self.opts.file_rows.max(1));
+            let rows: Vec<DecisionRow> = self.decisions.drain(..n).collect();
+            let name = format!("part-{:020}-{:06}.parquet", rows[0].decision_id, self.seq);
+            self.seq += 1;
+            let result = decisions_batch(&rows)
+                .and_then(|b| write_file(&self.dir.join(DECISIONS_DIR), &name, &b));
+            self.account(result, rows.len());
+        }
+    }
+
+    fn flush_outcomes(&mut self) {
+        while !self.outcomes.is_empty() {
+            let n = self.outcomes.len().min(self.opts.file_rows.max(1));
+            let rows: Vec<OutcomeRow> = self.outcomes.drain(..n).collect();
+            let name = format!("part-{:020}-{:06}.parquet", rows[0].at_us.max(0), self.seq);
+            self.seq += 1;
+            let result = outcomes_batch(&rows)
+                .and_then(|b| write_file(&self.dir.join(OUTCOMES_DIR), &name, &b));
+            self.account(result, rows.len());
+        }
+    }
+
+    fn account(&self, result: Result<(), String>, rows: usize) {
+        match result {
+            Ok(()) => {
+                self.stats
+                    .rows_written
+                    .fetch_add(rows as u64, Ordering::Relaxed);
+                self.stats.files_written.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::warn!(%error, rows, "decision log: file not written; rows lost");
+                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .rows_lost
+                    .fetch_add(rows as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Writes `batch` to `dir/name` through a hidden temporary file, `fsync` and rename.
+fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let done = dir.join(name);
+    let write = || -> Result<(), String> {
+        let file = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .build();
+        let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props))
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        w.write(batch)
+            .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        let file = w
+            .into_inner()
+            .map_err(|e| format!("closing {}: {e}", tmp.display()))?;
+        file.sync_all()
+            .map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &done).map_err(|e| format!("renaming {}: {e}", done.display()))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    };
+    let r = write();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+fn decisions_schema() -> SchemaRef {
+    use DataType::*;
+    let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
+    Arc::new(Schema::new(vec![
+        f("decision_id", UInt64, false),
+        f("at_us", Int64, false),
+        f("job_id", Utf8, false),
+        f("job_name", Utf8, false),
+        f("tenant", Utf8, false),
+        f("priority", Int32, false),
+        f("workers", UInt32, false),
+        f("gpu_kind", Utf8, false),
+        f("gpu_milli_per_worker", UInt32, false),
+        f("cpu_milli", UInt32, false),
+        f("memory_mib", UInt64, false),
+        f("comm", Utf8, false),
+        f("preemptible", Boolean, false),
+        f("queue_depth", UInt32, false),
+        f("idle_gpus", UInt32, false),
+        f("feasible_nodes", UInt32, false),
+        f("verdict", Utf8, false),
+        f("reason", Utf8, false),
+        f("nodes", Utf8, false),
+        f("gpus", Utf8, false),
+        f("gpu_milli_placed", UInt64, false),
+        f("path", Utf8, false),
+        f("confidence", Float64, true),
+        f("policy", Utf8, false),
+        f("model_version", Utf8, true),
+    ]))
+}
+
+fn outcomes_schema() -> SchemaRef {
+    use DataType::*;
+    Arc::new(Schema::new(vec![
+        Field::new("decision_id", UInt64, false),
+        Field::new("job_id", Utf8, false),
+        Field::new("state", Utf8, false),
+        Field::new("at_us", Int64, false),
+        Field::new("wait_s", Float64, false),
+        Field::new("run_s", Float64, true),
+    ]))
+}
+
+fn strings<'a>(it: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
+    let mut b = StringBuilder::new();
+    for s in it {
+        b.append_option(s);
+    }
+    Arc::new(b.finish())
+}
+
+fn decisions_batch(rows: &[DecisionRow]) -> Result<RecordBatch, String> {
+    macro_rules! col {
+        ($b:ty, $f:ident) => {{
+            let mut b = <$b>::new();
+            for r in rows {
+                b.append_value(r.$f);
+            }
+            Arc::new(b.finish()) as ArrayRef
+        }};
+    }
+    let s = |get: fn(&DecisionRow) -> &str| strings(rows.iter().map(|r| Some(get(r))));
+    let mut confidence = Float64Builder::new();
+    for r in rows {
+        confidence.append_option(r.confidence);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        col!(UInt64Builder, decision_id),
+        col!(Int64Builder, at_us),
+        s(|r| &r.job_id),
+        s(|r| &r.job_name),
+        s(|r| &r.tenant),
+        col!(Int32Builder, priority),
+        col!(UInt32Builder, workers),
+        s(|r| &r.gpu_kind),
+        col!(UInt32Builder, gpu_milli_per_worker),
+        col!(UInt32Builder, cpu_milli),
+        col!(UInt64Builder, memory_mib),
+        s(|r| &r.comm),
+        col!(BooleanBuilder, preemptible),
+        col!(UInt32Builder, queue_depth),
+        col!(UInt32Builder, idle_gpus),
+        col!(UInt32Builder, feasible_nodes),
+        s(|r| &r.verdict),
+        s(|r| &r.reason),
+        s(|r| &r.nodes),
+        s(|r| &r.gpus),
+        col!(UInt64Builder, gpu_milli_placed),
+        s(|r| &r.path),
+        Arc::new(confidence.finish()),
+        s(|r| &r.policy),
+        strings(rows.iter().map(|r| r.model_version.as_deref())),
+    ];
+    RecordBatch::try_new(decisions_schema(), columns).map_err(|e| e.to_string())
+}
+
+fn outcomes_batch(rows: &[OutcomeRow]) -> Result<RecordBatch, String> {
+    let mut id = UInt64Builder::new();
+    let mut at = Int64Builder::new();
+    let mut wait = Float64Builder::new();
+    let mut run = Float64Builder::new();
+    for r in rows {
+        id.append_value(r.decision_id);
+        at.append_value(r.at_us);
+        wait.append_value(r.wait_s);
+        run.append_option(r.run_s);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(id.finish()),
+        strings(rows.iter().map(|r| Some(r.job_id.as_str()))),
+        strings(rows.iter().map(|r| Some(r.state.as_str()))),
+        Arc::new(at.finish()),
+        Arc::new(wait.finish()),
+        Arc::new(run.finish()),
+    ];
+    RecordBatch::try_new(outcomes_schema(), columns).map_err(|e| e.to_string())
+}
+
+/// The decision log read back: every complete file of both sets.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DecisionLogData {
+    /// Sorted by decision id.
+    pub decisions: Vec<DecisionRow>,
+    /// Sorted by time.
+    pub outcomes: Vec<OutcomeRow>,
+    /// Files read.
+    pub files: usize,
+}
+
+impl DecisionLogData {
+    /// Each decision with its outcome, if the placement has ended.
+    pub fn joined(&self) -> Vec<(&DecisionRow, Option<&OutcomeRow>)> {
+        let by_id: std::collections::HashMap<u64, &OutcomeRow> =
+            self.outcomes.iter().map(|o| (o.decision_id, o)).collect();
+        self.decisions
+            .iter()
+            .map(|d| (d, by_id.get(&d.decision_id).copied()))
+            .collect()
+    }
+}
+
+fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Result<&'a T, String> {
+    b.column_by_name(name)
+        .ok_or_else(|| format!("column {name} missing"))?
+        .as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| {
+            format!(
+                "column {name} has type {:?}",
+                b.schema()
+                    .field_with_name(name)
+                    .map(|f| f.data_type().clone())
+            )
+        })
+}
+
+fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(format!("listing {}: {e}", dir.display())),
+    };
+    for e in entries {
+        let e = e.map_err(|e| format!("listing {}: {e}", dir.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && name.ends_with(".parquet") {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn batches(path: &Path) -> Result<Vec<RecordBatch>, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .map(|b| b.map_err(|e| format!("{}: {e}", path.display())))
+        .collect()
+}
+
+fn opt_f64(a: &Float64Array, i: usize) -> Option<f64> {
+    (!a.is_null(i)).then(|| a.value(i))
+}
+
+/// Reads the decision log under `dir` (both file sets). A damaged file is an error
+/// naming it.
+pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
+    let mut data = DecisionLogData::default();
+    for path in parquet_files(&dir.join(DECISIONS_DIR))? {
+        data.files += 1;
+        for b in batches(&path)? {
+            let err = |e: String| format!("{}: {e}", path.display());
+            let u64s = |n| column::<UInt64Array>(&b, n).map_err(err);
+            let u32s = |n| column::<UInt32Array>(&b, n).map_err(err);
+            let strs = |n| column::<StringArray>(&b, n).map_err(err);
+            let (id, at, prio) = (
+                u64s("decision_id")?,
+                column::<Int64Array>(&b, "at_us").map_err(err)?,
+                column::<Int32Array>(&b, "priority").map_err(err)?,
+            );
+            let (job, name, tenant, kind, comm) = (
+                strs("job_id")?,
+                strs("job_name")?,
+                strs("tenant")?,
+                strs("gpu_kind")?,
+                strs("comm")?,
+            );
+            let (workers, gpw, cpu, mem) = (
+                u32s("workers")?,
+                u32s("gpu_milli_per_worker")?,
+                u32s("cpu_milli")?,
+                u64s("memory_mib")?,
+            );
+            let pre = column::<BooleanArray>(&b, "preemptible").map_err(err)?;
+            let (qd, idle, feas) = (
+                u32s("queue_depth")?,
+                u32s("idle_gpus")?,
+                u32s("feasible_nodes")?,
+            );
+            let (verdict, reason, nodes, gpus) = (
+                strs("verdict")?,
+                strs("reason")?,
+                strs("nodes")?,
+                strs("gpus")?,
+            );
+            let placed = u64s("gpu_milli_placed")?;
+            let (path_c, policy, version) =
+                (strs("path")?, strs("policy")?, strs("model_version")?);
+            let conf = column::<Float64Array>(&b, "confidence").map_err(err)?;
+            for i in 0..b.num_rows() {
+                data.decisions.push(DecisionRow {
+                    decision_id: id.value(i),
+                    at_us: at.value(i),
+                    job_id: job.value(i).into(),
+                    job_name: name.value(i).into(),
+                    tenant: tenant.value(i).into(),
+                    priority: prio.value(i),
+                    workers: workers.value(i),
+                    gpu_kind: kind.value(i).into(),
+                    gpu_milli_per_worker: gpw.value(i),
+                    cpu_milli: cpu.value(i),
+                    memory_mib: mem.value(i),
+                    comm: comm.value(i).into(),
+                    preemptible: pre.value(i),
+                    queue_depth: qd.value(i),
+                    idle_gpus: idle.value(i),
+                    feasible_nodes: feas.value(i),
+                    verdict: verdict.value(i).into(),
+                    reason: reason.value(i).into(),
+                    nodes: nodes.value(i).into(),
+                    gpus: gpus.value(i).into(),
+                    gpu_milli_placed: placed.value(i),
+                    path: path_c.value(i).into(),
+                    confidence: opt_f64(conf, i),
+                    policy: policy.value(i).into(),
+                    model_version: (!version.is_null(i)).then(|| version.value(i).to_string()),
+                });
+            }
+        }
+    }
+    for path in parquet_files(&dir.join(OUTCOMES_DIR))? {
+        data.files += 1;
+        for b in batches(&path)? {
+            let err = |e: String| format!("{}: {e}", path.display());
+            let id = column::<UInt64Array>(&b, "decision_id").map_err(err)?;
+            let job = column::<StringArray>(&b, "job_id").map_err(err)?;
+            let state = column::<StringArray>(&b, "state").map_err(err)?;
+            let at = column::<Int64Array>(&b, "at_us").map_err(err)?;
+            let wait = column::<Float64Array>(&b, "wait_s").map_err(err)?;
+            let run = column::<Float64Array>(&b, "run_s").map_err(err)?;
+            for i in 0..b.num_rows() {
+                data.outcomes.push(OutcomeRow {
+                    decision_id: id.value(i),
+                    job_id: job.value(i).into(),
+                    state: state.value(i).into(),
+                    at_us: at.value(i),
+                    wait_s: wait.value(i),
+                    run_s: opt_f64(run, i),
+                });
+            }
+        }
+    }
+    data.decisions.sort_by_key(|d| d.decision_id);
+    data.outcomes.sort_by_key(|o| (o.at_us, o.decision_id));
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(id: u64) -> DecisionRow {
+        DecisionRow {
+            decision_id: id,
+            at_us: 1_000 + id as i64,
+            job_id: id.to_string(),
+            workers: 1,
+            gpu_kind: "whole".into(),
+            gpu_milli_per_worker: 2000,
+            verdict: "place".into(),
+            nodes: "n-0".into(),
+            gpus: "n-0:0,1".into(),
+            path: "learned".into(),
+            confidence: id.is_multiple_of(2).then_some(0.5),
+            policy: "learned".into(),
+            model_version: Some("abc".into()),
+            ..DecisionRow::default()
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_through_rolling_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = DecisionLog::open(
+            dir.path(),
+            LogOptions {
+                file_rows: 4,
+                flush_ms: 60_000,
+                channel_batches: 16,
+            },
+        );
+        for id in 1..=10 {
+            log.send(LogBatch {
+                decisions: vec![decision(id)],
+                outcomes: id
+                    .is_multiple_of(3)
+                    .then(|| OutcomeRow {
+                        decision_id: id,
+                        job_id: id.to_string(),
+                        state: "COMPLETED".into(),
+                        at_us: 5_000 + id as i64,
+                        wait_s: 1.0,
+                        run_s: Some(2.0),
+                    })
+                    .into_iter()
+                    .collect(),
+            });
+        }
+        let counts = log.finish();
+        assert_eq!(counts.rows_written, 13);
+        assert_eq!(counts.write_errors, 0);
+        // 10 decisions in files of 4 → 3 files; 3 outcomes → 1 file.
+        assert_eq!(counts.files_written, 4);
+        let data = read_decision_log(dir.path()).unwrap();
+        assert_eq!(data.files, 4);
+        assert_eq!(data.decisions, (1..=10).map(decision).collect::<Vec<_>>());
+        let joined = data.joined();
+        assert_eq!(joined.iter().filter(|(_, o)| o.is_some()).count(), 3);
+        assert!(
+            joined
+                .iter()
+                .all(|(d, o)| o.is_none_or(|o| o.decision_id == d.decision_id))
+        );
+    }
+
+    #[test]
+    fn an_unwritable_directory_counts_errors_and_does_not_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x").unwrap();
+        let log = DecisionLog::open(&file.join("log"), LogOptions::default());
+        log.send(LogBatch {
+            decisions: vec![decision(1)],
+            outcomes: vec![],
+        });
+        let counts = log.finish();
+        assert_eq!(counts.rows_written, 0);
+        assert_eq!(counts.write_errors, 1);
+        assert_eq!(counts.rows_lost, 1);
+    }
+}

@@ -1,0 +1,575 @@
+//! The learned policy in the online service: model info, reload by RPC (a good artifact
+//! replaces the model, a corrupt one is refused and the current model keeps deciding),
+//! automatic reload when the artifact directory changes, per-decision paths and scores
+//! in Explain, and the Parquet decision log read back with its outcomes. Loopback only.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use marshal_scheduler::decision_log::read_decision_log;
+use marshal_scheduler::domain::ClusterSpec;
+use marshal_scheduler::service::pb::admin_service_client::AdminServiceClient;
+use marshal_scheduler::service::pb::advisor_service_client::AdvisorServiceClient;
+use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
+use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
+use marshal_scheduler::service::{self, ServiceConfig, model_slot, pb, tokio, tonic};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+const CLUSTER: &str = r#"
+name = "three-nodes"
+nodes_per_rack = 2
+
+[[nodes]]
+count = 3
+name_prefix = "n"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+fn shipped_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/policy-default")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// Rewrites the artifact's gate threshold (a valid artifact with other content).
+fn set_margin_threshold(dir: &Path, t: f64) {
+    let path = dir.join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    meta["margin_threshold"] = serde_json::json!(t);
+    std::fs::write(&path, serde_json::to_string_pretty(&meta).unwrap()).unwrap();
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn config(dir: &Path, model: &Path, log: PathBuf) -> ServiceConfig {
+    ServiceConfig {
+        listen: "127.0.0.1:0".into(),
+        db: dir.join("marshal.redb"),
+        cluster: "three-nodes".into(),
+        policy: "learned".into(),
+        model: Some(model.to_path_buf()),
+        model_poll_ms: 100,
+        cycle_interval_ms: 50,
+        decision_log_dir: Some(log),
+        decision_log_flush_ms: 100,
+        durable_commits: false,
+        ..ServiceConfig::default()
+    }
+}
+
+async fn connect(addr: SocketAddr) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+fn whole(n: u32) -> Option<pb::GpuDemand> {
+    Some(pb::GpuDemand {
+        kind: Some(pb::gpu_demand::Kind::Whole(n)),
+    })
+}
+
+fn job_spec(i: usize) -> pb::JobSpec {
+    let (workers, gpus) = match i % 5 {
+        0 => (1, 1),
+        1 => (1, 2),
+        2 => (1, 4),
+        3 => (2, 4),
+        _ => (1, 8),
+    };
+    pb::JobSpec {
+        name: format!("job-{i}"),
+        workers,
+        gpu: whole(gpus),
+        cpu_milli: 1000,
+        comm: pb::CommPattern::DataParallel as i32,
+        ..Default::default()
+    }
+}
+
+async fn register(ch: &Channel) {
+    let mut nodes = NodeServiceClient::new(ch.clone());
+    for i in 0..3 {
+        nodes
+            .register(pb::RegisterNodeRequest {
+                node: Some(pb::NodeInfo {
+                    name: format!("n-{i}"),
+                    gpu_model: "H100".into(),
+                    gpus: 8,
+                    nvlink_domain: 8,
+                    cpu_milli: 224_000,
+                    memory_mib: 2_097_152,
+                }),
+                running: vec![],
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// Submits `range` and completes every job once placed (as an agent would), until all
+/// of them are final. Returns the ids.
+async fn run_jobs(ch: &Channel, range: std::ops::Range<usize>) -> Vec<u64> {
+    let mut jobs = JobServiceClient::new(ch.clone());
+    let mut agent = NodeServiceClient::new(ch.clone());
+    let mut ids = Vec::new();
+    for i in range {
+        let job = jobs
+            .submit(pb::SubmitRequest {
+                spec: Some(job_spec(i)),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        ids.push(job.id);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut done: HashSet<u64> = HashSet::new();
+    while done.len() < ids.len() {
+        assert!(
+            Instant::now() < deadline,
+            "jobs did not finish: {done:?} of {ids:?}"
+        );
+        for &id in &ids {
+            if done.contains(&id) {
+                continue;
+            }
+            let job = jobs
+                .get(pb::GetJobRequest { job_id: id })
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap();
+            let state = pb::JobState::try_from(job.state).unwrap();
+            match state {
+                pb::JobState::Placed | pb::JobState::Running => {
+                    agent
+                        .report_job(pb::ReportJobRequest {
+                            node: job.placement[0].node.clone(),
+                            job_id: id,
+                            state: pb::JobState::Completed as i32,
+                            message: "exit 0".into(),
+                            attempt: job.attempts,
+                        })
+                        .await
+                        .unwrap();
+                }
+                pb::JobState::Completed => {
+                    done.insert(id);
+                }
+                pb::JobState::Pending | pb::JobState::Requeued | pb::JobState::Preempted => {}
+                other => panic!("job {id} ended {other:?}: {}", job.reason),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ids
+}
+
+async fn info(admin: &mut AdminServiceClient<Channel>) -> pb::ModelInfo {
+    admin
+        .model_info(pb::ModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn explain(ch: &Channel, decision_id: u64) -> pb::Explanation {
+    AdvisorServiceClient::new(ch.clone())
+        .explain(pb::ExplainRequest { decision_id })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The decision ids of `ids` (the placement each job got).
+async fn decisions_of(ch: &Channel, ids: &[u64]) -> Vec<u64> {
+    let mut jobs = JobServiceClient::new(ch.clone());
+    let mut out = Vec::new();
+    for &id in ids {
+        let job = jobs
+            .get(pb::GetJobRequest { job_id: id })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        out.push(job.decision_id);
+    }
+    out
+}
+
+#[test]
+fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, bad) = (
+        tmp.path().join("model-a"),
+        tmp.path().join("model-b"),
+        tmp.path().join("model-bad"),
+    );
+    copy_dir(&shipped_model(), &a);
+    copy_dir(&shipped_model(), &b);
+    set_margin_threshold(&b, 0.0);
+    copy_dir(&shipped_model(), &bad);
+    let weights = std::fs::read(bad.join("weights.bpk")).unwrap();
+    std::fs::write(bad.join("weights.bpk"), &weights[..weights.len() / 2]).unwrap();
+    let log = tmp.path().join("decision-log");
+    let config = config(tmp.path(), &a, log.clone());
+    let slot = model_slot(&config, &a);
+    let spec = ClusterSpec::from_toml(CLUSTER).unwrap();
+
+    runtime().block_on(async move {
+        let handle = service::start(config, spec, slot).await.unwrap();
+        let ch = connect(handle.addr).await;
+        let mut admin = AdminServiceClient::new(ch.clone());
+        register(&ch).await;
+
+        let first = info(&mut admin).await;
+        assert!(first.loaded, "{}", first.detail);
+        assert_eq!(first.policy, "learned");
+        assert_eq!(first.name, "model-a");
+        assert_eq!(first.fallback, "topo-pack");
+        assert_eq!(first.version.len(), 16);
+        assert!(
+            first.detail.contains("margin is below 0.100"),
+            "{}",
+            first.detail
+        );
+
+        // 20 jobs on model A.
+        let ids_a = run_jobs(&ch, 0..20).await;
+
+        // Advise runs on the server's current model and labels each recommendation.
+        let advice = advise(&ch, "").await;
+        assert_eq!(advice.policy, "learned");
+        assert_eq!(advice.recommendations.len(), 3);
+        for r in &advice.recommendations {
+            assert_eq!(r.verdict, pb::Verdict::Place as i32, "{r:?}");
+            assert!(
+                r.path == "learned" || r.path.starts_with("fallback:"),
+                "{}",
+                r.path
+            );
+            assert!(r.confidence.is_some(), "the network scored {r:?}");
+        }
+        // Heuristics: a scored placer's node scores, or "no score" said explicitly.
+        let advice = advise(&ch, "best-fit").await;
+        let e = explain(&ch, advice.recommendations[0].decision_id).await;
+        assert!(e.score_note.starts_with("best-fit:"), "{}", e.score_note);
+        assert!(!e.candidates.is_empty());
+        assert!(e.candidates.iter().all(|c| c.score.is_some()), "{e:?}");
+        let advice = advise(&ch, "topo-pack").await;
+        let e = explain(&ch, advice.recommendations[0].decision_id).await;
+        assert!(e.score_note.starts_with("no score"), "{}", e.score_note);
+        assert!(e.candidates.iter().all(|c| c.score.is_none()));
+
+        // A good artifact by RPC: the model changes.
+        let reloaded = admin
+            .reload_model(pb::ReloadModelRequest {
+                path: b.display().to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(reloaded.loaded);
+        assert_eq!(reloaded.name, "model-b");
+        assert_ne!(reloaded.version, first.version);
+        assert_eq!(reloaded.reloads, 1);
+        assert!(
+            reloaded.detail.contains("margin is below 0.000"),
+            "{}",
+            reloaded.detail
+        );
+        let version_b = reloaded.version.clone();
+
+        // A corrupt artifact: refused with the reason, model B stays.
+        let refused = admin
+            .reload_model(pb::ReloadModelRequest {
+                path: bad.display().to_string(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(
+            refused.message().contains("checksum"),
+            "{}",
+            refused.message()
+        );
+        assert!(
+            refused.message().contains("current model is kept"),
+            "{}",
+            refused.message()
+        );
+        let after = info(&mut admin).await;
+        assert!(after.loaded);
+        assert_eq!(after.version, version_b);
+        assert_eq!(after.rejected_reloads, 1);
+        assert!(
+            after.last_error.contains("checksum"),
+            "{}",
+            after.last_error
+        );
+        assert!(
+            after.detail.contains("last reload rejected"),
+            "{}",
+            after.detail
+        );
+
+        // Model B still decides: 20 more jobs, every decision made by version B.
+        let ids_b = run_jobs(&ch, 20..40).await;
+        for d in decisions_of(&ch, &ids_b).await {
+            let e = explain(&ch, d).await;
+            assert_eq!(e.model_version, version_b, "decision {d}");
+            assert_eq!(e.gate_threshold, Some(0.0));
+            assert!(
+                e.path == "learned" || e.path.starts_with("fallback:"),
+                "{}",
+                e.path
+            );
+            if e.path == "learned" {
+                // Scored: the gate's margin is the confidence, each candidate has its
+                // network score, and the chosen one is marked.
+                let margin = e.confidence.expect("a learned decision has a confidence");
+                assert!((0.0..=1.0).contains(&margin));
+                assert!(e.score_note.starts_with("learned:"), "{}", e.score_note);
+                assert!(!e.scored_candidates.is_empty());
+                assert!(
+                    e.scored_candidates
+                        .iter()
+                        .all(|c| c.probability.is_some() && c.logit.is_some())
+                );
+                assert_eq!(e.scored_candidates.iter().filter(|c| c.chosen).count(), 1);
+                let chosen_node = &e.placement[0].node;
+                let c = e
+                    .candidates
+                    .iter()
+                    .find(|c| &c.node == chosen_node)
+                    .unwrap();
+                assert!(c.score.is_some(), "the chosen node has a score");
+            }
+        }
+
+        // Automatic reload: the watched directory is now model-b; copying model A's
+        // artifact over it is picked up by the poll (same content as A, same version).
+        copy_dir(&a, &b);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = info(&mut admin).await;
+            if now.version == first.version {
+                assert_eq!(now.reloads, 2);
+                assert_eq!(now.name, "model-b");
+                assert!(now.last_error.is_empty());
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not reloaded by the poll: {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ids_c = run_jobs(&ch, 40..50).await;
+        for d in decisions_of(&ch, &ids_c).await {
+            assert_eq!(explain(&ch, d).await.model_version, first.version);
+        }
+        let metrics = handle.core.metrics.render();
+        assert!(
+            metrics.contains("marshal_model_reloads_total{outcome=\"loaded\"} 2"),
+            "{metrics}"
+        );
+        // 1, or more if a poll caught the copy half-written (refused, then loaded).
+        assert!(metrics.contains("marshal_model_reloads_total{outcome=\"rejected\"}"));
+        handle.shutdown().await.unwrap();
+
+        // The decision log: one row per placement, an outcome for every completed job.
+        let data = read_decision_log(&log).unwrap();
+        let all: Vec<u64> = ids_a.iter().chain(&ids_b).chain(&ids_c).copied().collect();
+        let places: Vec<_> = data
+            .decisions
+            .iter()
+            .filter(|d| d.verdict == "place")
+            .collect();
+        assert_eq!(places.len(), 50, "one placement decision per job");
+        let jobs: HashSet<&str> = places.iter().map(|d| d.job_id.as_str()).collect();
+        assert_eq!(jobs.len(), 50);
+        for id in &all {
+            assert!(
+                jobs.contains(id.to_string().as_str()),
+                "job {id} has a decision row"
+            );
+        }
+        for d in &places {
+            assert_eq!(d.policy, "learned");
+            assert!(d.path == "learned" || d.path.starts_with("fallback:"));
+            assert!(d.model_version.is_some());
+            assert!(!d.nodes.is_empty() && !d.gpus.is_empty());
+            assert_eq!(d.gpu_kind, "whole");
+            assert_eq!(
+                d.gpu_milli_placed,
+                u64::from(d.workers) * u64::from(d.gpu_milli_per_worker)
+            );
+            assert!(d.feasible_nodes <= 3 && d.idle_gpus <= 24);
+        }
+        let versions: HashSet<&str> = places
+            .iter()
+            .filter_map(|d| d.model_version.as_deref())
+            .collect();
+        assert_eq!(
+            versions,
+            HashSet::from([first.version.as_str(), version_b.as_str()])
+        );
+        let joined = data.joined();
+        let by_decision: HashMap<u64, _> =
+            joined.iter().map(|(d, o)| (d.decision_id, *o)).collect();
+        for d in &places {
+            let o = by_decision[&d.decision_id].expect("a completed job has an outcome");
+            assert_eq!(o.state, "completed");
+            assert_eq!(o.job_id, d.job_id);
+            assert!(o.run_s.is_some_and(|r| r >= 0.0) && o.wait_s >= 0.0);
+        }
+        assert_eq!(data.outcomes.len(), 50);
+    });
+}
+
+#[test]
+fn a_missing_model_and_an_unwritable_log_do_not_stop_scheduling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-model-here");
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let config = ServiceConfig {
+        require_registration: false,
+        ..config(tmp.path(), &missing, file.join("log"))
+    };
+    let slot = model_slot(&config, &missing);
+    let spec = ClusterSpec::from_toml(CLUSTER).unwrap();
+    runtime().block_on(async move {
+        let handle = service::start(config, spec, slot).await.unwrap();
+        let ch = connect(handle.addr).await;
+        let mut admin = AdminServiceClient::new(ch.clone());
+        let i = info(&mut admin).await;
+        assert!(!i.loaded);
+        assert!(i.detail.contains("no usable model"), "{}", i.detail);
+        assert!(
+            i.detail.contains("topo-pack decides every placement"),
+            "{}",
+            i.detail
+        );
+
+        let mut jobs = JobServiceClient::new(ch.clone());
+        for k in 0..5 {
+            let job = jobs
+                .submit(pb::SubmitRequest {
+                    spec: Some(spec_of(k)),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .job
+                .unwrap();
+            assert_eq!(job.state, pb::JobState::Placed as i32, "{}", job.reason);
+            let e = explain(&ch, job.decision_id).await;
+            assert_eq!(e.path, "fallback:no-model");
+            assert_eq!(e.confidence, None);
+            assert!(e.score_note.starts_with("no score"), "{}", e.score_note);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while handle.core.decision_log_stats().write_errors == 0 {
+            assert!(Instant::now() < deadline, "the write error was not counted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let metrics = handle.core.metrics.render();
+        assert!(
+            metrics.contains("marshal_decision_log_write_errors_total"),
+            "{metrics}"
+        );
+        assert!(!metrics.contains("marshal_decision_log_write_errors_total 0\n"));
+        // Still scheduling after the error.
+        let job = jobs
+            .submit(pb::SubmitRequest {
+                spec: Some(spec_of(5)),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        assert_eq!(job.state, pb::JobState::Placed as i32);
+        handle.shutdown().await.unwrap();
+    });
+}
+
+fn spec_of(i: usize) -> pb::JobSpec {
+    pb::JobSpec {
+        name: format!("small-{i}"),
+        workers: 1,
+        gpu: whole(1),
+        cpu_milli: 1000,
+        ..Default::default()
+    }
+}
+
+async fn advise(ch: &Channel, policy: &str) -> pb::AdviseResponse {
+    AdvisorServiceClient::new(ch.clone())
+        .advise(pb::AdviseRequest {
+            cluster: Some(pb::ClusterSnapshot {
+                name: "snap".into(),
+                nodes_per_rack: 2,
+                racks_per_spine: 0,
+                nodes: (0..2)
+                    .map(|i| pb::SnapshotNode {
+                        node: Some(pb::NodeInfo {
+                            name: format!("s-{i}"),
+                            gpu_model: "H100".into(),
+                            gpus: 8,
+                            nvlink_domain: 8,
+                            cpu_milli: 224_000,
+                            memory_mib: 2_097_152,
+                        }),
+                        schedulable: true,
+                        gpus_used: vec![pb::GpuUsage {
+                            index: 0,
+                            milli: 1000,
+                        }],
+                        cpu_used_milli: 0,
+                        memory_used_mib: 0,
+                    })
+                    .collect(),
+            }),
+            pending: (0..3)
+                .map(|k| pb::PendingJob {
+                    id: format!("p{k}"),
+                    spec: Some(job_spec(k)),
+                    waited_s: 1.0,
+                })
+                .collect(),
+            policy: policy.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
