@@ -126,7 +126,7 @@ fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
         .unzip();
     crate::cli::policy::check_name(&args.policy)?;
     let learned = (args.policy == marshal_scheduler::policies::learned::LEARNED).then(|| {
-        crate::cli::policy::LearnedSetup::load(
+        crate::cli::policy::load_setup(
             args.model.as_deref(),
             args.fallback.as_deref(),
             ModeArg::Replay,

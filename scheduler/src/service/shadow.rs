@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tonic::{Request, Response, Status};
 
+use crate::service::core::now_us;
 use crate::service::error::ServiceError;
 use crate::service::model::{ModelSlot, NoModel};
 use crate::service::pb;
@@ -62,12 +63,6 @@ impl ShadowAdvisor {
     }
 }
 
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
 #[tonic::async_trait]
 impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
     async fn advise(
@@ -82,7 +77,7 @@ impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
         });
         let policy = self.policy.clone();
         let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
-            crate::service::advisor::advise(&req, &policy, &path, now_us())
+            crate::service::advisor::advise(&req, &policy, &path, None, now_us())
         })
         .await
         .map_err(|e| Status::internal(format!("advise task: {e}")))??;
