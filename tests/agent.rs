@@ -4,6 +4,8 @@
 //! restart mid-run starts no job twice; a silent agent's node goes unreachable and its
 //! jobs move after the grace; `--exec` reports exit statuses and kills on cancel.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,6 @@ use marshal_agent::connected::{
     Backlog, ConnectedConfig, Counters, Journal, Mode, TelemetryTap, run_connected,
 };
 use marshal_agent::{SystemClock, run_sampling_loop_with};
-use marshal_scheduler::domain::ClusterSpec;
 use marshal_scheduler::service::client::ClientConfig;
 use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
 use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
@@ -24,24 +25,6 @@ use marshal_telemetry::{GpuSample, SinkConfig, Source, TelemetrySink};
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-const CLUSTER: &str = r#"
-name = "three-nodes"
-nodes_per_rack = 2
-
-[[nodes]]
-count = 3
-name_prefix = "n"
-gpu_model = "H100"
-gpus = 8
-nvlink_domain = 8
-cpu_milli = 224000
-memory_mib = 2097152
-"#;
-
-fn spec() -> ClusterSpec {
-    ClusterSpec::from_toml(CLUSTER).unwrap()
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -63,7 +46,7 @@ fn config(db: &Path, listen: &str) -> ServiceConfig {
 }
 
 async fn serve(config: ServiceConfig) -> ServerHandle {
-    service::start(config, spec(), Arc::new(NoModel))
+    service::start(config, common::three_nodes(), Arc::new(NoModel))
         .await
         .unwrap()
 }
@@ -110,7 +93,7 @@ struct Agent {
 
 fn node_info(i: usize) -> pb::NodeInfo {
     marshal_agent::inventory_node(
-        &marshal_scheduler::domain::Topology::build(&spec()).unwrap(),
+        &marshal_scheduler::domain::Topology::build(&common::three_nodes()).unwrap(),
         &format!("n-{i}"),
     )
     .unwrap()

@@ -3,6 +3,8 @@
 //! SIGKILL mid-run and restarted), malformed and unauthorised requests, TLS and mutual
 //! TLS, the advisor and Explain.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead as _;
 use std::net::SocketAddr;
@@ -11,7 +13,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use marshal_scheduler::domain::ClusterSpec;
 use marshal_scheduler::service::pb::admin_service_client::AdminServiceClient;
 use marshal_scheduler::service::pb::advisor_service_client::AdvisorServiceClient;
 use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
@@ -22,25 +23,7 @@ use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 
-const CLUSTER: &str = r#"
-name = "three-nodes"
-nodes_per_rack = 2
-
-[[nodes]]
-count = 3
-name_prefix = "n"
-gpu_model = "H100"
-gpus = 8
-nvlink_domain = 8
-cpu_milli = 224000
-memory_mib = 2097152
-"#;
-
 const NODES: usize = 3;
-
-fn spec() -> ClusterSpec {
-    ClusterSpec::from_toml(CLUSTER).unwrap()
-}
 
 fn node_info(i: usize) -> pb::NodeInfo {
     pb::NodeInfo {
@@ -608,7 +591,7 @@ fn three_agents_and_a_thousand_mixed_jobs_all_complete_without_over_allocation()
     runtime().block_on(async {
         let handle = service::start(
             config(&dir.path().join("db.redb")),
-            spec(),
+            common::three_nodes(),
             Arc::new(NoModel),
         )
         .await
@@ -709,7 +692,7 @@ fn spawn_server(dir: &Path) -> (Reap, SocketAddr) {
 #[test]
 fn jobs_survive_kill_9_of_the_server_and_agents_reconcile() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cluster.toml"), CLUSTER).unwrap();
+    std::fs::write(dir.path().join("cluster.toml"), common::THREE_NODES).unwrap();
     std::fs::write(
         dir.path().join("serve.toml"),
         format!(
@@ -826,7 +809,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
         let mut cfg = config(&dir.path().join("db.redb"));
         cfg.security.client_tokens = vec![CLIENT_TOKEN.into()];
         cfg.security.agent_tokens = vec![AGENT_TOKEN.into()];
-        let handle = service::start(cfg, spec(), Arc::new(NoModel))
+        let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
             .await
             .unwrap();
         let ch = connect(handle.addr).await.unwrap();
@@ -1244,7 +1227,7 @@ fn advise_is_stateless_and_explain_tells_why() {
     runtime().block_on(async {
         let handle = service::start(
             config(&dir.path().join("db.redb")),
-            spec(),
+            common::three_nodes(),
             Arc::new(NoModel),
         )
         .await
@@ -1473,7 +1456,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
         cfg.security.tls_cert = Some(write("server.pem", &p.server_cert));
         cfg.security.tls_key = Some(write("server.key", &p.server_key));
         cfg.security.client_ca = Some(write("ca.pem", &p.ca));
-        let handle = service::start(cfg, spec(), Arc::new(NoModel))
+        let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
             .await
             .unwrap();
         let url = format!("https://127.0.0.1:{}", handle.addr.port());

@@ -3,13 +3,14 @@
 //! automatic reload when the artifact directory changes, per-decision paths and scores
 //! in Explain, and the Parquet decision log read back with its outcomes. Loopback only.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use marshal_scheduler::decision_log::read_decision_log;
-use marshal_scheduler::domain::ClusterSpec;
 use marshal_scheduler::service::pb::admin_service_client::AdminServiceClient;
 use marshal_scheduler::service::pb::advisor_service_client::AdvisorServiceClient;
 use marshal_scheduler::service::pb::job_service_client::JobServiceClient;
@@ -17,20 +18,6 @@ use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
 use marshal_scheduler::service::{self, ServiceConfig, model_slot, pb, tokio, tonic};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
-
-const CLUSTER: &str = r#"
-name = "three-nodes"
-nodes_per_rack = 2
-
-[[nodes]]
-count = 3
-name_prefix = "n"
-gpu_model = "H100"
-gpus = 8
-nvlink_domain = 8
-cpu_milli = 224000
-memory_mib = 2097152
-"#;
 
 fn shipped_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models/policy-default")
@@ -241,7 +228,7 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
     let log = tmp.path().join("decision-log");
     let config = config(tmp.path(), &a, log.clone());
     let slot = model_slot(&config, &a);
-    let spec = ClusterSpec::from_toml(CLUSTER).unwrap();
+    let spec = common::three_nodes();
 
     runtime().block_on(async move {
         let handle = service::start(config, spec, slot).await.unwrap();
@@ -466,7 +453,7 @@ fn a_missing_model_and_an_unwritable_log_do_not_stop_scheduling() {
         ..config(tmp.path(), &missing, file.join("log"))
     };
     let slot = model_slot(&config, &missing);
-    let spec = ClusterSpec::from_toml(CLUSTER).unwrap();
+    let spec = common::three_nodes();
     runtime().block_on(async move {
         let handle = service::start(config, spec, slot).await.unwrap();
         let ch = connect(handle.addr).await;

@@ -33,3 +33,26 @@ pub fn fails_with(args: &[&str], needle: &str) {
         "marshal {args:?}: {err:?} lacks {needle:?}"
     );
 }
+
+/// Three nodes of 8 H100s, two per rack: the cluster the service, agent and model tests
+/// run against.
+#[allow(dead_code)]
+pub const THREE_NODES: &str = r#"
+name = "three-nodes"
+nodes_per_rack = 2
+
+[[nodes]]
+count = 3
+name_prefix = "n"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+/// [`THREE_NODES`] as a spec.
+#[allow(dead_code)]
+pub fn three_nodes() -> marshal_scheduler::domain::ClusterSpec {
+    marshal_scheduler::domain::ClusterSpec::from_toml(THREE_NODES).unwrap()
+}
