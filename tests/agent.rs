@@ -99,6 +99,13 @@ fn node_info(i: usize) -> pb::NodeInfo {
     .unwrap()
 }
 
+/// One connected agent on the simulated source for each of the three nodes.
+fn start_sim_agents(rt: &tokio::runtime::Handle, addr: SocketAddr, out: &Path) -> Vec<Agent> {
+    (0..3)
+        .map(|i| start_agent(rt, addr, i, Mode::Simulated { speedup: 1.0 }, out))
+        .collect()
+}
+
 fn start_agent(
     rt: &tokio::runtime::Handle,
     addr: SocketAddr,
@@ -374,17 +381,7 @@ fn three_connected_agents_complete_mixed_jobs_without_sharing_a_gpu() {
     rt.block_on(async {
         let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
         let addr = server.addr;
-        let agents: Vec<Agent> = (0..3)
-            .map(|i| {
-                start_agent(
-                    rt.handle(),
-                    addr,
-                    i,
-                    Mode::Simulated { speedup: 1.0 },
-                    dir.path(),
-                )
-            })
-            .collect();
+        let agents = start_sim_agents(rt.handle(), addr, dir.path());
         let specs = mix(100, 0.05, 0.4);
         let ids = submit(addr, &specs).await;
         assert_eq!(ids.len(), 100);
@@ -442,17 +439,7 @@ fn agents_reconnect_to_a_restarted_scheduler_and_start_no_job_twice() {
         let db = dir.path().join("db.redb");
         let server = serve(config(&db, "127.0.0.1:0")).await;
         let addr = server.addr;
-        let agents: Vec<Agent> = (0..3)
-            .map(|i| {
-                start_agent(
-                    rt.handle(),
-                    addr,
-                    i,
-                    Mode::Simulated { speedup: 1.0 },
-                    dir.path(),
-                )
-            })
-            .collect();
+        let agents = start_sim_agents(rt.handle(), addr, dir.path());
         let specs = mix(60, 0.2, 1.0);
         submit(addr, &specs).await;
         // Restart once about a third of the jobs are done.
@@ -503,16 +490,9 @@ fn a_silent_agent_makes_its_node_unreachable_and_its_jobs_move_after_the_grace()
         };
         let server = serve(config).await;
         let addr = server.addr;
-        let mut agents: Vec<Option<Agent>> = (0..3)
-            .map(|i| {
-                Some(start_agent(
-                    rt.handle(),
-                    addr,
-                    i,
-                    Mode::Simulated { speedup: 1.0 },
-                    dir.path(),
-                ))
-            })
+        let mut agents: Vec<Option<Agent>> = start_sim_agents(rt.handle(), addr, dir.path())
+            .into_iter()
+            .map(Some)
             .collect();
         // Three full-node jobs long enough to outlive the timeout and grace; two more wait.
         let specs: Vec<pb::JobSpec> = (0..5)

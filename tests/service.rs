@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::node_info;
+
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead as _;
 use std::net::SocketAddr;
@@ -24,17 +26,6 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 
 const NODES: usize = 3;
-
-fn node_info(i: usize) -> pb::NodeInfo {
-    pb::NodeInfo {
-        name: format!("n-{i}"),
-        gpu_model: "H100".into(),
-        gpus: 8,
-        nvlink_domain: 8,
-        cpu_milli: 224_000,
-        memory_mib: 2_097_152,
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -101,14 +101,7 @@ async fn register(ch: &Channel) {
     for i in 0..3 {
         nodes
             .register(pb::RegisterNodeRequest {
-                node: Some(pb::NodeInfo {
-                    name: format!("n-{i}"),
-                    gpu_model: "H100".into(),
-                    gpus: 8,
-                    nvlink_domain: 8,
-                    cpu_milli: 224_000,
-                    memory_mib: 2_097_152,
-                }),
+                node: Some(common::node_info(i)),
                 running: vec![],
             })
             .await

@@ -56,3 +56,16 @@ memory_mib = 2097152
 pub fn three_nodes() -> marshal_scheduler::domain::ClusterSpec {
     marshal_scheduler::domain::ClusterSpec::from_toml(THREE_NODES).unwrap()
 }
+
+/// The inventory entry of node `n-{i}` of [`THREE_NODES`], as its agent registers it.
+#[allow(dead_code)]
+pub fn node_info(i: usize) -> marshal_scheduler::service::pb::NodeInfo {
+    marshal_scheduler::service::pb::NodeInfo {
+        name: format!("n-{i}"),
+        gpu_model: "H100".into(),
+        gpus: 8,
+        nvlink_domain: 8,
+        cpu_milli: 224_000,
+        memory_mib: 2_097_152,
+    }
+}
