@@ -113,13 +113,26 @@ fn start_agent(
     mode: Mode,
     out: &Path,
 ) -> Agent {
+    start_agent_sampling(rt, addr, i, mode, out, true)
+}
+
+/// `sampling: false` is a node whose source yields no GPU rows: nothing reaches the
+/// backlog, so only Heartbeat calls keep it alive.
+fn start_agent_sampling(
+    rt: &tokio::runtime::Handle,
+    addr: SocketAddr,
+    i: usize,
+    mode: Mode,
+    out: &Path,
+    sampling: bool,
+) -> Agent {
     let node = format!("n-{i}");
     let out = out.join(&node);
     let journal: Journal = Arc::default();
     let backlog = Backlog::new(&node, 10_000);
     let counters = Arc::new(Counters::default());
     let stop_sampling = Arc::new(AtomicBool::new(false));
-    let sampler = {
+    let sampler = sampling.then(|| {
         let (stop, backlog, node, out) = (
             stop_sampling.clone(),
             backlog.clone(),
@@ -143,7 +156,7 @@ fn start_agent(
             .unwrap();
             sink.finish().unwrap();
         })
-    };
+    });
     let config = ConnectedConfig {
         client: ClientConfig {
             url: format!("http://{addr}"),
@@ -173,7 +186,7 @@ fn start_agent(
         counters,
         backlog,
         stop_sampling,
-        sampler: Some(sampler),
+        sampler,
         stop,
         task,
         out,
@@ -603,6 +616,54 @@ fn a_silent_agent_makes_its_node_unreachable_and_its_jobs_move_after_the_grace()
         for a in agents.into_iter().flatten() {
             a.stop().await;
         }
+        server.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn an_agent_without_telemetry_stays_reachable_through_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let config = ServiceConfig {
+            node_timeout_ms: 400,
+            node_grace_ms: 400,
+            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
+        };
+        let server = serve(config).await;
+        let addr = server.addr;
+        let agent = start_agent_sampling(
+            rt.handle(),
+            addr,
+            0,
+            Mode::Simulated { speedup: 1.0 },
+            dir.path(),
+            false,
+        );
+        // Five timeouts long: without Heartbeat calls the node would turn unreachable.
+        let t = Instant::now();
+        let mut registered = false;
+        while t.elapsed() < Duration::from_secs(2) {
+            let n = nodes(addr)
+                .await
+                .into_iter()
+                .find(|n| n.name == "n-0")
+                .unwrap();
+            registered |= n.registered;
+            assert!(
+                !(registered && n.unreachable),
+                "n-0 went unreachable after {:?}",
+                t.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(registered, "the agent never registered");
+        assert_eq!(
+            agent.backlog.stats().produced,
+            0,
+            "telemetry was produced after all"
+        );
+        agent.stop().await;
         server.shutdown().await.unwrap();
     });
 }

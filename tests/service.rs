@@ -120,6 +120,9 @@ struct Ledger {
     /// Jobs finished whose completion report is not acknowledged yet: (node, job, attempt).
     unreported: HashSet<(usize, u64, u32)>,
     completed: HashSet<u64>,
+    /// Incarnations with a completion task on a node: (node, job, attempt). Like a real
+    /// agent, a node reports once for all of a job's workers it runs.
+    reporting: HashSet<(usize, u64, u32)>,
     errors: Vec<String>,
     starts: u64,
     telemetry_acks: u64,
@@ -131,7 +134,12 @@ struct Ledger {
 impl Ledger {
     fn start(&mut self, node: usize, a: &pb::Assignment) -> bool {
         let key = (node, a.job_id, a.worker, a.attempt);
-        if self.running.contains_key(&key) || self.completed.contains(&a.job_id) {
+        let finished_here = self.reporting.contains(&(node, a.job_id, a.attempt))
+            && !self
+                .running
+                .keys()
+                .any(|k| k.0 == node && k.1 == a.job_id && k.3 == a.attempt);
+        if self.running.contains_key(&key) || finished_here {
             return false; // a repeated START (snapshot + event around a reconnect)
         }
         for g in &a.gpus {
@@ -256,8 +264,11 @@ async fn complete(
 
 fn apply(ledger: &Shared, node: usize, a: &pb::Assignment, addr: &watch::Receiver<SocketAddr>) {
     if a.action == pb::AssignmentAction::Start as i32 {
-        let fresh = ledger.lock().unwrap().start(node, a);
-        if fresh && a.worker == 0 {
+        let first_here = {
+            let mut l = ledger.lock().unwrap();
+            l.start(node, a) && l.reporting.insert((node, a.job_id, a.attempt))
+        };
+        if first_here {
             tokio::spawn(complete(
                 addr.clone(),
                 ledger.clone(),

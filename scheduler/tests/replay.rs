@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use marshal_scheduler::domain::{Checkpointing, ClusterSpec, GpuDemand, Job, JobId, Topology};
+use marshal_scheduler::framework::ReservationConfig;
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{FailureModel, LogEntry, LogKind, SimConfig, SimResult, run_replay};
 
@@ -244,4 +245,85 @@ fn spreading_a_gang_across_nodes_costs_time() {
         .unwrap()
         .time;
     assert!(finish - 1.0 > 1_000.0, "spread gang took {}", finish - 1.0);
+}
+
+/// Two 8-GPU nodes kept busy by a stream of one-GPU jobs, and an 8-GPU gang that
+/// arrives while they run: with backfilling, every GPU that frees up goes to the next
+/// small job, so the gang waits for the whole stream; with a reservation, nodes are
+/// held for it once it has waited 50 s and it starts as soon as one node drains.
+fn starving_gang() -> Vec<Job> {
+    let mut jobs: Vec<Job> = (0..16)
+        .map(|k| job(k, 1, 0.0, 100.0 + 10.0 * k as f64))
+        .collect();
+    jobs.push(job(16, 8, 1.0, 100.0));
+    jobs.extend((17..217).map(|k| job(k, 1, 2.0, 100.0)));
+    jobs
+}
+
+#[test]
+fn a_reservation_stops_small_jobs_from_starving_a_waiting_gang() {
+    let jobs = starving_gang();
+    let (starved, without) = run("best-fit", cluster(2, 8), &jobs, SimConfig::replay(1));
+    let late = start_time(&without, 16);
+    assert!(starved.queue_max_s.unwrap() >= late - 1.0);
+    assert!(
+        late > 1_000.0,
+        "the gang was not starved: started at {late}"
+    );
+
+    let mut policy = policies::build("best-fit", &jobs).unwrap();
+    policy.reservation = Some(ReservationConfig {
+        after_wait_s: 50.0,
+        min_gpus: 8,
+        max_share: 1.0,
+    });
+    let (r, with) =
+        run_replay(&policy, cluster(2, 8), &jobs, "test", &SimConfig::replay(1)).unwrap();
+    let early = start_time(&with, 16);
+    // Node 0 holds the 8 shortest of the first wave (100..170 s); it drains by 170 s.
+    assert!(
+        early <= 260.0,
+        "the gang started at {early} despite the reservation"
+    );
+    assert_eq!(r.completed, jobs.len() as u64);
+    assert!(r.queue_max_s.unwrap() < starved.queue_max_s.unwrap());
+    // Nothing small was started on the held node while it drained: the gang's node
+    // ran only the first wave before it.
+    let gang_node = with
+        .iter()
+        .find_map(|e| match &e.what {
+            LogKind::Start(p) if e.job == JobId(16) => Some(p.workers[0].node),
+            _ => None,
+        })
+        .unwrap();
+    let small_on_gang_node_before = with.iter().any(|e| {
+        e.job.0 >= 17
+            && e.time < early
+            && matches!(&e.what, LogKind::Start(p) if p.workers[0].node == gang_node)
+    });
+    assert!(!small_on_gang_node_before);
+}
+
+#[test]
+fn no_reservation_is_made_before_the_wait_threshold_or_for_small_jobs() {
+    let jobs = starving_gang();
+    let mut policy = policies::build("best-fit", &jobs).unwrap();
+    // The gang is below min_gpus: nothing is held and it starves as without.
+    policy.reservation = Some(ReservationConfig {
+        after_wait_s: 50.0,
+        min_gpus: 16,
+        max_share: 1.0,
+    });
+    let (_, log) =
+        run_replay(&policy, cluster(2, 8), &jobs, "test", &SimConfig::replay(1)).unwrap();
+    assert!(start_time(&log, 16) > 1_000.0);
+    // A threshold longer than the whole stream: the same.
+    policy.reservation = Some(ReservationConfig {
+        after_wait_s: 1e6,
+        min_gpus: 8,
+        max_share: 1.0,
+    });
+    let (_, log) =
+        run_replay(&policy, cluster(2, 8), &jobs, "test", &SimConfig::replay(1)).unwrap();
+    assert!(start_time(&log, 16) > 1_000.0);
 }

@@ -6,6 +6,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use marshal_datasets::WorkloadLibrary;
 use marshal_scheduler::domain::{Job, Topology};
+use marshal_scheduler::framework::ReservationConfig;
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult, SpeedModel};
 
@@ -77,6 +78,16 @@ pub struct SimArgs {
     /// The `learned` policy's fallback heuristic (default: the artifact's for the mode).
     #[arg(long)]
     pub fallback: Option<String>,
+    /// Hold nodes for a whole-GPU gang that has waited this many seconds and still
+    /// cannot start (pre-allocation; off when absent).
+    #[arg(long, value_name = "SECONDS")]
+    pub reserve_after: Option<f64>,
+    /// Only gangs of at least this many GPUs in all get nodes held for them.
+    #[arg(long, default_value_t = 8, requires = "reserve_after")]
+    pub reserve_min_gpus: u32,
+    /// ... and of at most this share of the cluster's GPUs.
+    #[arg(long, default_value_t = 0.25, requires = "reserve_after")]
+    pub reserve_max_share: f64,
 }
 
 impl SimArgs {
@@ -99,6 +110,9 @@ impl SimArgs {
             workloads: WorkloadsArg::Measured,
             model: None,
             fallback: None,
+            reserve_after: None,
+            reserve_min_gpus: 8,
+            reserve_max_share: 0.25,
         }
     }
 }
@@ -128,6 +142,8 @@ pub struct Experiment {
     enrichment: Option<Enrichment>,
     /// The `learned` policy's model and fallback, when it is among the policies.
     pub learned: Option<crate::cli::policy::LearnedSetup>,
+    /// Given to every policy run (`--reserve-after`).
+    pub reservation: Option<ReservationConfig>,
 }
 
 #[derive(Debug)]
@@ -226,7 +242,17 @@ impl Experiment {
             ..SimConfig::replay(args.seed)
         };
         config.validate()?;
+        let reservation = args.reserve_after.map(|after_wait_s| ReservationConfig {
+            after_wait_s,
+            min_gpus: args.reserve_min_gpus,
+            max_share: args.reserve_max_share,
+        });
+        if let Some(r) = &reservation {
+            r.validate()
+                .map_err(|e| anyhow::anyhow!("--reserve-after: {e}"))?;
+        }
         let experiment = Experiment {
+            reservation,
             trace: args.trace.clone(),
             topo,
             jobs,
@@ -271,7 +297,9 @@ impl Experiment {
     pub fn run_detailed(&self, policy: &str, seed: u64) -> anyhow::Result<Run> {
         let jobs = self.jobs_for(seed)?;
         let jobs = jobs.as_ref();
-        let (policy, gate) = crate::cli::policy::build_policy(policy, jobs, self.learned.as_ref())?;
+        let (mut policy, gate) =
+            crate::cli::policy::build_policy(policy, jobs, self.learned.as_ref())?;
+        policy.reservation = self.reservation;
         let config = SimConfig {
             seed,
             ..self.config.clone()

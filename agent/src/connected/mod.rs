@@ -13,8 +13,9 @@
 //! every row still reaches the local Parquet sink.
 //!
 //! Liveness: the scheduler takes every telemetry sample, watch opened, report and
-//! registration as a heartbeat, so the agent is alive to it as long as rows flow
-//! (every `flush_interval`). A node whose source produces no GPU rows sends none.
+//! registration as a heartbeat. Every `flush_interval` the agent sends what telemetry
+//! it holds, or a Heartbeat call when it holds none (a node without GPUs, a source that
+//! yielded nothing), so the node stays alive to the scheduler either way.
 
 mod backlog;
 pub mod env;
@@ -229,11 +230,13 @@ async fn stream_telemetry(
     let mut warned = false;
     loop {
         tokio::time::sleep(every).await;
+        let mut sent = false;
         loop {
             let batch = backlog.take(CHUNK);
             if batch.is_empty() {
                 break;
             }
+            sent = true;
             let full = batch.len() == CHUNK;
             match client.telemetry(batch.clone()).await {
                 Ok(ack) => {
@@ -256,6 +259,10 @@ async fn stream_telemetry(
             if !full {
                 break;
             }
+        }
+        if !sent && let Err(e) = client.heartbeat().await {
+            let _ = failed.send(e);
+            return;
         }
     }
 }

@@ -1,6 +1,7 @@
 //! One scheduling cycle: order the queue, place what fits, preempt where a policy allows.
 
-use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Placement, Topology};
+use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Node, NodeId, Placement, Topology};
+use crate::framework::reserve::nodes_to_hold;
 use crate::framework::{Candidate, Context, JobStats, Policy, Rank, Status};
 
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +30,9 @@ pub struct CycleDecisions {
     pub rejected: Vec<(usize, String)>,
     /// Jobs whose placement failed with an error (they stay queued).
     pub errors: Vec<(usize, String)>,
+    /// The starving gang capacity was held for in this cycle, and the nodes held
+    /// (`framework::reserve`): no job ranked after it was placed on them.
+    pub reserved: Option<(usize, Vec<NodeId>)>,
 }
 
 /// Runs one cycle of `policy`. `state` is updated in place: placed gangs are allocated
@@ -132,14 +136,55 @@ pub fn run_cycle(
                         }
                     }
                     None if policy.blocking => break,
-                    None => no_room.push((shape, rank.0)),
+                    None => {
+                        if decisions.reserved.is_none()
+                            && let Some(r) = &policy.reservation
+                            && r.applies(
+                                job,
+                                &pending[i].stats,
+                                ctx.now,
+                                state.topology().gpu_count(),
+                            )
+                            && let Some(nodes) =
+                                nodes_to_hold(job, state, &oldest_starts(state, running, &evicted))
+                        {
+                            // Held by marking the nodes down for the rest of the cycle
+                            // (undone below): every placer and preemptor skips them.
+                            for &n in &nodes {
+                                state.set_node_up(n, false);
+                            }
+                            decisions.reserved = Some((i, nodes));
+                        }
+                        no_room.push((shape, rank.0));
+                    }
                 }
             }
             Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
             Err(Status::Error(e)) => decisions.errors.push((i, e.to_string())),
         }
     }
+    if let Some((_, nodes)) = &decisions.reserved {
+        for &n in nodes {
+            state.set_node_up(n, true);
+        }
+    }
     decisions
+}
+
+/// When the longest-running job still on each node started (`None`: none runs there).
+fn oldest_starts(
+    state: &ClusterState,
+    running: &[Running<'_>],
+    evicted: &[bool],
+) -> Vec<Option<f64>> {
+    let mut oldest: Vec<Option<f64>> = vec![None; state.topology().nodes().len()];
+    for (r, _) in running.iter().zip(evicted).filter(|(_, gone)| !**gone) {
+        for w in &r.placement.workers {
+            let slot = &mut oldest[w.node.0 as usize];
+            *slot = Some(slot.map_or(r.started_at, |s| s.min(r.started_at)));
+        }
+    }
+    oldest
 }
 
 /// Whether `job` could run on an empty, healthy `topo` at all. Callers check this once,
@@ -163,23 +208,7 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
             }
         }
         nodes_fit += 1;
-        let by_gpu = match job.gpu {
-            GpuDemand::Whole(k) => (node.gpu_count() / k) as u64,
-            GpuDemand::None => u64::MAX,
-            GpuDemand::Milli(m) => node.gpu_count() as u64 * (1000 / m as u64),
-            GpuDemand::Mig { compute, .. } => {
-                node.gpu_count() as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
-            }
-        };
-        let by_cpu = node
-            .cpu_milli
-            .checked_div(job.cpu_milli)
-            .map_or(u64::MAX, u64::from);
-        let by_memory = node
-            .memory_mib
-            .checked_div(job.memory_mib)
-            .unwrap_or(u64::MAX);
-        workers_fit = workers_fit.saturating_add(by_gpu.min(by_cpu).min(by_memory));
+        workers_fit = workers_fit.saturating_add(workers_on_empty_node(job, node));
     }
     if nodes_fit == 0 {
         return Err(format!(
@@ -200,6 +229,28 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// How many workers of `job` an empty `node` holds by its GPUs, CPU and memory (whether
+/// its GPU model is allowed is the caller's question).
+pub(crate) fn workers_on_empty_node(job: &Job, node: &Node) -> u64 {
+    let by_gpu = match job.gpu {
+        GpuDemand::Whole(k) => (node.gpu_count() / k) as u64,
+        GpuDemand::None => u64::MAX,
+        GpuDemand::Milli(m) => node.gpu_count() as u64 * (1000 / m as u64),
+        GpuDemand::Mig { compute, .. } => {
+            node.gpu_count() as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
+        }
+    };
+    let by_cpu = node
+        .cpu_milli
+        .checked_div(job.cpu_milli)
+        .map_or(u64::MAX, u64::from);
+    let by_memory = node
+        .memory_mib
+        .checked_div(job.memory_mib)
+        .unwrap_or(u64::MAX);
+    by_gpu.min(by_cpu).min(by_memory)
 }
 
 /// What decides whether a job fits: two jobs of one shape fit in exactly the same places.

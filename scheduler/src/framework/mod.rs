@@ -5,7 +5,8 @@
 //! through [`NodeScorer`]s, or searching topology domains), and an optional [`Preemptor`]
 //! picks victims when a job ranked above them cannot fit. [`run_cycle`] drives them over a
 //! [`ClusterState`]; the simulator and the online service call the same function, so
-//! the same policy code decides in both.
+//! the same policy code decides in both. With a [`ReservationConfig`], a large gang
+//! that has waited too long gets nodes held for it (pre-allocation; see `reserve`).
 //!
 //! Failure is two-sided, as in the Kubernetes framework: [`Status::Unschedulable`] says
 //! "not now" (the job waits), [`Status::Error`] says something is wrong with the inputs or
@@ -13,11 +14,13 @@
 
 mod cycle;
 mod placer;
+mod reserve;
 
 pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
 };
+pub use reserve::ReservationConfig;
 
 use rand_chacha::ChaCha8Rng;
 
@@ -176,4 +179,6 @@ pub struct Policy {
     pub preemptor: Option<Box<dyn Preemptor>>,
     /// Strict queue: stop at the first job that does not fit (no backfilling).
     pub blocking: bool,
+    /// Capacity held for a gang that has waited too long; `None` holds nothing.
+    pub reservation: Option<ReservationConfig>,
 }

@@ -96,6 +96,7 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
         placer,
         preemptor,
         blocking: name == "fifo",
+        reservation: None,
     })
 }
 

@@ -292,6 +292,21 @@ impl NodeService for Api {
         }))
     }
 
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::NodeStatus>, Status> {
+        let req = req.into_inner();
+        let mut inner = self.core.lock();
+        let (n, back) = inner.heartbeat(&req.node, now_us())?;
+        let status = inner.node_status(n);
+        drop(inner);
+        if back {
+            self.core.wake();
+        }
+        Ok(Response::new(status))
+    }
+
     async fn drain(
         &self,
         req: Request<pb::DrainRequest>,

@@ -126,6 +126,17 @@ impl AgentClient {
             .into_inner())
     }
 
+    /// Says the agent is alive when it has no telemetry to send.
+    pub async fn heartbeat(&mut self) -> Result<pb::NodeStatus, ClientError> {
+        Ok(self
+            .client
+            .heartbeat(pb::HeartbeatRequest {
+                node: self.node.clone(),
+            })
+            .await?
+            .into_inner())
+    }
+
     /// Reports what the job's placement `attempt` did (0 skips the attempt check).
     pub async fn report(
         &mut self,

@@ -63,6 +63,9 @@ pub struct ServiceConfig {
     pub decision_log_file_rows: usize,
     /// Buffered decision-log rows are written at least this often.
     pub decision_log_flush_ms: u64,
+    /// Nodes held for a whole-GPU gang that has waited `after_wait_s` and still cannot
+    /// start (`[reservation]`: `after_wait_s`, `min_gpus`); absent: nothing is held.
+    pub reservation: Option<crate::framework::ReservationConfig>,
     pub security: SecurityConfig,
 }
 
@@ -103,6 +106,7 @@ impl Default for ServiceConfig {
             decision_log_dir: None,
             decision_log_file_rows: 8192,
             decision_log_flush_ms: 10_000,
+            reservation: None,
             security: SecurityConfig::default(),
         }
     }
@@ -160,6 +164,11 @@ impl ServiceConfig {
             .is_some_and(|m| m.as_os_str().is_empty())
         {
             return bad("model: empty path".into());
+        }
+        if let Some(r) = &self.reservation
+            && let Err(e) = r.validate()
+        {
+            return bad(e);
         }
         if self.model_poll_ms > 3_600_000 {
             return bad(format!(

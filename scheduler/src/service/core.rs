@@ -158,8 +158,9 @@ impl Core {
             trace: Some(trace.clone()),
             ..u.setup.clone()
         });
-        let (policy, _) = build_policy(&config.policy, &[], setup.as_ref())
+        let (mut policy, _) = build_policy(&config.policy, &[], setup.as_ref())
             .map_err(|e| StartError::Policy(e.to_string()))?;
+        policy.reservation = config.reservation;
         let loaded = store.load().map_err(|e| StartError::Database {
             path: config.db.display().to_string(),
             message: e.to_string(),
@@ -459,7 +460,10 @@ impl Inner {
         };
         match build_policy(LEARNED, &[], Some(&setup)) {
             Ok((policy, _)) => {
-                self.policy = policy;
+                self.policy = Policy {
+                    reservation: self.policy.reservation,
+                    ..policy
+                };
                 self.model_generation = update.generation;
                 self.model_version = update.version.clone();
                 self.gate_threshold = update.gate_threshold();

@@ -358,6 +358,15 @@ impl Inner {
                 .into_iter()
                 .map(|t| (t.job, t))
                 .collect();
+        let held = decisions.reserved.as_ref().map_or(0, |(i, nodes)| {
+            tracing::debug!(
+                job = pending_ids[*i],
+                nodes = nodes.len(),
+                "nodes held for a waiting gang"
+            );
+            nodes.len()
+        });
+        self.metrics.reserved_nodes.set(held as i64);
         for k in decisions.preempted {
             let id = running_ids[k];
             self.metrics.preemptions.inc();

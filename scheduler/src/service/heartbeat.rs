@@ -1,5 +1,5 @@
 //! Node heartbeats: an agent is alive while it is heard from. Every registration,
-//! telemetry sample, watch opened and job report counts; a registered node silent for
+//! telemetry sample, Heartbeat call, watch opened and job report counts; a registered node silent for
 //! `node_timeout_ms` is marked unreachable (no new work), and once it has stayed so for
 //! `node_grace_ms` more its jobs are requeued. Hearing from the agent again makes the
 //! node schedulable again; jobs already requeued stay requeued (the agent is told to
@@ -7,6 +7,7 @@
 
 use crate::domain::NodeId;
 use crate::service::core::Inner;
+use crate::service::error::ServiceError;
 use crate::service::jobs::JobState;
 
 impl Inner {
@@ -23,6 +24,13 @@ impl Inner {
         tracing::info!(node = %self.topo.node(n).name, "node reachable again");
         self.mark_node(n);
         true
+    }
+
+    /// The Heartbeat RPC: `node`'s agent is alive. Returns the node and whether it
+    /// was unreachable until now (its record changed and must be committed).
+    pub fn heartbeat(&mut self, node: &str, now: i64) -> Result<(NodeId, bool), ServiceError> {
+        let n = self.registered_node("node", node)?;
+        Ok((n, self.heard_from(n, now)))
     }
 
     /// Marks silent nodes unreachable and requeues the jobs of nodes unreachable for
@@ -70,80 +78,25 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use crate::domain::ClusterSpec;
     use crate::service::config::ServiceConfig;
-    use crate::service::core::Core;
-    use crate::service::metrics::Metrics;
     use crate::service::model::{ModelSlot, NoModel};
-    use crate::service::pb;
-    use crate::service::store::Store;
+    use crate::service::testkit::{TestCore, register_both, whole_gpu_job};
 
     use super::*;
 
-    const CLUSTER: &str = r#"
-name = "two"
-[[nodes]]
-count = 2
-name_prefix = "n"
-gpu_model = "H100"
-gpus = 8
-nvlink_domain = 8
-cpu_milli = 224000
-memory_mib = 2097152
-"#;
-
-    fn info(i: usize) -> pb::NodeInfo {
-        pb::NodeInfo {
-            name: format!("n-{i}"),
-            gpu_model: "H100".into(),
-            gpus: 8,
-            nvlink_domain: 8,
-            cpu_milli: 224_000,
-            memory_mib: 2_097_152,
-        }
-    }
-
     #[test]
     fn a_silent_node_becomes_unreachable_then_loses_its_jobs_after_the_grace() {
-        let dir = tempfile_dir();
-        let config = ServiceConfig {
-            db: dir.join("db.redb"),
+        let test = TestCore::new(ServiceConfig {
             node_timeout_ms: 1_000,
             node_grace_ms: 2_000,
             ..ServiceConfig::default()
-        };
-        let spec = ClusterSpec::from_toml(CLUSTER).unwrap();
-        let store = Arc::new(Store::open(&config.db, false).unwrap());
-        let core = Core::restore(
-            &config,
-            &spec,
-            store,
-            Arc::new(Metrics::new()),
-            Arc::new(NoModel),
-        )
-        .unwrap();
-        let mut inner = core.lock();
+        });
+        let mut inner = test.core.lock();
         // After the restore, which counts every node as heard from at its start.
         let t0 = crate::service::core::now_us() + 1_000_000;
-        for i in 0..2 {
-            let req = pb::RegisterNodeRequest {
-                node: Some(info(i)),
-                running: vec![],
-            };
-            inner.register(&req, t0).unwrap();
-            inner.heard_from(NodeId(i as u32), t0);
-        }
-        let spec = pb::JobSpec {
-            workers: 1,
-            gpu: Some(pb::GpuDemand {
-                kind: Some(pb::gpu_demand::Kind::Whole(8)),
-            }),
-            ..Default::default()
-        };
-        let id = inner.submit(Some(&spec), t0).unwrap();
-        let path = crate::service::model::NoModel.decision_path("topo-pack");
+        register_both(&mut inner, t0);
+        let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        let path = NoModel.decision_path("topo-pack");
         inner.cycle(t0, &path);
         let n = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
         let other = NodeId(1 - n.0);
@@ -174,18 +127,5 @@ memory_mib = 2097152
         assert!(inner.heard_from(n, t0 + 4_000_000));
         assert!(inner.state.node_is_up(n));
         assert!(!inner.node_status(n).unreachable);
-        drop(inner);
-        drop(core);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    fn tempfile_dir() -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "marshal-heartbeat-{}-{}",
-            std::process::id(),
-            crate::service::core::now_us()
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        d
     }
 }

@@ -121,6 +121,11 @@ pub struct JobRecord {
     pub attained_gpu_s: f64,
     /// Wall-clock seconds (Unix) when it last entered the queue.
     pub queued_since_s: f64,
+    /// Nodes of the current placement whose workers all exited with status 0. A job
+    /// spread over several nodes completes when every one of them has said so; one
+    /// FAILED report ends it at once. Cleared with each new placement.
+    #[serde(default)]
+    pub completed_nodes: Vec<String>,
 }
 
 impl JobRecord {
@@ -138,6 +143,7 @@ impl JobRecord {
             placed_at_s: 0.0,
             attained_gpu_s: 0.0,
             queued_since_s: now_us as f64 / 1e6,
+            completed_nodes: Vec::new(),
         }
     }
 
@@ -169,6 +175,7 @@ impl JobRecord {
                 self.placement = placement;
                 self.placed_at_s = now_s;
                 self.attempts += 1;
+                self.completed_nodes.clear();
             }
             s if s.is_waiting() => self.queued_since_s = now_s,
             _ => {}
@@ -229,5 +236,16 @@ mod tests {
         for to in JobState::ALL {
             assert!(!r.state.can_become(to), "cancelled -> {to}");
         }
+    }
+
+    #[test]
+    fn a_record_stored_before_completed_nodes_existed_still_loads() {
+        let mut r = record();
+        r.completed_nodes.push("n-0".into());
+        let mut json: serde_json::Value = serde_json::to_value(&r).unwrap();
+        json.as_object_mut().unwrap().remove("completed_nodes");
+        let old: JobRecord = serde_json::from_value(json).unwrap();
+        assert!(old.completed_nodes.is_empty());
+        assert_eq!(old.job, r.job);
     }
 }

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub schedulable_nodes: Gauge,
     /// Registered nodes whose agent missed the heartbeat timeout.
     pub unreachable_nodes: Gauge,
+    pub reserved_nodes: Gauge,
     /// Jobs requeued because their node stayed unreachable past the grace period.
     pub node_lost_requeues: Counter,
     pub fallback_ratio: Gauge<f64, AtomicU64>,
@@ -72,6 +73,7 @@ impl Metrics {
             capacity_milli: Gauge::default(),
             schedulable_nodes: Gauge::default(),
             unreachable_nodes: Gauge::default(),
+            reserved_nodes: Gauge::default(),
             node_lost_requeues: Counter::default(),
             fallback_ratio: Gauge::default(),
             telemetry: Family::default(),
@@ -140,6 +142,11 @@ impl Metrics {
             "unreachable_nodes",
             "Registered nodes whose agent has not been heard from for node_timeout_ms",
             m.unreachable_nodes.clone(),
+        );
+        registry.register(
+            "reserved_nodes",
+            "Nodes held in the last cycle for a gang that waited too long ([reservation])",
+            m.reserved_nodes.clone(),
         );
         registry.register(
             "node_lost_requeues",

@@ -39,6 +39,8 @@ pub mod records;
 pub mod server;
 pub mod shadow;
 pub mod store;
+#[cfg(test)]
+mod testkit;
 
 pub use config::{SecurityConfig, ServiceConfig};
 pub use error::{ServiceError, StartError};

@@ -30,7 +30,7 @@ impl Inner {
         })
     }
 
-    fn registered_node(&self, field: &str, name: &str) -> Result<NodeId, ServiceError> {
+    pub(crate) fn registered_node(&self, field: &str, name: &str) -> Result<NodeId, ServiceError> {
         let n = self.node_id(field, name)?;
         if !self.nodes[n.0 as usize].registered {
             return Err(ServiceError::FailedPrecondition(format!(
@@ -40,16 +40,20 @@ impl Inner {
         Ok(n)
     }
 
-    /// Active jobs with a worker on `n`.
+    /// Active jobs with workers on `n` that have not finished there yet (a node whose
+    /// part of a multi-node job completed no longer runs it, is not asked to start it
+    /// again, and does not take the job down with it when drained or lost).
     pub fn jobs_on(&self, n: NodeId) -> Vec<u32> {
+        let name = &self.topo.node(n).name;
         self.active
             .iter()
             .copied()
             .filter(|id| {
-                self.jobs[id]
-                    .placement
+                let r = &self.jobs[id];
+                r.placement
                     .as_ref()
                     .is_some_and(|p| p.workers.iter().any(|w| w.node == n))
+                    && !r.completed_nodes.contains(name)
             })
             .collect()
     }
@@ -191,6 +195,17 @@ impl Inner {
                 Ok(id)
             }
             JobState::Completed => {
+                let waiting_for = self.note_node_completed(id, n);
+                if waiting_for > 0 {
+                    if current == JobState::Placed {
+                        let why = format!(
+                            "workers on {} completed; waiting for {waiting_for} more node(s)",
+                            req.node
+                        );
+                        self.set_state(id, JobState::Running, why, None, false, now)?;
+                    }
+                    return Ok(id);
+                }
                 self.set_state(
                     id,
                     JobState::Completed,
@@ -226,6 +241,34 @@ impl Inner {
                 format!("{other} cannot be reported; only RUNNING, COMPLETED or FAILED"),
             )),
         }
+    }
+
+    /// Records that node `n` finished its workers of job `id`; returns how many of the
+    /// placement's nodes have not reported completion yet. The job keeps its whole
+    /// placement until the last one has: a gang's GPUs are released together.
+    fn note_node_completed(&mut self, id: u32, n: NodeId) -> usize {
+        let name = self.topo.node(n).name.clone();
+        let Some(r) = self.jobs.get_mut(&id) else {
+            return 0;
+        };
+        let Some(p) = &r.placement else {
+            return 0;
+        };
+        let mut nodes: Vec<NodeId> = p.workers.iter().map(|w| w.node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        if !r.completed_nodes.contains(&name) {
+            r.completed_nodes.push(name);
+        }
+        let topo = &self.topo;
+        let missing = nodes
+            .iter()
+            .filter(|&&m| !r.completed_nodes.contains(&topo.node(m).name))
+            .count();
+        if missing > 0 {
+            self.dirty.jobs.insert(id);
+        }
+        missing
     }
 
     pub fn register(
@@ -389,5 +432,98 @@ impl Inner {
             return Ok(true);
         }
         Ok(back)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::service::config::ServiceConfig;
+    use crate::service::model::{ModelSlot, NoModel};
+    use crate::service::testkit::{TestCore, node_info, register_both, whole_gpu_job};
+
+    use super::*;
+
+    fn report(node: usize, id: u32, state: pb::JobState) -> pb::ReportJobRequest {
+        pb::ReportJobRequest {
+            node: format!("n-{node}"),
+            job_id: id as u64,
+            state: state as i32,
+            message: String::new(),
+            attempt: 0,
+        }
+    }
+
+    /// A gang of two 8-GPU workers on two 8-GPU nodes: one worker per node.
+    fn placed_over_both_nodes(inner: &mut Inner, t0: i64) -> u32 {
+        register_both(inner, t0);
+        let id = inner.submit(Some(&whole_gpu_job(2, 8)), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+        assert_eq!(inner.jobs[&id].state, JobState::Placed);
+        id
+    }
+
+    #[test]
+    fn a_multi_node_job_completes_when_every_node_has_reported() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        let id = placed_over_both_nodes(&mut inner, t0);
+
+        inner
+            .report(&report(0, id, pb::JobState::Completed), t0 + 1)
+            .unwrap();
+        // Said twice (an acknowledgement lost): counted once.
+        inner
+            .report(&report(0, id, pb::JobState::Completed), t0 + 2)
+            .unwrap();
+        let r = &inner.jobs[&id];
+        assert_eq!(r.state, JobState::Running);
+        assert_eq!(r.completed_nodes, vec!["n-0".to_string()]);
+        // The gang keeps all its GPUs until the last node is done.
+        assert_eq!(inner.state.allocated_milli(), 16_000);
+        // n-0 is done with it: not asked to start it again, and a re-registration that
+        // no longer lists it does not requeue it.
+        assert!(inner.jobs_on(NodeId(0)).is_empty());
+        assert!(inner.node_assignments(NodeId(0)).is_empty());
+        assert_eq!(inner.jobs_on(NodeId(1)), vec![id]);
+        let again = pb::RegisterNodeRequest {
+            node: Some(node_info(0)),
+            running: vec![],
+        };
+        inner.register(&again, t0 + 3).unwrap();
+        assert_eq!(inner.jobs[&id].state, JobState::Running);
+
+        inner
+            .report(&report(1, id, pb::JobState::Completed), t0 + 4)
+            .unwrap();
+        assert_eq!(inner.jobs[&id].state, JobState::Completed);
+        assert_eq!(inner.state.allocated_milli(), 0);
+    }
+
+    #[test]
+    fn one_failed_node_ends_a_multi_node_job_and_the_next_placement_starts_afresh() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        let id = placed_over_both_nodes(&mut inner, t0);
+
+        inner
+            .report(&report(0, id, pb::JobState::Completed), t0 + 1)
+            .unwrap();
+        inner
+            .report(&report(1, id, pb::JobState::Failed), t0 + 2)
+            .unwrap();
+        assert_eq!(inner.jobs[&id].state, JobState::Requeued);
+        assert_eq!(inner.state.allocated_milli(), 0);
+
+        inner.cycle(t0 + 3, &NoModel.decision_path("topo-pack"));
+        let r = &inner.jobs[&id];
+        assert_eq!((r.state, r.attempts), (JobState::Placed, 2));
+        assert!(r.completed_nodes.is_empty());
+        // The earlier placement's completion does not count for this one.
+        inner
+            .report(&report(0, id, pb::JobState::Completed), t0 + 4)
+            .unwrap();
+        assert_eq!(inner.jobs[&id].state, JobState::Running);
     }
 }

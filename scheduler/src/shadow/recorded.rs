@@ -212,6 +212,7 @@ pub fn recorded_policy(topo: &Topology, jobs: &Prepared, placer: Policy) -> (Inc
                 placer: Box::new(RecordedPlacer::new(nodes, placer.placer)),
                 preemptor: None,
                 blocking: false,
+                reservation: None,
             },
             placer_name,
         },

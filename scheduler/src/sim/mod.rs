@@ -127,6 +127,9 @@ pub struct SimResult {
     pub jct_p50_s: Option<f64>,
     pub jct_p99_s: Option<f64>,
     pub queue_mean_s: Option<f64>,
+    /// The longest wait before a first start (starvation shows here first).
+    #[serde(default)]
+    pub queue_max_s: Option<f64>,
     pub makespan_s: Option<f64>,
     /// Replay: time-averaged share of GPU capacity allocated. Inflation: at the end.
     pub gpu_alloc_pct: f64,

@@ -672,6 +672,7 @@ impl Replay<'_> {
             jct_p50_s: percentile(&mut jct.clone(), 0.5),
             jct_p99_s: percentile(&mut jct, 0.99),
             queue_mean_s: mean(&queue),
+            queue_max_s: queue.iter().copied().reduce(f64::max),
             makespan_s: Some(makespan),
             gpu_alloc_pct: alloc_pct,
             locality_pct: (self.multi_gpu_starts > 0)

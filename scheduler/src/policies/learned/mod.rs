@@ -483,6 +483,7 @@ pub fn learned_policy(
             placer: Box::new(placer),
             preemptor: base.preemptor,
             blocking: base.blocking,
+            reservation: base.reservation,
         },
         stats,
     ))

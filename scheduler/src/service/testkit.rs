@@ -1,0 +1,99 @@
+//! A service core on a small cluster and a temporary database, for unit tests of the
+//! transitions.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::domain::{ClusterSpec, NodeId};
+use crate::service::config::ServiceConfig;
+use crate::service::core::{Core, Inner, now_us};
+use crate::service::metrics::Metrics;
+use crate::service::model::NoModel;
+use crate::service::pb;
+use crate::service::store::Store;
+
+/// Two nodes of 8 H100s, one NVLink island each.
+pub const TWO_NODES: &str = r#"
+name = "two"
+[[nodes]]
+count = 2
+name_prefix = "n"
+gpu_model = "H100"
+gpus = 8
+nvlink_domain = 8
+cpu_milli = 224000
+memory_mib = 2097152
+"#;
+
+/// What agent `i` of [`TWO_NODES`] says at registration.
+pub fn node_info(i: usize) -> pb::NodeInfo {
+    pb::NodeInfo {
+        name: format!("n-{i}"),
+        gpu_model: "H100".into(),
+        gpus: 8,
+        nvlink_domain: 8,
+        cpu_milli: 224_000,
+        memory_mib: 2_097_152,
+    }
+}
+
+/// A restored core over [`TWO_NODES`]; the database directory goes with it.
+pub struct TestCore {
+    pub core: Core,
+    dir: PathBuf,
+}
+
+impl TestCore {
+    pub fn new(config: ServiceConfig) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "marshal-service-test-{}-{}",
+            std::process::id(),
+            now_us()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = ServiceConfig {
+            db: dir.join("db.redb"),
+            ..config
+        };
+        let spec = ClusterSpec::from_toml(TWO_NODES).unwrap();
+        let store = Arc::new(Store::open(&config.db, false).unwrap());
+        let core = Core::restore(
+            &config,
+            &spec,
+            store,
+            Arc::new(Metrics::new()),
+            Arc::new(NoModel),
+        )
+        .unwrap();
+        TestCore { core, dir }
+    }
+}
+
+impl Drop for TestCore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Registers both nodes at `t0` with nothing running.
+pub fn register_both(inner: &mut Inner, t0: i64) {
+    for i in 0..2 {
+        let req = pb::RegisterNodeRequest {
+            node: Some(node_info(i)),
+            running: vec![],
+        };
+        inner.register(&req, t0).unwrap();
+        inner.heard_from(NodeId(i as u32), t0);
+    }
+}
+
+/// A job of `workers` workers with `gpus` whole GPUs each.
+pub fn whole_gpu_job(workers: u32, gpus: u32) -> pb::JobSpec {
+    pb::JobSpec {
+        workers,
+        gpu: Some(pb::GpuDemand {
+            kind: Some(pb::gpu_demand::Kind::Whole(gpus)),
+        }),
+        ..Default::default()
+    }
+}
