@@ -70,7 +70,7 @@ impl Source for FakeGpus {
                 mem_total_bytes: Some(80 << 30),
                 mem_used_bytes: Some(1 << 30),
                 temperature_c: Some(50.0),
-                power_w: Some(300.0),
+                power_mw: Some(300_000),
                 ..Default::default()
             })
             .collect())

@@ -25,7 +25,11 @@ want = {
     "gpu_index": pa.uint16(),
     "sm_util_pct": pa.float32(),
     "mem_used_bytes": pa.uint64(),
-    "nvlink_tx_per_link": None,  # list<uint64>, checked below
+    "nvlink_tx_kib": pa.uint64(),
+    "nvlink_tx_per_link_kib": None,  # list<uint64>, checked below
+    "pcie_tx_kib_per_s": pa.uint32(),
+    "power_mw": pa.uint32(),
+    "temperature_c": pa.float32(),
     "throttle_reasons": pa.uint64(),
     "xid": pa.uint32(),
     "mig_mode": pa.bool_(),
@@ -34,7 +38,9 @@ for name, typ in want.items():
     assert name in schema.names, f"missing column {name}"
     if typ is not None:
         assert schema.field(name).type == typ, f"{name}: {schema.field(name).type} != {typ}"
-assert pa.types.is_list(schema.field("nvlink_tx_per_link").type)
+assert pa.types.is_list(schema.field("nvlink_tx_per_link_kib").type)
+for gone in ["nvlink_tx_bytes", "pcie_tx_bytes_per_s", "power_w"]:
+    assert gone not in schema.names, f"schema 1 column {gone} still present"
 for name in ["node", "gpu_type", "health", "job_id", "mem_phase"]:
     t = schema.field(name).type
     assert pa.types.is_dictionary(t) and pa.types.is_string(t.value_type), f"{name}: {t}"
@@ -45,5 +51,5 @@ assert phases <= {"warmup", "steady", "eval", "checkpoint"}, phases
 # Every file carries the schema version in its key-value metadata.
 for f in gpu.files:
     md = pq.read_metadata(f).metadata
-    assert b"marshal.telemetry.schema_version" in md, f
+    assert md.get(b"marshal.telemetry.schema_version") == b"2", (f, md)
 print(f"pyarrow {pa.__version__}: {table.num_rows} rows, {len(schema.names)} columns, phases {sorted(phases)}")

@@ -85,7 +85,7 @@ fn samples_follow_the_jobs_phases() {
     let s = &steady[0];
     assert!(s.sm_util_pct.unwrap() > 80.0, "{:?}", s.sm_util_pct);
     assert!(s.mem_used_bytes.unwrap() > warm[0].mem_used_bytes.unwrap());
-    assert!(s.nvlink_tx_bytes.unwrap() > 0);
+    assert!(s.nvlink_tx_kib.unwrap() > 0);
     // The first checkpoint stall: 1800 s of work after the 60 s restart.
     let ckpt = busy(&sim.sample_at(60.0 + 1_800.0 + 10.0));
     assert!(

@@ -18,6 +18,10 @@
 //! NVML today) and `per_link` (12 per-link counters per direction, an A100 with NVLink
 //! utilisation counters set to bytes).
 //!
+//! Each scenario is sent twice: as `Vec<GpuSample>` rows, and as [`GpuBatch`]es (the same
+//! values with interned strings; built up front like the rows, so building them is not
+//! timed either).
+//!
 //! Reported: bytes per row on disk (with the largest columns), rows per second of the
 //! writer thread's CPU time (the sink's cost per core; `SinkStats::writer_cpu`), and
 //! criterion's wall-clock throughput (which also includes fsyncing every file).
@@ -32,7 +36,8 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use marshal_telemetry::reader::read_metadata;
 use marshal_telemetry::{
-    GpuSample, Health, MemPhase, SinkConfig, SinkStats, TelemetrySink, list_files,
+    GpuBatch, GpuBatchBuilder, GpuSample, Health, MemPhase, Records, SinkConfig, SinkStats,
+    TelemetrySink, list_files,
 };
 
 const NODES: usize = 16;
@@ -222,14 +227,17 @@ impl Cluster {
                         ),
                         mem_used_bytes: Some(mem_used),
                         mem_total_bytes: Some(80 << 30),
-                        nvlink_tx_bytes: Some(s.tx),
-                        nvlink_rx_bytes: Some(s.rx),
-                        nvlink_tx_per_link: per_link.then(|| s.tx_links.clone()),
-                        nvlink_rx_per_link: per_link.then(|| s.rx_links.clone()),
-                        pcie_tx_bytes_per_s: Some(pcie(rng)),
-                        pcie_rx_bytes_per_s: Some(pcie(rng)),
+                        // Stored in NVML's units (schema 2): KiB, KiB/s, mW.
+                        nvlink_tx_kib: Some(s.tx / 1024),
+                        nvlink_rx_kib: Some(s.rx / 1024),
+                        nvlink_tx_per_link_kib: per_link
+                            .then(|| s.tx_links.iter().map(|b| b / 1024).collect()),
+                        nvlink_rx_per_link_kib: per_link
+                            .then(|| s.rx_links.iter().map(|b| b / 1024).collect()),
+                        pcie_tx_kib_per_s: Some((pcie(rng) / 1024) as u32),
+                        pcie_rx_kib_per_s: Some((pcie(rng) / 1024) as u32),
                         temperature_c: Some(s.temp.round() as f32),
-                        power_w: Some(power_mw as f32 / 1000.0),
+                        power_mw: Some(power_mw),
                         sm_clock_mhz: Some(if util > 0.0 { 1980 } else { 345 }),
                         mem_clock_mhz: Some(2619),
                         throttle_reasons: Some(if util > 0.0 { 0 } else { 1 }),
@@ -267,8 +275,22 @@ fn generate(per_link: bool, nodes_per_msg: usize) -> Vec<Vec<GpuSample>> {
     out
 }
 
+/// The same messages as [`GpuBatch`]es of one builder (one sampler's interned strings).
+fn to_batches(messages: &[Vec<GpuSample>]) -> Vec<GpuBatch> {
+    let mut b = GpuBatchBuilder::new();
+    messages
+        .iter()
+        .map(|m| {
+            for s in m {
+                b.push_sample(s);
+            }
+            b.take()
+        })
+        .collect()
+}
+
 /// Writes every message through a fresh sink.
-fn write(dir: &Path, messages: Vec<Vec<GpuSample>>) -> SinkStats {
+fn write<M: Into<Records>>(dir: &Path, messages: Vec<M>) -> SinkStats {
     let sink = TelemetrySink::open(config(dir)).unwrap();
     for m in messages {
         sink.send(m).unwrap();
@@ -279,7 +301,7 @@ fn write(dir: &Path, messages: Vec<Vec<GpuSample>>) -> SinkStats {
 }
 
 /// Bytes on disk per row, the largest columns, and rows per second of writer CPU.
-fn report(name: &str, data: &[Vec<GpuSample>]) {
+fn report<M: Into<Records> + Clone>(name: &str, data: &[M]) {
     let mut best_cpu = f64::MAX;
     let mut best_wall = f64::MAX;
     let mut rows = 0;
@@ -327,21 +349,33 @@ fn report(name: &str, data: &[Vec<GpuSample>]) {
 }
 
 fn bench(c: &mut Criterion) {
-    let rows = SECS as u64 * (NODES * GPUS) as u64;
     for (name, per_link, nodes_per_msg) in [
         ("core_8_rows_per_msg", false, 1),
         ("core_128_rows_per_msg", false, NODES),
         ("per_link_128_rows_per_msg", true, NODES),
     ] {
         let data = generate(per_link, nodes_per_msg);
-        report(name, &data);
+        let batches = to_batches(&data);
+        bench_one(c, name, &data);
+        bench_one(c, &format!("batch_{name}"), &batches);
+    }
+}
+
+/// `SINK_BENCH_REPORT_ONLY=1` prints the bytes and CPU figures and skips criterion.
+fn bench_one<M: Into<Records> + Clone>(c: &mut Criterion, name: &str, data: &[M]) {
+    let rows = SECS as u64 * (NODES * GPUS) as u64;
+    report(name, data);
+    if std::env::var_os("SINK_BENCH_REPORT_ONLY").is_some() {
+        return;
+    }
+    {
         let mut group = c.benchmark_group("sink");
         group.throughput(Throughput::Elements(rows));
         group.sample_size(10);
         group.measurement_time(Duration::from_secs(20));
         group.bench_function(name, |b| {
             b.iter_batched(
-                || (tempfile::tempdir().unwrap(), data.clone()),
+                || (tempfile::tempdir().unwrap(), data.to_vec()),
                 |(dir, data)| {
                     let stats = write(dir.path(), data);
                     black_box((dir, stats))

@@ -31,8 +31,8 @@ use crate::validate::{Issue, ValidationReport};
 
 /// Upper bound accepted for temperatures, °C. Anything hotter is a sensor fault.
 const MAX_TEMPERATURE_C: f32 = 200.0;
-/// Upper bound accepted for board power, watts (a GB200 superchip draws ~2.7 kW).
-const MAX_POWER_W: f32 = 10_000.0;
+/// Upper bound accepted for board power, milliwatts (a GB200 superchip draws ~2.7 kW).
+const MAX_POWER_MW: u32 = 10_000_000;
 
 /// Builders for the columns of one row type.
 pub(crate) trait Columns<R>: Send {
@@ -261,10 +261,10 @@ pub(crate) struct GpuColumns {
     nv_rx: Col<UInt64Type>,
     nv_tx_links: ListBuilder<UInt64Builder>,
     nv_rx_links: ListBuilder<UInt64Builder>,
-    pcie_tx: Col<UInt64Type>,
-    pcie_rx: Col<UInt64Type>,
+    pcie_tx: Col<UInt32Type>,
+    pcie_rx: Col<UInt32Type>,
     temperature: Col<Float32Type>,
-    power: Col<Float32Type>,
+    power: Col<UInt32Type>,
     sm_clock: Col<UInt32Type>,
     mem_clock: Col<UInt32Type>,
     throttle: Col<UInt64Type>,
@@ -321,22 +321,105 @@ impl Columns<GpuSample> for GpuColumns {
     }
 
     fn push(&mut self, r: &GpuSample, report: &mut ValidationReport) {
+        self.push_ref(&GpuRef::from(r), report);
+    }
+
+    fn finish(&mut self) -> Result<RecordBatch> {
+        self.finish_gpu()
+    }
+}
+
+/// One GPU row borrowed from either a [`GpuSample`] or a [`crate::GpuBatch`]: both intake
+/// paths validate and append through [`GpuColumns::push_ref`].
+pub(crate) struct GpuRef<'a> {
+    pub(crate) timestamp_us: i64,
+    pub(crate) cluster: &'a Arc<str>,
+    pub(crate) node: &'a Arc<str>,
+    pub(crate) gpu_index: u16,
+    pub(crate) gpu_uuid: &'a Arc<str>,
+    pub(crate) gpu_type: &'a Arc<str>,
+    pub(crate) sm_util_pct: Option<f32>,
+    pub(crate) mem_util_pct: Option<f32>,
+    pub(crate) mem_used_bytes: Option<u64>,
+    pub(crate) mem_total_bytes: Option<u64>,
+    pub(crate) nvlink_tx_kib: Option<u64>,
+    pub(crate) nvlink_rx_kib: Option<u64>,
+    pub(crate) nvlink_tx_per_link_kib: Option<&'a [u64]>,
+    pub(crate) nvlink_rx_per_link_kib: Option<&'a [u64]>,
+    pub(crate) pcie_tx_kib_per_s: Option<u32>,
+    pub(crate) pcie_rx_kib_per_s: Option<u32>,
+    pub(crate) temperature_c: Option<f32>,
+    pub(crate) power_mw: Option<u32>,
+    pub(crate) sm_clock_mhz: Option<u32>,
+    pub(crate) mem_clock_mhz: Option<u32>,
+    pub(crate) throttle_reasons: Option<u64>,
+    pub(crate) ecc_corrected: Option<u64>,
+    pub(crate) ecc_uncorrected: Option<u64>,
+    pub(crate) xid: Option<u32>,
+    pub(crate) health: Health,
+    pub(crate) job_id: Option<&'a Arc<str>>,
+    pub(crate) worker: Option<&'a Arc<str>>,
+    pub(crate) mem_phase: Option<MemPhase>,
+    pub(crate) mig_mode: Option<bool>,
+}
+
+impl<'a> From<&'a GpuSample> for GpuRef<'a> {
+    #[inline]
+    fn from(r: &'a GpuSample) -> Self {
+        GpuRef {
+            timestamp_us: r.timestamp_us,
+            cluster: &r.cluster,
+            node: &r.node,
+            gpu_index: r.gpu_index,
+            gpu_uuid: &r.gpu_uuid,
+            gpu_type: &r.gpu_type,
+            sm_util_pct: r.sm_util_pct,
+            mem_util_pct: r.mem_util_pct,
+            mem_used_bytes: r.mem_used_bytes,
+            mem_total_bytes: r.mem_total_bytes,
+            nvlink_tx_kib: r.nvlink_tx_kib,
+            nvlink_rx_kib: r.nvlink_rx_kib,
+            nvlink_tx_per_link_kib: r.nvlink_tx_per_link_kib.as_deref(),
+            nvlink_rx_per_link_kib: r.nvlink_rx_per_link_kib.as_deref(),
+            pcie_tx_kib_per_s: r.pcie_tx_kib_per_s,
+            pcie_rx_kib_per_s: r.pcie_rx_kib_per_s,
+            temperature_c: r.temperature_c,
+            power_mw: r.power_mw,
+            sm_clock_mhz: r.sm_clock_mhz,
+            mem_clock_mhz: r.mem_clock_mhz,
+            throttle_reasons: r.throttle_reasons,
+            ecc_corrected: r.ecc_corrected,
+            ecc_uncorrected: r.ecc_uncorrected,
+            xid: r.xid,
+            health: r.health,
+            job_id: r.job_id.as_ref(),
+            worker: r.worker.as_ref(),
+            mem_phase: r.mem_phase,
+            mig_mode: r.mig_mode,
+        }
+    }
+}
+
+impl GpuColumns {
+    /// Validates one row and appends it, or counts it as rejected.
+    #[inline]
+    pub(crate) fn push_ref(&mut self, r: &GpuRef<'_>, report: &mut ValidationReport) {
         report.rows_in += 1;
         if !(valid_timestamp(report, r.timestamp_us)
-            && required_str(report, col::CLUSTER, &r.cluster)
-            && required_str(report, col::NODE, &r.node)
-            && required_str(report, col::GPU_UUID, &r.gpu_uuid)
-            && required_str(report, col::GPU_TYPE, &r.gpu_type))
+            && required_str(report, col::CLUSTER, r.cluster)
+            && required_str(report, col::NODE, r.node)
+            && required_str(report, col::GPU_UUID, r.gpu_uuid)
+            && required_str(report, col::GPU_TYPE, r.gpu_type))
         {
             return;
         }
         self.len += 1;
         self.ts.append_value(r.timestamp_us);
-        self.cluster.append(&r.cluster);
-        self.node.append(&r.node);
+        self.cluster.append(r.cluster);
+        self.node.append(r.node);
         self.gpu_index.append_value(r.gpu_index);
-        self.uuid.append(&r.gpu_uuid);
-        self.gpu_type.append(&r.gpu_type);
+        self.uuid.append(r.gpu_uuid);
+        self.gpu_type.append(r.gpu_type);
         self.sm_util
             .append_option(report.f32_in(col::SM_UTIL_PCT, r.sm_util_pct, 100.0));
         self.mem_util
@@ -347,11 +430,11 @@ impl Columns<GpuSample> for GpuColumns {
         };
         self.mem_used.append_option(used);
         self.mem_total.append_option(r.mem_total_bytes);
-        self.nv_tx.append_option(r.nvlink_tx_bytes);
-        self.nv_rx.append_option(r.nvlink_rx_bytes);
+        self.nv_tx.append_option(r.nvlink_tx_kib);
+        self.nv_rx.append_option(r.nvlink_rx_kib);
         for (b, v) in [
-            (&mut self.nv_tx_links, &r.nvlink_tx_per_link),
-            (&mut self.nv_rx_links, &r.nvlink_rx_per_link),
+            (&mut self.nv_tx_links, r.nvlink_tx_per_link_kib),
+            (&mut self.nv_rx_links, r.nvlink_rx_per_link_kib),
         ] {
             match v {
                 Some(v) => {
@@ -361,15 +444,15 @@ impl Columns<GpuSample> for GpuColumns {
                 None => b.append_null(),
             }
         }
-        self.pcie_tx.append_option(r.pcie_tx_bytes_per_s);
-        self.pcie_rx.append_option(r.pcie_rx_bytes_per_s);
+        self.pcie_tx.append_option(r.pcie_tx_kib_per_s);
+        self.pcie_rx.append_option(r.pcie_rx_kib_per_s);
         self.temperature.append_option(report.f32_in(
             col::TEMPERATURE_C,
             r.temperature_c,
             MAX_TEMPERATURE_C,
         ));
         self.power
-            .append_option(report.f32_in(col::POWER_W, r.power_w, MAX_POWER_W));
+            .append_option(report.u32_at_most(col::POWER_MW, r.power_mw, MAX_POWER_MW));
         self.sm_clock.append_option(r.sm_clock_mhz);
         self.mem_clock.append_option(r.mem_clock_mhz);
         self.throttle.append_option(r.throttle_reasons);
@@ -377,13 +460,13 @@ impl Columns<GpuSample> for GpuColumns {
         self.ecc_u.append_option(r.ecc_uncorrected);
         self.xid.append_option(r.xid);
         self.health.keys.append_value(health_key(r.health));
-        self.job.append_option(r.job_id.as_ref());
-        self.worker.append_option(r.worker.as_ref());
+        self.job.append_option(r.job_id);
+        self.worker.append_option(r.worker);
         self.phase.keys.append_option(r.mem_phase.map(phase_key));
         self.mig.append_option(r.mig_mode);
     }
 
-    fn finish(&mut self) -> Result<RecordBatch> {
+    fn finish_gpu(&mut self) -> Result<RecordBatch> {
         self.len = 0;
         let columns: Vec<ArrayRef> = vec![
             Arc::new(self.ts.finish().with_timezone("UTC")),
@@ -692,8 +775,22 @@ impl<R: Columnar> RowGroupBuffer<R> {
         self.len
     }
 
-    pub(crate) fn push(&mut self, row: &R) {
-        let b = (row.bucket() as usize).min(MAX_BUCKETS);
+    pub(crate) fn push(&mut self, row: &R) -> bool {
+        self.push_with(row.bucket(), row.minor_key(), |cols, report| {
+            cols.push(row, report)
+        })
+    }
+
+    /// Appends one row through `append` (which validates it) to the builders of
+    /// `bucket`; `minor` is its [`Columnar::minor_key`]. Returns whether it was accepted.
+    #[inline]
+    pub(crate) fn push_with(
+        &mut self,
+        bucket: u32,
+        minor: Option<i64>,
+        append: impl FnOnce(&mut R::Columns, &mut ValidationReport),
+    ) -> bool {
+        let b = (bucket as usize).min(MAX_BUCKETS);
         if b >= self.buckets.len() {
             self.buckets.resize_with(b + 1, || Bucket {
                 cols: R::Columns::new(0),
@@ -704,12 +801,12 @@ impl<R: Columnar> RowGroupBuffer<R> {
         }
         let bucket = &mut self.buckets[b];
         let before = bucket.cols.len();
-        bucket.cols.push(row, &mut self.report);
+        append(&mut bucket.cols, &mut self.report);
         if bucket.cols.len() == before {
-            return; // rejected
+            return false; // rejected
         }
         self.len += 1;
-        match row.minor_key() {
+        match minor {
             Some(k) if b < MAX_BUCKETS => {
                 if bucket.last.is_some_and(|l| l > k) {
                     bucket.sorted = false;
@@ -718,6 +815,7 @@ impl<R: Columnar> RowGroupBuffer<R> {
             }
             _ => bucket.sorted = false,
         }
+        true
     }
 
     /// Validation counts since the last call.

@@ -18,6 +18,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, SchemaRef};
 
+use crate::batch::GpuBatch;
 use crate::columns::rows_to_batch;
 use crate::error::{Result, TelemetryError};
 use crate::schema::{
@@ -231,14 +232,14 @@ impl Record for GpuSample {
         let mem_util = prim::<Float32Type>(batch, col::MEM_UTIL_PCT)?;
         let mem_used = prim::<UInt64Type>(batch, col::MEM_USED_BYTES)?;
         let mem_total = prim::<UInt64Type>(batch, col::MEM_TOTAL_BYTES)?;
-        let nv_tx = prim::<UInt64Type>(batch, col::NVLINK_TX_BYTES)?;
-        let nv_rx = prim::<UInt64Type>(batch, col::NVLINK_RX_BYTES)?;
-        let nv_tx_links = u64_lists(batch, col::NVLINK_TX_PER_LINK)?;
-        let nv_rx_links = u64_lists(batch, col::NVLINK_RX_PER_LINK)?;
-        let pcie_tx = prim::<UInt64Type>(batch, col::PCIE_TX_BYTES_PER_S)?;
-        let pcie_rx = prim::<UInt64Type>(batch, col::PCIE_RX_BYTES_PER_S)?;
+        let nv_tx = prim::<UInt64Type>(batch, col::NVLINK_TX_KIB)?;
+        let nv_rx = prim::<UInt64Type>(batch, col::NVLINK_RX_KIB)?;
+        let nv_tx_links = u64_lists(batch, col::NVLINK_TX_PER_LINK_KIB)?;
+        let nv_rx_links = u64_lists(batch, col::NVLINK_RX_PER_LINK_KIB)?;
+        let pcie_tx = prim::<UInt32Type>(batch, col::PCIE_TX_KIB_PER_S)?;
+        let pcie_rx = prim::<UInt32Type>(batch, col::PCIE_RX_KIB_PER_S)?;
         let temperature = prim::<Float32Type>(batch, col::TEMPERATURE_C)?;
-        let power = prim::<Float32Type>(batch, col::POWER_W)?;
+        let power = prim::<UInt32Type>(batch, col::POWER_MW)?;
         let sm_clock = prim::<UInt32Type>(batch, col::SM_CLOCK_MHZ)?;
         let mem_clock = prim::<UInt32Type>(batch, col::MEM_CLOCK_MHZ)?;
         let throttle = prim::<UInt64Type>(batch, col::THROTTLE_REASONS)?;
@@ -271,14 +272,14 @@ impl Record for GpuSample {
                 mem_util_pct: opt(mem_util, i),
                 mem_used_bytes: opt(mem_used, i),
                 mem_total_bytes: opt(mem_total, i),
-                nvlink_tx_bytes: opt(nv_tx, i),
-                nvlink_rx_bytes: opt(nv_rx, i),
-                nvlink_tx_per_link: tx_links,
-                nvlink_rx_per_link: rx_links,
-                pcie_tx_bytes_per_s: opt(pcie_tx, i),
-                pcie_rx_bytes_per_s: opt(pcie_rx, i),
+                nvlink_tx_kib: opt(nv_tx, i),
+                nvlink_rx_kib: opt(nv_rx, i),
+                nvlink_tx_per_link_kib: tx_links,
+                nvlink_rx_per_link_kib: rx_links,
+                pcie_tx_kib_per_s: opt(pcie_tx, i),
+                pcie_rx_kib_per_s: opt(pcie_rx, i),
                 temperature_c: opt(temperature, i),
-                power_w: opt(power, i),
+                power_mw: opt(power, i),
                 sm_clock_mhz: opt(sm_clock, i),
                 mem_clock_mhz: opt(mem_clock, i),
                 throttle_reasons: opt(throttle, i),
@@ -462,6 +463,8 @@ impl Record for StepProfile {
 pub enum Records {
     /// Per-GPU samples.
     Gpu(Vec<GpuSample>),
+    /// Per-GPU samples with interned strings ([`GpuBatch`]): the cheaper intake.
+    GpuBatch(GpuBatch),
     /// Per-node samples.
     Node(Vec<NodeSample>),
     /// Step profiles.
@@ -473,6 +476,7 @@ impl Records {
     pub fn len(&self) -> usize {
         match self {
             Records::Gpu(v) => v.len(),
+            Records::GpuBatch(b) => b.len(),
             Records::Node(v) => v.len(),
             Records::Step(v) => v.len(),
         }
@@ -486,7 +490,7 @@ impl Records {
     /// The kind of the rows.
     pub fn kind(&self) -> TelemetryKind {
         match self {
-            Records::Gpu(_) => TelemetryKind::Gpu,
+            Records::Gpu(_) | Records::GpuBatch(_) => TelemetryKind::Gpu,
             Records::Node(_) => TelemetryKind::Node,
             Records::Step(_) => TelemetryKind::Step,
         }
@@ -496,6 +500,12 @@ impl Records {
 impl From<Vec<GpuSample>> for Records {
     fn from(v: Vec<GpuSample>) -> Self {
         Records::Gpu(v)
+    }
+}
+
+impl From<GpuBatch> for Records {
+    fn from(b: GpuBatch) -> Self {
+        Records::GpuBatch(b)
     }
 }
 

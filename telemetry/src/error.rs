@@ -49,17 +49,24 @@ pub enum TelemetryError {
         reason: String,
     },
 
-    /// A file was written by a newer (or unknown) schema version.
+    /// A file was written by a schema version this build does not read: a newer or
+    /// unknown one, or (for `gpu` files) version 1, whose units version 2 changed.
     #[error(
-        "unsupported telemetry schema version {found:?} in {path} (this build reads versions 1..={supported})"
+        "unsupported telemetry schema version {found:?} in {path} (this build reads {kind} files of versions {oldest}..={supported}{note})"
     )]
     SchemaVersion {
         /// The file involved.
         path: PathBuf,
         /// The version stored in the file, if any was found.
         found: Option<String>,
+        /// The kind of rows the file holds, if its metadata says (`?` otherwise).
+        kind: String,
+        /// The oldest version this build reads for that kind.
+        oldest: u32,
         /// The newest version this build reads.
         supported: u32,
+        /// Why an old version is refused, if that is the case.
+        note: &'static str,
     },
 
     /// NVML (the NVIDIA driver library) cannot be used on this machine.

@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`schema`] | the row types ([`GpuSample`], [`NodeSample`], [`StepProfile`]), their Arrow schemas, [`SCHEMA_VERSION`] |
 //! | [`convert`] | rows ↔ record batches ([`Record`]) |
+//! | [`batch`] | the cheap GPU intake: rows with interned strings ([`GpuBatch`], [`GpuBatchBuilder`]) |
 //! | [`validate`] | what happens to NaN, ∞, negative and out-of-range values ([`ValidationReport`]) |
 //! | [`partition`] | Hive-style paths (`kind=/date=/node=`), UTC dates, file names |
 //! | [`writer`] | Parquet encodings per column, crash-safe file creation |
@@ -44,6 +45,7 @@
 //! * **Plain data at the boundary.** [`DiscoveredTopology`] is a serde struct; the
 //!   scheduler converts it into its own topology graph, so this crate does not depend on
 //!   the scheduler.
+pub mod batch;
 pub(crate) mod columns;
 pub mod compact;
 pub mod convert;
@@ -59,6 +61,7 @@ pub mod summary;
 pub mod validate;
 pub mod writer;
 
+pub use batch::{GpuBatch, GpuBatchBuilder, GpuRow, StrId};
 pub use compact::{CompactOptions, CompactReport, compact_all, compact_partition};
 pub use convert::{Record, Records};
 pub use error::{Result, TelemetryError};

@@ -10,10 +10,10 @@
 //! |---|---|
 //! | `sm_util_pct`, `mem_util_pct` | `nvmlDeviceGetUtilizationRates` |
 //! | `mem_used_bytes`, `mem_total_bytes` | `nvmlDeviceGetMemoryInfo` |
-//! | `nvlink_*_per_link`, `nvlink_*_bytes` | per active link, `nvmlDeviceGetNvLinkUtilizationCounter` (counter 0) when that counter's control is set to count **bytes**; the totals are the sum over links |
-//! | `pcie_*_bytes_per_s` | `nvmlDeviceGetPcieThroughput` (KiB/s × 1024) |
+//! | `nvlink_*_per_link_kib`, `nvlink_*_kib` | per active link, `nvmlDeviceGetNvLinkUtilizationCounter` (counter 0) when that counter's control is set to count **bytes**, stored in KiB (the cumulative count divided by 1024, rounded down: the counters advance in KiB steps, and flooring a cumulative value never accumulates error); the totals are the sum over links |
+//! | `pcie_*_kib_per_s` | `nvmlDeviceGetPcieThroughput` (KiB/s, as NVML gives it) |
 //! | `temperature_c` | `nvmlDeviceGetTemperature(GPU)` |
-//! | `power_w` | `nvmlDeviceGetPowerUsage` (mW / 1000) |
+//! | `power_mw` | `nvmlDeviceGetPowerUsage` (mW, as NVML gives it) |
 //! | `sm_clock_mhz`, `mem_clock_mhz` | `nvmlDeviceGetClockInfo(SM / MEM)` |
 //! | `throttle_reasons` | `nvmlDeviceGetCurrentClocksThrottleReasons` |
 //! | `ecc_corrected`, `ecc_uncorrected` | `nvmlDeviceGetTotalEccErrors(…, VOLATILE)` |
@@ -320,20 +320,17 @@ impl NvmlSource {
                 s.mem_used_bytes = Some(m.used);
                 s.mem_total_bytes = Some(m.total);
             }
-            let kib = |v: u32| u64::from(v) * 1024;
-            s.pcie_tx_bytes_per_s = query(un, er, i, "pcie_tx", || {
+            s.pcie_tx_kib_per_s = query(un, er, i, "pcie_tx", || {
                 d.pcie_throughput(PcieUtilCounter::Send)
-            })
-            .map(kib);
-            s.pcie_rx_bytes_per_s = query(un, er, i, "pcie_rx", || {
+            });
+            s.pcie_rx_kib_per_s = query(un, er, i, "pcie_rx", || {
                 d.pcie_throughput(PcieUtilCounter::Receive)
-            })
-            .map(kib);
+            });
             s.temperature_c = query(un, er, i, "temperature", || {
                 d.temperature(TemperatureSensor::Gpu)
             })
             .map(|t| t as f32);
-            s.power_w = query(un, er, i, "power", || d.power_usage()).map(|mw| mw as f32 / 1000.0);
+            s.power_mw = query(un, er, i, "power", || d.power_usage());
             s.sm_clock_mhz = query(un, er, i, "sm_clock", || d.clock_info(Clock::SM));
             s.mem_clock_mhz = query(un, er, i, "mem_clock", || d.clock_info(Clock::Memory));
             let throttle = query(un, er, i, "throttle", || d.current_throttle_reasons());
@@ -364,8 +361,8 @@ impl NvmlSource {
                     );
                     match link.utilization_counter(Counter::Zero) {
                         Ok(c) if bytes => {
-                            tx.push(c.send);
-                            rx.push(c.receive);
+                            tx.push(c.send / 1024);
+                            rx.push(c.receive / 1024);
                         }
                         Ok(_) => {
                             // Counting cycles or packets: not bytes, so not ours to store.
@@ -385,10 +382,10 @@ impl NvmlSource {
                     }
                 }
                 if ok {
-                    s.nvlink_tx_bytes = Some(tx.iter().sum());
-                    s.nvlink_rx_bytes = Some(rx.iter().sum());
-                    s.nvlink_tx_per_link = Some(tx);
-                    s.nvlink_rx_per_link = Some(rx);
+                    s.nvlink_tx_kib = Some(tx.iter().sum());
+                    s.nvlink_rx_kib = Some(rx.iter().sum());
+                    s.nvlink_tx_per_link_kib = Some(tx);
+                    s.nvlink_rx_per_link_kib = Some(rx);
                 }
             }
 

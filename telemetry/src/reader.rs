@@ -42,6 +42,7 @@ use crate::error::{Result, TelemetryError};
 use crate::partition::{COMPACT_PREFIX, PARQUET_SUFFIX, Partition, is_hidden_or_tmp};
 use crate::schema::{
     META_COMPACTED_FROM, META_KIND, META_SCHEMA_VERSION, SCHEMA_VERSION, TelemetryKind, col,
+    oldest_readable_version,
 };
 
 /// A damaged or unreadable file, and why.
@@ -175,26 +176,38 @@ pub fn kv<'a>(md: &'a ParquetMetaData, key: &str) -> Option<&'a str> {
 }
 
 /// Checks a file's schema version and kind; returns its kind.
+///
+/// `gpu` files of schema version 1 (NVLink and PCIe in bytes, power as `f32` watts) are
+/// refused with a versioned error rather than converted: see [`crate::schema`].
 pub(crate) fn check_file(path: &Path, md: &ParquetMetaData) -> Result<TelemetryKind> {
     let version = kv(md, META_SCHEMA_VERSION);
+    let kind = kv(md, META_KIND).and_then(TelemetryKind::parse);
+    let oldest = kind.map_or(1, oldest_readable_version);
     match version.and_then(|v| v.parse::<u32>().ok()) {
-        Some(v) if (1..=SCHEMA_VERSION).contains(&v) => {}
-        _ => {
+        Some(v) if (oldest..=SCHEMA_VERSION).contains(&v) => {}
+        found => {
             return Err(TelemetryError::SchemaVersion {
                 path: path.to_path_buf(),
                 found: version.map(str::to_string),
+                kind: kind.map_or_else(|| "?".to_string(), |k| k.to_string()),
+                oldest,
                 supported: SCHEMA_VERSION,
+                note: match found {
+                    Some(v) if v < oldest => {
+                        "; gpu schema 1 stored NVLink and PCIe in bytes and power in watts, \
+                         version 2 stores KiB and milliwatts: re-record the data"
+                    }
+                    _ => "",
+                },
             });
         }
     }
-    kv(md, META_KIND)
-        .and_then(TelemetryKind::parse)
-        .ok_or_else(|| {
-            TelemetryError::schema(
-                path.display().to_string(),
-                format!("missing or unknown {META_KIND} metadata"),
-            )
-        })
+    kind.ok_or_else(|| {
+        TelemetryError::schema(
+            path.display().to_string(),
+            format!("missing or unknown {META_KIND} metadata"),
+        )
+    })
 }
 
 /// What to read.

@@ -20,19 +20,34 @@
 //!   (power on a MIG instance, ECC on a consumer board, NVLink on a PCIe card); a refused
 //!   query is a null, never an error and never a made-up zero. Identity columns
 //!   (timestamp, cluster, node, GPU index/uuid/type, health) are required.
-//! * **Counters are cumulative** (`nvlink_*_bytes`, ECC counts, node network bytes):
+//! * **Counters are cumulative** (`nvlink_*_kib`, ECC counts, node network bytes):
 //!   rates are derived by the reader, which survives missed samples and restarts
 //!   (a counter that goes down has been reset). PCIe throughput is the rate NVML gives.
+//! * **Values are stored in the unit the source measures them in** (schema version 2):
+//!   NVLink counters in KiB and PCIe rates in KiB/s (NVML's units), power in integer
+//!   milliwatts (`nvmlDeviceGetPowerUsage`). Version 1 stored NVLink counters and PCIe
+//!   rates in bytes and power as `f32` watts: the conversions kept 10 always-zero bits in
+//!   every counter delta and filled the float mantissa, about 1.5 bytes/row for nothing.
 //! * **Versioning.** Every file stores [`SCHEMA_VERSION`] under [`META_SCHEMA_VERSION`] in
 //!   the Parquet key-value metadata; readers refuse (report and skip) files from a newer
-//!   version. Additive changes (a new nullable column) bump the version.
+//!   version. Additive changes (a new nullable column) bump the version. Version 2
+//!   changed the units of the GPU schema (above): `gpu` files of version 1 are refused
+//!   with [`crate::TelemetryError::SchemaVersion`] (reported and skipped, never misread);
+//!   `node` and `step` files are unchanged and read in both versions.
 
 use std::sync::{Arc, OnceLock};
 
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 
 /// Version of the schemas in this module, stored in every file's key-value metadata.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
+/// Oldest version of each kind this build reads (the GPU schema changed units in 2).
+pub const fn oldest_readable_version(kind: TelemetryKind) -> u32 {
+    match kind {
+        TelemetryKind::Gpu => 2,
+        TelemetryKind::Node | TelemetryKind::Step => 1,
+    }
+}
 /// Key-value metadata key holding [`SCHEMA_VERSION`].
 pub const META_SCHEMA_VERSION: &str = "marshal.telemetry.schema_version";
 /// Key-value metadata key holding the [`TelemetryKind`] (`gpu`, `node`, `step`).
@@ -55,14 +70,14 @@ pub mod col {
     pub const MEM_UTIL_PCT: &str = "mem_util_pct";
     pub const MEM_USED_BYTES: &str = "mem_used_bytes";
     pub const MEM_TOTAL_BYTES: &str = "mem_total_bytes";
-    pub const NVLINK_TX_BYTES: &str = "nvlink_tx_bytes";
-    pub const NVLINK_RX_BYTES: &str = "nvlink_rx_bytes";
-    pub const NVLINK_TX_PER_LINK: &str = "nvlink_tx_per_link";
-    pub const NVLINK_RX_PER_LINK: &str = "nvlink_rx_per_link";
-    pub const PCIE_TX_BYTES_PER_S: &str = "pcie_tx_bytes_per_s";
-    pub const PCIE_RX_BYTES_PER_S: &str = "pcie_rx_bytes_per_s";
+    pub const NVLINK_TX_KIB: &str = "nvlink_tx_kib";
+    pub const NVLINK_RX_KIB: &str = "nvlink_rx_kib";
+    pub const NVLINK_TX_PER_LINK_KIB: &str = "nvlink_tx_per_link_kib";
+    pub const NVLINK_RX_PER_LINK_KIB: &str = "nvlink_rx_per_link_kib";
+    pub const PCIE_TX_KIB_PER_S: &str = "pcie_tx_kib_per_s";
+    pub const PCIE_RX_KIB_PER_S: &str = "pcie_rx_kib_per_s";
     pub const TEMPERATURE_C: &str = "temperature_c";
-    pub const POWER_W: &str = "power_w";
+    pub const POWER_MW: &str = "power_mw";
     pub const SM_CLOCK_MHZ: &str = "sm_clock_mhz";
     pub const MEM_CLOCK_MHZ: &str = "mem_clock_mhz";
     pub const THROTTLE_REASONS: &str = "throttle_reasons";
@@ -234,22 +249,22 @@ pub struct GpuSample {
     pub mem_used_bytes: Option<u64>,
     /// Device memory installed, bytes.
     pub mem_total_bytes: Option<u64>,
-    /// NVLink bytes sent since the counter started, all links.
-    pub nvlink_tx_bytes: Option<u64>,
-    /// NVLink bytes received since the counter started, all links.
-    pub nvlink_rx_bytes: Option<u64>,
-    /// NVLink bytes sent, per link (index = link id).
-    pub nvlink_tx_per_link: Option<Vec<u64>>,
-    /// NVLink bytes received, per link (index = link id).
-    pub nvlink_rx_per_link: Option<Vec<u64>>,
-    /// PCIe send throughput, bytes per second.
-    pub pcie_tx_bytes_per_s: Option<u64>,
-    /// PCIe receive throughput, bytes per second.
-    pub pcie_rx_bytes_per_s: Option<u64>,
+    /// NVLink KiB (1024 bytes, NVML's unit) sent since the counter started, all links.
+    pub nvlink_tx_kib: Option<u64>,
+    /// NVLink KiB received since the counter started, all links.
+    pub nvlink_rx_kib: Option<u64>,
+    /// NVLink KiB sent, per link (index = link id).
+    pub nvlink_tx_per_link_kib: Option<Vec<u64>>,
+    /// NVLink KiB received, per link (index = link id).
+    pub nvlink_rx_per_link_kib: Option<Vec<u64>>,
+    /// PCIe send throughput, KiB per second (NVML's unit).
+    pub pcie_tx_kib_per_s: Option<u32>,
+    /// PCIe receive throughput, KiB per second.
+    pub pcie_rx_kib_per_s: Option<u32>,
     /// GPU die temperature, °C.
     pub temperature_c: Option<f32>,
-    /// Board power draw, watts.
-    pub power_w: Option<f32>,
+    /// Board power draw, milliwatts (NVML's unit).
+    pub power_mw: Option<u32>,
     /// SM clock, MHz.
     pub sm_clock_mhz: Option<u32>,
     /// Memory clock, MHz.
@@ -391,14 +406,14 @@ pub fn gpu_schema() -> SchemaRef {
             Field::new(col::MEM_UTIL_PCT, Float32, true),
             Field::new(col::MEM_USED_BYTES, UInt64, true),
             Field::new(col::MEM_TOTAL_BYTES, UInt64, true),
-            Field::new(col::NVLINK_TX_BYTES, UInt64, true),
-            Field::new(col::NVLINK_RX_BYTES, UInt64, true),
-            Field::new(col::NVLINK_TX_PER_LINK, List(link_item_field()), true),
-            Field::new(col::NVLINK_RX_PER_LINK, List(link_item_field()), true),
-            Field::new(col::PCIE_TX_BYTES_PER_S, UInt64, true),
-            Field::new(col::PCIE_RX_BYTES_PER_S, UInt64, true),
+            Field::new(col::NVLINK_TX_KIB, UInt64, true),
+            Field::new(col::NVLINK_RX_KIB, UInt64, true),
+            Field::new(col::NVLINK_TX_PER_LINK_KIB, List(link_item_field()), true),
+            Field::new(col::NVLINK_RX_PER_LINK_KIB, List(link_item_field()), true),
+            Field::new(col::PCIE_TX_KIB_PER_S, UInt32, true),
+            Field::new(col::PCIE_RX_KIB_PER_S, UInt32, true),
             Field::new(col::TEMPERATURE_C, Float32, true),
-            Field::new(col::POWER_W, Float32, true),
+            Field::new(col::POWER_MW, UInt32, true),
             Field::new(col::SM_CLOCK_MHZ, UInt32, true),
             Field::new(col::MEM_CLOCK_MHZ, UInt32, true),
             Field::new(col::THROTTLE_REASONS, UInt64, true),

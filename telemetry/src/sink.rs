@@ -20,6 +20,9 @@
 //!   `max_buffered_rows` (the fullest buffer is written out early) and open files by
 //!   `max_open_files` (the least recently used file is finished). Rows handed to the sink
 //!   are validated and dropped on arrival; only their columnar form is kept.
+//! * **Two intakes, one validation.** GPU rows come as `Vec<GpuSample>` or as a
+//!   [`GpuBatch`] (interned strings, no per-row `Arc<str>` to drop); both are validated
+//!   and appended by the same function, so they produce the same files and counts.
 //! * **Row groups are sorted.** Rows are appended, as they arrive, to Arrow column
 //!   builders kept per GPU, so each row group is written in the kind's file order (GPU then
 //!   time for GPU samples) without sorting; consecutive values of one GPU's series then
@@ -50,7 +53,8 @@ use std::time::{Duration, Instant};
 
 use parquet::file::properties::WriterProperties;
 
-use crate::columns::{Columnar, RowGroupBuffer};
+use crate::batch::GpuBatch;
+use crate::columns::{Columnar, GpuRef, RowGroupBuffer};
 use crate::convert::{Record, Records};
 use crate::error::{Result, TelemetryError};
 use crate::partition::{Date, PART_PREFIX, Partition, part_name, seq_of};
@@ -217,6 +221,7 @@ impl TelemetrySink {
         let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
         let stats = Arc::new(Mutex::new(SinkStats::default()));
         let root = config.root.clone();
+        let span_us = config.max_file_span.as_micros().min(i64::MAX as u128) as i64;
         let worker = Worker {
             files: HashMap::new(),
             ctx: Ctx {
@@ -225,6 +230,7 @@ impl TelemetrySink {
                 next_seq: HashMap::new(),
                 buffered: 0,
                 tick: 0,
+                span_us,
                 stats: stats.clone(),
             },
         };
@@ -412,6 +418,8 @@ struct Ctx {
     buffered: usize,
     /// Monotonic use counter for LRU.
     tick: u64,
+    /// `cfg.max_file_span` in microseconds.
+    span_us: i64,
     stats: Arc<Mutex<SinkStats>>,
 }
 
@@ -461,22 +469,37 @@ struct OpenFile {
 impl OpenFile {
     fn push<R: Buffered>(&mut self, row: R, ctx: &mut Ctx) {
         let ts = row.timestamp_us();
-        let span = ctx.cfg.max_file_span.as_micros().min(i64::MAX as u128) as i64;
+        self.push_with(ts, ctx, |b| R::vec(b).push(&row));
+    }
+
+    /// A row of a [`GpuBatch`].
+    #[inline]
+    fn push_gpu(&mut self, row: &GpuRef<'_>, ctx: &mut Ctx) {
+        self.push_with(row.timestamp_us, ctx, |b| {
+            GpuSample::vec(b).push_with(
+                u32::from(row.gpu_index),
+                Some(row.timestamp_us),
+                |cols, report| cols.push_ref(row, report),
+            )
+        });
+    }
+
+    /// Rolls the file if `ts` is past its span, then appends a row through `append`
+    /// (which returns whether validation accepted it).
+    #[inline]
+    fn push_with(&mut self, ts: i64, ctx: &mut Ctx, append: impl FnOnce(&mut Buffer) -> bool) {
         if let Some(first) = self.first_ts
-            && ts >= first.saturating_add(span)
+            && ts >= first.saturating_add(ctx.span_us)
         {
             self.close(ctx);
         }
-        let buffer = R::vec(&mut self.buffer);
-        let before = buffer.len();
-        buffer.push(&row);
-        if buffer.len() == before {
+        if !append(&mut self.buffer) {
             return; // rejected by validation (counted in the buffer's report)
         }
         self.first_ts = Some(self.first_ts.map_or(ts, |f| f.min(ts)));
         self.opened_at.get_or_insert_with(Instant::now);
         ctx.buffered += 1;
-        if buffer.len() >= ctx.cfg.write.row_group_rows {
+        if self.buffer.len() >= ctx.cfg.write.row_group_rows {
             self.write_row_group(ctx);
         }
     }
@@ -614,6 +637,7 @@ impl Worker {
                     }
                     match rows {
                         Records::Gpu(v) => self.route(v),
+                        Records::GpuBatch(b) => self.route_batch(&b),
                         Records::Node(v) => self.route(v),
                         Records::Step(v) => self.route(v),
                     }
@@ -629,6 +653,63 @@ impl Worker {
         }
         self.close_all();
         lock(&self.ctx.stats).writer_cpu = thread_cpu_time().saturating_sub(cpu_at_start);
+    }
+
+    /// Opens the partition's file if needed and marks it as just used.
+    fn touch<R: Buffered>(&mut self, key: &Key) {
+        if !self.files.contains_key(key) {
+            self.make_room();
+            let partition = Partition {
+                kind: key.kind,
+                date: key.date,
+                node: key.node.as_deref().map(str::to_string),
+            };
+            let dir = self.ctx.cfg.root.join(partition.rel_dir());
+            self.files.insert(
+                key.clone(),
+                OpenFile {
+                    partition,
+                    dir,
+                    buffer: R::new_buffer(),
+                    file: None,
+                    first_ts: None,
+                    opened_at: None,
+                    last_used: 0,
+                },
+            );
+        }
+        self.ctx.tick += 1;
+        if let Some(f) = self.files.get_mut(key) {
+            f.last_used = self.ctx.tick;
+        }
+    }
+
+    /// Routes a [`GpuBatch`]: runs of rows of one node and day go to that partition's
+    /// file; no row is copied into a [`GpuSample`] and no reference count is touched
+    /// per row.
+    fn route_batch(&mut self, batch: &GpuBatch) {
+        let rows = batch.rows();
+        let mut i = 0;
+        while i < rows.len() {
+            let (node, date) = (rows[i].node, Date::of_us(rows[i].timestamp_us));
+            let (lo, hi) = (date.start_us(), date.end_us());
+            let mut j = i + 1;
+            while j < rows.len() && rows[j].node == node && (lo..hi).contains(&rows[j].timestamp_us)
+            {
+                j += 1;
+            }
+            let key = Key {
+                kind: TelemetryKind::Gpu,
+                date,
+                node: Some(batch.str(node).clone()),
+            };
+            self.touch::<GpuSample>(&key);
+            let f = self.files.get_mut(&key).expect("opened above");
+            for k in i..j {
+                f.push_gpu(&batch.get(k), &mut self.ctx);
+            }
+            i = j;
+        }
     }
 
     fn route<R: Buffered>(&mut self, rows: Vec<R>) {
@@ -659,30 +740,8 @@ impl Worker {
         }
         let mut rows = rows.into_iter();
         for (key, n) in runs {
-            if !self.files.contains_key(&key) {
-                self.make_room();
-                let partition = Partition {
-                    kind: key.kind,
-                    date: key.date,
-                    node: key.node.as_deref().map(str::to_string),
-                };
-                let dir = self.ctx.cfg.root.join(partition.rel_dir());
-                self.files.insert(
-                    key.clone(),
-                    OpenFile {
-                        partition,
-                        dir,
-                        buffer: R::new_buffer(),
-                        file: None,
-                        first_ts: None,
-                        opened_at: None,
-                        last_used: 0,
-                    },
-                );
-            }
-            self.ctx.tick += 1;
-            let f = self.files.get_mut(&key).expect("inserted above");
-            f.last_used = self.ctx.tick;
+            self.touch::<R>(&key);
+            let f = self.files.get_mut(&key).expect("opened above");
             for row in rows.by_ref().take(n) {
                 f.push(row, &mut self.ctx);
             }

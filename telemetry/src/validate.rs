@@ -117,6 +117,23 @@ impl ValidationReport {
 
     /// An unsigned value no larger than `max`, or null with the reason counted.
     #[inline]
+    pub(crate) fn u32_at_most(
+        &mut self,
+        column: &'static str,
+        v: Option<u32>,
+        max: u32,
+    ) -> Option<u32> {
+        let v = v?;
+        if v > max {
+            self.null(column, Issue::OutOfRange);
+            None
+        } else {
+            Some(v)
+        }
+    }
+
+    /// An unsigned value no larger than `max`, or null with the reason counted.
+    #[inline]
     pub(crate) fn u64_at_most(
         &mut self,
         column: &'static str,

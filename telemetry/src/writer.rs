@@ -66,9 +66,9 @@ impl Default for WriteOptions {
 /// Noisy integer rates: `BYTE_STREAM_SPLIT` like the floats rather than delta encoded
 /// (the delta of noise is noisier than the noise).
 const SPLIT_COLUMNS: &[&str] = &[
-    col::PCIE_TX_BYTES_PER_S,
-    col::PCIE_RX_BYTES_PER_S,
-    col::POWER_W,
+    col::PCIE_TX_KIB_PER_S,
+    col::PCIE_RX_KIB_PER_S,
+    col::POWER_MW,
 ];
 
 /// String columns without statistics (never filtered on; saves a comparison per value).

@@ -196,6 +196,76 @@ fn files_from_a_newer_schema_version_are_refused() {
     );
 }
 
+/// Writes `rows` as a file of `kind` claiming schema `version`, under `part`.
+fn write_with_version<R: Record>(
+    part: &std::path::Path,
+    kind: TelemetryKind,
+    version: &str,
+    rows: &[R],
+) {
+    use marshal_telemetry::writer::writer_properties;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::metadata::KeyValue;
+
+    std::fs::create_dir_all(part).unwrap();
+    let schema = R::schema();
+    let props = writer_properties(kind, &schema, &[], &WriteOptions::default(), vec![])
+        .unwrap()
+        .into_builder()
+        .set_key_value_metadata(Some(vec![
+            KeyValue::new(
+                "marshal.telemetry.schema_version".into(),
+                version.to_string(),
+            ),
+            KeyValue::new("marshal.telemetry.kind".into(), kind.to_string()),
+        ]))
+        .build();
+    let f = std::fs::File::create(part.join("part-000001.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(f, schema, Some(props)).unwrap();
+    let mut report = ValidationReport::default();
+    w.write(&R::to_batch(rows, &mut report).unwrap()).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn gpu_files_of_schema_version_1_are_refused_node_files_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    write_with_version(
+        &dir.path().join("kind=gpu/date=2025-03-14/node=n1"),
+        TelemetryKind::Gpu,
+        "1",
+        &gpu_series(&["n1"], 1, DAY0_US, 3),
+    );
+    let node = NodeSample {
+        timestamp_us: DAY0_US,
+        cluster: "c".into(),
+        node: "n1".into(),
+        cpu_util_pct: Some(12.0),
+        ..Default::default()
+    };
+    write_with_version(
+        &dir.path().join("kind=node/date=2025-03-14/node=n1"),
+        TelemetryKind::Node,
+        "1",
+        std::slice::from_ref(&node),
+    );
+
+    let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert!(rows.is_empty(), "a version-1 GPU file must not be misread");
+    assert_eq!(report.errors.len(), 1);
+    let reason = &report.errors[0].reason;
+    assert!(
+        reason.contains("schema version Some(\"1\")")
+            && reason.contains("gpu files of versions 2..=2")
+            && reason.contains("re-record"),
+        "{reason}"
+    );
+    let (nodes, report) =
+        read_all::<NodeSample>(dir.path(), Query::new(TelemetryKind::Node)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(nodes, vec![node]);
+}
+
 #[test]
 fn summary_reports_counts_span_and_per_gpu_figures() {
     let dir = tempfile::tempdir().unwrap();

@@ -129,7 +129,7 @@ fn broken_values_are_nulled_or_rows_rejected_and_counted() {
         r.gpu_index = i as u16;
     }
     rows[0].sm_util_pct = Some(f32::NAN);
-    rows[1].power_w = Some(f32::INFINITY);
+    rows[1].power_mw = Some(20_000_000); // 20 kW: no board draws that
     rows[2].temperature_c = Some(-3.0);
     rows[3].mem_util_pct = Some(140.0);
     rows[4].mem_used_bytes = Some(100 << 30); // more than the 80 GiB installed
@@ -145,7 +145,7 @@ fn broken_values_are_nulled_or_rows_rejected_and_counted() {
     assert_eq!(v.rejected_count(col::TIMESTAMP, Issue::Negative), 1);
     assert_eq!(v.rejected_count(col::NODE, Issue::Empty), 1);
     assert_eq!(v.nulled_count(col::SM_UTIL_PCT, Issue::NonFinite), 2);
-    assert_eq!(v.nulled_count(col::POWER_W, Issue::NonFinite), 1);
+    assert_eq!(v.nulled_count(col::POWER_MW, Issue::OutOfRange), 1);
     assert_eq!(v.nulled_count(col::TEMPERATURE_C, Issue::Negative), 1);
     assert_eq!(v.nulled_count(col::MEM_UTIL_PCT, Issue::OutOfRange), 1);
     assert_eq!(v.nulled_count(col::MEM_UTIL_PCT, Issue::Negative), 1);
@@ -167,7 +167,7 @@ fn broken_values_are_nulled_or_rows_rejected_and_counted() {
         base.mem_util_pct,
         "only the broken value is nulled"
     );
-    assert_eq!(by_gpu(1).power_w, None);
+    assert_eq!(by_gpu(1).power_mw, None);
     assert_eq!(by_gpu(2).temperature_c, None);
     assert_eq!(by_gpu(3).mem_util_pct, None);
     assert_eq!(by_gpu(4).mem_used_bytes, None);

@@ -385,3 +385,103 @@ fn dropping_the_sink_publishes_what_it_buffered() {
     assert_eq!(rows.len(), 120);
     assert!(report.errors.is_empty());
 }
+
+/// The batch intake (`GpuBatch`) and the row intake (`Vec<GpuSample>`) must be the same
+/// sink: same validation (broken values nulled, broken identities rejected, both
+/// counted), same files, same rows back — including rows out of order, rows of several
+/// nodes and days in one message, per-link lists and small row groups.
+#[test]
+fn gpu_batches_and_rows_write_the_same_files_with_the_same_validation() {
+    let mut messages: Vec<Vec<GpuSample>> = Vec::new();
+    for t in 0..40 {
+        // Two nodes per message; the last ticks cross midnight.
+        let ts = DAY0_US + 86_400 * SEC - 20 * SEC + t * SEC;
+        let mut m = gpu_series(&["n1", "n2"], 3, ts, 1);
+        match t {
+            3 => m[0].sm_util_pct = Some(f32::NAN),
+            4 => m[1].power_mw = Some(u32::MAX),
+            5 => m[2].temperature_c = Some(-3.0),
+            6 => m[3].mem_util_pct = Some(140.0),
+            7 => m[4].mem_used_bytes = Some(100 << 30),
+            8 => m[5].timestamp_us = -1,
+            9 => m[0].node = "".into(),
+            10 => m[1].gpu_uuid = "".into(),
+            11 => m.reverse(), // out of order within the message
+            _ => {}
+        }
+        messages.push(m);
+    }
+    // A late row for an earlier second.
+    messages.push(vec![gpu("n1", 1, DAY0_US + 86_400 * SEC - 30 * SEC)]);
+
+    let write = |dir: &Path, batches: bool| {
+        let mut cfg = SinkConfig::new(dir);
+        cfg.write.row_group_rows = 50;
+        let sink = TelemetrySink::open(cfg).unwrap();
+        let mut b = GpuBatchBuilder::new();
+        for m in &messages {
+            if batches {
+                for s in m {
+                    b.push_sample(s);
+                }
+                sink.send(b.take()).unwrap();
+            } else {
+                sink.send(m.clone()).unwrap();
+            }
+        }
+        sink.finish().unwrap()
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let rows = write(a.path(), false);
+    let batches = write(b.path(), true);
+    assert_eq!(batches.validation, rows.validation);
+    assert_eq!(batches.validation.rows_rejected, 3);
+    assert_eq!(batches.validation.total_nulled(), 5);
+    assert_eq!(batches.rows_written, rows.rows_written);
+    assert_eq!(
+        batches.rows_received,
+        batches.rows_written + batches.validation.rows_rejected
+    );
+    assert_eq!(
+        rel(b.path(), &list_files(b.path()).unwrap().files),
+        rel(a.path(), &list_files(a.path()).unwrap().files)
+    );
+    for f in list_files(a.path()).unwrap().files {
+        let other = b.path().join(f.path.strip_prefix(a.path()).unwrap());
+        assert_eq!(
+            gpu_rows_in(&other),
+            gpu_rows_in(&f.path),
+            "{}",
+            f.path.display()
+        );
+    }
+}
+
+#[test]
+fn a_batch_with_ids_from_another_builder_rejects_those_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut other = GpuBatchBuilder::new();
+    for i in 0..10 {
+        other.intern(&format!("s{i}"));
+    }
+    let foreign = other.intern("foreign");
+    let mut b = GpuBatchBuilder::new();
+    let (c, n, u, t) = (
+        b.intern("c"),
+        b.intern("n1"),
+        b.intern("GPU-1"),
+        b.intern("H100"),
+    );
+    b.push(GpuRow::new(DAY0_US, c, n, 0, u, t));
+    b.push(GpuRow::new(DAY0_US, c, n, 1, foreign, t));
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(b.take()).unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(stats.rows_written, 1);
+    assert_eq!(
+        stats
+            .validation
+            .rejected_count(schema::col::GPU_UUID, Issue::Empty),
+        1
+    );
+}

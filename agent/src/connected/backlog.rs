@@ -181,7 +181,7 @@ pub fn to_pb(s: &GpuSample, node: &str, job_id: u64) -> pb::TelemetrySample {
         mem_used_bytes: s.mem_used_bytes.unwrap_or(0),
         mem_total_bytes: s.mem_total_bytes.unwrap_or(0),
         temperature_c: finite(s.temperature_c),
-        power_w: finite(s.power_w).max(0.0),
+        power_w: s.power_mw.map_or(0.0, |mw| mw as f32 / 1000.0),
         health: match s.health {
             Health::Ok => pb::GpuHealth::Ok,
             Health::Degraded => pb::GpuHealth::Degraded,
@@ -243,7 +243,7 @@ mod tests {
             timestamp_us: 7,
             gpu_index: 1,
             sm_util_pct: Some(f32::NAN),
-            power_w: Some(300.0),
+            power_mw: Some(300_000),
             health: Health::Degraded,
             ..Default::default()
         };
