@@ -11,7 +11,9 @@ use marshal_model::policy::{PolicyMeta, save_policy};
 use marshal_scheduler::domain::Job;
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::learned::{self, GateStats};
-use marshal_trainer::policy::{EpisodeSpec, TrainOptions, train_policy, training_summary};
+use marshal_trainer::policy::{
+    EpisodeSpec, RolloutOptions, TrainOptions, train_policy, training_summary,
+};
 
 use crate::cli::sim::{Experiment, ModeArg, SimArgs};
 
@@ -78,6 +80,35 @@ pub struct TrainPolicyArgs {
     seeds_per_trace: u64,
     #[arg(long, default_value_t = 8)]
     bc_epochs: usize,
+    /// Expert-iteration rounds on the inflation episodes (rollout labels; 0: none).
+    #[arg(long, default_value_t = 0)]
+    expert_rounds: usize,
+    /// Cross-entropy passes per expert round.
+    #[arg(long, default_value_t = 4)]
+    expert_epochs: usize,
+    /// Weight (repetitions) of a rollout-labelled decision against a cloned one.
+    #[arg(long, default_value_t = 4)]
+    expert_weight: usize,
+    /// Rollout-labelled decisions per inflation episode and round.
+    #[arg(long, default_value_t = 200)]
+    rollout_decisions: usize,
+    /// Labelled decisions are drawn from arrived loads in [FROM, TO) %.
+    #[arg(long, default_value_t = 70.0)]
+    rollout_from: f64,
+    #[arg(long, default_value_t = 100.0)]
+    rollout_to: f64,
+    /// A rollout stops at this arrived load (%) …
+    #[arg(long, default_value_t = 100.5)]
+    rollout_until: f64,
+    /// … or after this many arrivals.
+    #[arg(long, default_value_t = 1000)]
+    rollout_horizon: usize,
+    /// Futures resampled from the trace per labelled decision (0: the episode's own).
+    #[arg(long, default_value_t = 0)]
+    rollout_futures: usize,
+    /// Threads rolling candidates out.
+    #[arg(long, default_value_t = 1)]
+    rollout_threads: usize,
     /// REINFORCE iterations.
     #[arg(long, default_value_t = 6)]
     episodes: usize,
@@ -174,6 +205,18 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
         seed: a.seed,
         hidden_size: a.hidden,
         bc_epochs: a.bc_epochs,
+        expert_rounds: a.expert_rounds,
+        expert_epochs: a.expert_epochs,
+        expert_weight: a.expert_weight,
+        rollout: RolloutOptions {
+            decisions: a.rollout_decisions,
+            from_pct: a.rollout_from,
+            to_pct: a.rollout_to,
+            until_pct: a.rollout_until,
+            horizon: a.rollout_horizon,
+            futures: a.rollout_futures,
+            threads: a.rollout_threads,
+        },
         rl_iterations: a.episodes,
         episodes_per_iteration: a.episodes_per_iteration,
         eval_every: a.eval_every,

@@ -17,9 +17,10 @@ use std::time::Instant;
 
 use rand::Rng;
 use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
 
-use crate::domain::{ClusterState, DomainError, GpuDemand, Job, NodeId, Topology};
-use crate::framework::{Context, Policy};
+use crate::domain::{ClusterState, DomainError, GpuDemand, Job, NodeId, Placement, Topology};
+use crate::framework::{Context, Placer, Policy};
 use crate::sim::metrics::round_to;
 use crate::sim::{Mode, NODE_ORDER_STREAM, POLICY_STREAM, SimConfig, SimResult, WORKLOAD_STREAM};
 
@@ -83,6 +84,146 @@ pub fn inflation_arrivals(
     tasks
 }
 
+/// An FGD-experiment episode that can be advanced one arrival at a time and cloned at
+/// any point, so that a continuation can be tried from the same state on the same
+/// arrivals (the rollout labeller of the learned policy's training does). Cloning copies
+/// the cluster state and the policy stream; the arrivals and node order are shared.
+#[derive(Clone, Debug)]
+pub struct InflationRun {
+    state: ClusterState,
+    tasks: Arc<Vec<Job>>,
+    node_order: Arc<Vec<NodeId>>,
+    rng: ChaCha8Rng,
+    next: usize,
+    arrived: u64,
+    failed_milli: u64,
+}
+
+impl InflationRun {
+    /// A fresh episode: the arrivals, node order and policy stream of `config`'s seed.
+    pub fn new(
+        topo: Arc<Topology>,
+        workload: &[Job],
+        config: &SimConfig,
+    ) -> Result<InflationRun, DomainError> {
+        config.validate()?;
+        let Mode::Inflation { max_arrived_pct } = config.mode else {
+            return Err(DomainError::Invalid(
+                "an inflation run needs inflation mode".into(),
+            ));
+        };
+        for job in workload {
+            job.validate()?;
+        }
+        let capacity = ClusterState::new(topo.clone()).capacity_milli();
+        let tasks = inflation_arrivals(workload, capacity, max_arrived_pct, config);
+        InflationRun::from_arrivals(topo, tasks, config)
+    }
+
+    /// An episode whose arrivals are exactly `tasks`, in order (the node order and policy
+    /// stream still come from `config`'s seed).
+    pub fn from_arrivals(
+        topo: Arc<Topology>,
+        tasks: Vec<Job>,
+        config: &SimConfig,
+    ) -> Result<InflationRun, DomainError> {
+        config.validate()?;
+        for job in &tasks {
+            job.validate()?;
+        }
+        let state = ClusterState::new(topo.clone());
+        let mut node_order: Vec<NodeId> = topo.node_ids().collect();
+        node_order.shuffle(&mut config.rng(NODE_ORDER_STREAM));
+        Ok(InflationRun {
+            state,
+            tasks: Arc::new(tasks),
+            node_order: Arc::new(node_order),
+            rng: config.rng(POLICY_STREAM),
+            next: 0,
+            arrived: 0,
+            failed_milli: 0,
+        })
+    }
+
+    /// A copy whose remaining arrivals are `future` instead (its position restarts at 0
+    /// of `future`; state, failures and policy stream carry over): a continuation on
+    /// another draw of what arrives next.
+    pub fn with_future(&self, future: Vec<Job>) -> InflationRun {
+        InflationRun {
+            tasks: Arc::new(future),
+            next: 0,
+            ..self.clone()
+        }
+    }
+
+    /// All arrivals of the episode, in order.
+    pub fn tasks(&self) -> &[Job] {
+        &self.tasks
+    }
+
+    /// Index of the next arrival (= arrivals so far).
+    pub fn position(&self) -> usize {
+        self.next
+    }
+
+    /// The next arrival, if any is left.
+    pub fn next_task(&self) -> Option<&Job> {
+        self.tasks.get(self.next)
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// GPU capacity requested by the arrivals so far (milli).
+    pub fn arrived_milli(&self) -> u64 {
+        self.arrived
+    }
+
+    /// GPU capacity requested by arrivals that did not fit (milli).
+    pub fn failed_milli(&self) -> u64 {
+        self.failed_milli
+    }
+
+    /// Arrived load in % of capacity.
+    pub fn arrived_pct(&self) -> f64 {
+        self.arrived as f64 / self.state.capacity_milli().max(1) as f64 * 100.0
+    }
+
+    /// Runs `decide` on the next arrival with the episode's state and context (without
+    /// advancing), e.g. to ask a placer what it would do. Returns `None` at the end.
+    pub fn with_next<R>(
+        &mut self,
+        decide: impl FnOnce(&Job, &mut ClusterState, &mut Context) -> R,
+    ) -> Option<R> {
+        let task = self.tasks.get(self.next)?;
+        let mut ctx = Context {
+            node_order: Some(&self.node_order),
+            ..Context::new(0.0, &mut self.rng)
+        };
+        Some(decide(task, &mut self.state, &mut ctx))
+    }
+
+    /// The next arrival is placed by `placer`. Returns whether it fit (`None` at the end).
+    pub fn step(&mut self, placer: &dyn Placer) -> Option<bool> {
+        let placement = self.with_next(|task, state, ctx| placer.place(task, state, ctx).ok())?;
+        self.apply(placement.as_ref())
+    }
+
+    /// The next arrival goes to `placement` (`None`: it does not fit). Returns whether it
+    /// was placed (`None` at the end).
+    pub fn apply(&mut self, placement: Option<&Placement>) -> Option<bool> {
+        let task = self.tasks.get(self.next)?;
+        self.next += 1;
+        self.arrived += task.gpu_milli();
+        let placed = placement.is_some_and(|p| self.state.allocate(task, p).is_ok());
+        if !placed {
+            self.failed_milli += task.gpu_milli();
+        }
+        Some(placed)
+    }
+}
+
 pub fn run_inflation(
     policy: &Policy,
     topo: Arc<Topology>,
@@ -90,44 +231,25 @@ pub fn run_inflation(
     trace: &str,
     config: &SimConfig,
 ) -> Result<(SimResult, ArrivalCurve), DomainError> {
-    config.validate()?;
-    let Mode::Inflation { max_arrived_pct } = config.mode else {
-        return Err(DomainError::Invalid(
-            "run_inflation needs inflation mode".into(),
-        ));
-    };
-    for job in workload {
-        job.validate()?;
-    }
     let started = Instant::now();
-    let mut state = ClusterState::new(topo.clone());
-    let capacity = state.capacity_milli();
-    let tasks = inflation_arrivals(workload, capacity, max_arrived_pct, config);
-    let mut rng = config.rng(POLICY_STREAM);
-    let mut node_order: Vec<NodeId> = topo.node_ids().collect();
-    node_order.shuffle(&mut config.rng(NODE_ORDER_STREAM));
-    let mut arrived = 0u64;
+    let mut run = InflationRun::new(topo.clone(), workload, config)?;
+    let Mode::Inflation { max_arrived_pct } = config.mode else {
+        unreachable!("checked by InflationRun::new");
+    };
+    let capacity = run.state.capacity_milli();
     let mut failed = 0u64;
     let mut curve = ArrivalCurve::default();
     let pct = |milli: u64| milli as f64 / capacity as f64 * 100.0;
-    for task in &tasks {
-        arrived += task.gpu_milli();
-        let mut ctx = Context {
-            node_order: Some(&node_order),
-            ..Context::new(0.0, &mut rng)
-        };
-        let placed = policy
-            .placer
-            .place(task, &mut state, &mut ctx)
-            .ok()
-            .and_then(|p| state.allocate(task, &p).ok());
-        if placed.is_none() {
+    while let Some(placed) = run.step(policy.placer.as_ref()) {
+        if !placed {
             failed += 1;
         }
         curve
             .points
-            .push((pct(arrived), pct(state.allocated_milli())));
+            .push((pct(run.arrived), pct(run.state.allocated_milli())));
     }
+    let tasks = run.tasks.clone();
+    let state = run.state;
     let max = max_arrived_pct.floor() as u32;
     let by_arrived: BTreeMap<String, f64> = (10..=max)
         .step_by(10)
@@ -215,6 +337,61 @@ mod tests {
                 .unwrap()
                 .contains_key("100")
         );
+    }
+
+    #[test]
+    fn a_cloned_run_continues_exactly_like_the_original() {
+        let w = workload();
+        let policy = policies::build("fgd", &w).unwrap();
+        let placer = policy.placer.as_ref();
+        let trail = |r: &mut InflationRun| {
+            let mut placed = Vec::new();
+            while let Some(p) = r.step(placer) {
+                placed.push(p);
+            }
+            (placed, r.failed_milli(), r.state().allocated_milli())
+        };
+        let config = SimConfig::inflation(5);
+        let mut run = InflationRun::new(cluster(), &w, &config).unwrap();
+        let mut head = Vec::new();
+        for _ in 0..20 {
+            head.push(run.step(placer).unwrap());
+        }
+        let mut copy = run.clone();
+        let tail = trail(&mut run);
+        assert_eq!(tail, trail(&mut copy));
+        // Stepped by hand, the episode is the simulator's.
+        let (result, _) = run_inflation(&policy, cluster(), &w, "t", &config).unwrap();
+        let failed = head.iter().chain(&tail.0).filter(|p| !**p).count();
+        assert!(failed > 0, "130 % cannot all fit");
+        assert_eq!(result.rejected as usize, failed);
+        assert_eq!(result.jobs as usize, head.len() + tail.0.len());
+        let alloc = tail.2 as f64 / run.state().capacity_milli() as f64 * 100.0;
+        assert!((alloc - result.gpu_alloc_pct).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_run_applies_given_placements_and_counts_failures() {
+        let mut one = Job::whole_gpus(JobId(0), 1, 0.0, 0.0);
+        one.cpu_milli = 1000;
+        let mut four = one.clone();
+        four.id = JobId(1);
+        four.gpu = GpuDemand::Whole(4);
+        let mut run = InflationRun::from_arrivals(
+            cluster(),
+            vec![one.clone(), four.clone()],
+            &SimConfig::inflation(1),
+        )
+        .unwrap();
+        assert_eq!(run.next_task().map(|t| t.id), Some(JobId(0)));
+        assert_eq!(run.apply(None), Some(false));
+        assert_eq!(run.failed_milli(), 1000);
+        assert_eq!(run.arrived_milli(), 1000);
+        let policy = policies::build("fgd", &[one, four]).unwrap();
+        assert_eq!(run.step(policy.placer.as_ref()), Some(true));
+        assert_eq!(run.state().allocated_milli(), 4000);
+        assert_eq!(run.position(), 2);
+        assert_eq!(run.step(policy.placer.as_ref()), None);
     }
 
     #[test]

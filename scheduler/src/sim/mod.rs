@@ -18,7 +18,7 @@ mod metrics;
 mod replay;
 mod speed;
 
-pub use inflation::{ArrivalCurve, inflation_arrivals, run_inflation};
+pub use inflation::{ArrivalCurve, InflationRun, inflation_arrivals, run_inflation};
 pub use metrics::percentile;
 pub use replay::{LogEntry, LogKind, run_replay};
 pub use speed::{SpeedModel, work_for_duration};

@@ -20,9 +20,13 @@
 //! Everything is seeded: the same episodes and options give the same weights.
 
 mod episodes;
+mod rollout;
 
 pub use episodes::{
     Driver, EpisodeSpec, Objective, Outcome, allocated_milli, pg_samples, run_episode, score_of,
+};
+pub use rollout::{
+    Labelled, RolloutOptions, best_of, label_run, roll_out, rollout_failures, rollout_labels,
 };
 
 use std::collections::BTreeMap;
@@ -44,6 +48,15 @@ pub struct TrainOptions {
     pub seed: u64,
     pub hidden_size: usize,
     pub bc_epochs: usize,
+    /// Expert-iteration rounds on inflation episodes (0: none): rollout-labelled
+    /// decisions, from the fallback's trajectory in round 1 and from the current
+    /// network's afterwards (DAgger), aggregated and cloned.
+    pub expert_rounds: usize,
+    /// Cross-entropy passes over the aggregate per expert round.
+    pub expert_epochs: usize,
+    /// Each rollout-labelled decision counts this many times in those passes.
+    pub expert_weight: usize,
+    pub rollout: RolloutOptions,
     pub rl_iterations: usize,
     pub episodes_per_iteration: usize,
     /// Evaluate greedily on validation every this many RL iterations (and at the end).
@@ -64,6 +77,10 @@ impl Default for TrainOptions {
             seed: 0,
             hidden_size: 32,
             bc_epochs: 10,
+            expert_rounds: 0,
+            expert_epochs: 4,
+            expert_weight: 4,
+            rollout: RolloutOptions::default(),
             rl_iterations: 10,
             episodes_per_iteration: 2,
             eval_every: 5,
@@ -255,7 +272,6 @@ pub fn train_policy(
             gain_pct: 0.0,
         });
     }
-    drop(clone_samples);
 
     // Validation references: the fallback on each validation spec's first seed.
     let mut valid_refs = Vec::new();
@@ -291,6 +307,71 @@ pub fn train_policy(
         Ok(())
     };
     consider(&learner, "clone".into(), 0, &mut curve)?;
+
+    // 1b. Expert iteration on the inflation episodes: rollout labels, aggregated.
+    let mut expert: Vec<Sample> = Vec::new();
+    for round in 1..=opts.expert_rounds {
+        let behaviour = if round == 1 {
+            None
+        } else {
+            Some(Arc::new(learner.scorer().map_err(|e| e.to_string())?))
+        };
+        let gate = Gate {
+            margin_threshold: 0.0,
+            distance_limit: f32::INFINITY,
+        };
+        let (mut labelled, mut improvable, mut gain_milli) = (0usize, 0usize, 0u64);
+        for spec in train {
+            if spec.objective() != Objective::Inflation {
+                continue;
+            }
+            for i in 0..seeds_of(spec) {
+                let labels = rollout_labels(spec, i, behaviour.as_ref(), gate, &opts.rollout)?;
+                labelled += labels.len();
+                for l in &labels {
+                    if l.best != l.fallback {
+                        improvable += 1;
+                        gain_milli += l.gain_milli();
+                    }
+                    for _ in 0..opts.expert_weight.max(1) {
+                        expert.push(Sample {
+                            decision: l.features.clone(),
+                            chosen: l.best,
+                            ret: 0.0,
+                        });
+                    }
+                }
+            }
+        }
+        let mut mixed: Vec<Sample> = clone_samples.clone();
+        mixed.extend(expert.iter().cloned());
+        let mut last = None;
+        for _ in 0..opts.expert_epochs {
+            last = Some(learner.clone_epoch(&mixed).map_err(|e| e.to_string())?);
+        }
+        progress(ProgressEvent {
+            phase: "expert",
+            done: round,
+            total: opts.expert_rounds,
+            message: format!(
+                "{labelled} labelled, {improvable} improvable (gain {:.1} GPUs), nll {:.3}",
+                gain_milli as f64 / 1000.0,
+                last.map_or(f64::NAN, |r| r.nll)
+            ),
+        });
+        curve.push(CurvePoint {
+            phase: "expert".into(),
+            step: round,
+            samples: mixed.len(),
+            nll: last.map_or(f64::NAN, |r| r.nll),
+            agreement: last.map_or(f64::NAN, |r| r.agreement),
+            value_mse: 0.0,
+            gain_pct: 0.0,
+        });
+        consider(&learner, format!("expert-{round}"), round, &mut curve)?;
+    }
+    drop(clone_samples);
+    drop(expert);
 
     // 2. REINFORCE.
     let slots: Vec<(usize, usize)> = train

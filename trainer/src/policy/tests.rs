@@ -1,7 +1,11 @@
 use std::sync::Arc;
 
-use marshal_scheduler::domain::{ClusterSpec, GpuDemand, Job, JobId, Topology};
-use marshal_scheduler::sim::SimConfig;
+use marshal_scheduler::domain::{
+    ClusterSpec, GpuDemand, GpuShare, Job, JobId, NodeId, Placement, Topology, WorkerPlacement,
+};
+use marshal_scheduler::policies;
+use marshal_scheduler::policies::learned::Choice;
+use marshal_scheduler::sim::{InflationRun, SimConfig};
 
 use super::*;
 
@@ -60,6 +64,18 @@ fn options(seed: u64) -> TrainOptions {
         seed,
         hidden_size: 8,
         bc_epochs: 3,
+        expert_rounds: 2,
+        expert_epochs: 2,
+        expert_weight: 2,
+        rollout: RolloutOptions {
+            decisions: 8,
+            from_pct: 0.0,
+            to_pct: 130.0,
+            until_pct: 1000.0,
+            horizon: 50,
+            futures: 2,
+            threads: 2,
+        },
         rl_iterations: 2,
         episodes_per_iteration: 2,
         eval_every: 1,
@@ -84,6 +100,7 @@ fn training_is_reproducible_and_the_gate_is_safe_on_validation() {
     assert_eq!(a.curve, b.curve);
     assert!(a.curve.iter().any(|p| p.phase == "clone"));
     assert!(a.curve.iter().any(|p| p.phase == "reinforce"));
+    assert_eq!(a.curve.iter().filter(|p| p.phase == "expert").count(), 2);
     // The stored gate is nowhere worse than the fallback beyond the tolerance.
     for row in &a.validation {
         assert!(
@@ -119,4 +136,122 @@ fn returns_compare_with_the_fallback_on_the_same_seed() {
         "{:?}",
         samples.iter().map(|s| s.ret).collect::<Vec<_>>()
     );
+}
+
+/// Two nodes of two GPUs; one GPU taken on node `a`. The next 1-GPU task either goes
+/// beside it (leaving node `b` whole for the 2-GPU task that follows) or onto `b` (then
+/// the 2-GPU task cannot fit).
+#[test]
+fn the_rollout_label_is_the_candidate_with_the_best_continuation() {
+    let spec = ClusterSpec::from_toml(
+        "name='two'\n[[nodes]]\ncount=2\ngpu_model='T4'\ngpus=2\ncpu_milli=64000\nmemory_mib=262144\n",
+    )
+    .unwrap();
+    let topo = Arc::new(Topology::build(&spec).unwrap());
+    let task = |id: u32, gpus: u16| {
+        let mut j = Job::whole_gpus(JobId(id), 1, 0.0, 0.0);
+        j.cpu_milli = 1000;
+        j.gpu = GpuDemand::Whole(gpus);
+        j
+    };
+    let arrivals = vec![task(0, 1), task(1, 1), task(2, 2)];
+    let base = policies::build("fgd", &arrivals).unwrap();
+    let mut run =
+        InflationRun::from_arrivals(topo.clone(), arrivals.clone(), &SimConfig::inflation(3))
+            .unwrap();
+    assert_eq!(run.step(base.placer.as_ref()), Some(true));
+    let used: Vec<NodeId> = (0..2)
+        .map(NodeId)
+        .filter(|&n| run.state().node_idle_gpus(n) < 2)
+        .collect();
+    assert_eq!(used.len(), 1);
+    let (a, b) = (used[0], NodeId(1 - used[0].0));
+    let on = |node: NodeId, fallback: bool| {
+        let gpu = topo
+            .node(node)
+            .gpu_ids()
+            .find(|&g| run.state().free_milli(g) == 1000)
+            .unwrap();
+        Choice::Place {
+            placement: Placement {
+                workers: vec![WorkerPlacement {
+                    node,
+                    gpus: vec![GpuShare::whole(gpu)],
+                }],
+            },
+            fallback,
+        }
+    };
+    // The fallback's choice (listed first) is the bad one here.
+    let choices = [on(b, true), on(a, false)];
+    for threads in [1, 2] {
+        let failed = rollout_failures(&run, &choices, base.placer.as_ref(), 1000.0, 3, threads);
+        assert_eq!(failed, vec![2000, 0], "{threads} threads");
+        assert_eq!(best_of(&failed, 0), 1);
+    }
+    // Ties keep the fallback's choice; otherwise the first best wins.
+    assert_eq!(best_of(&[5, 5, 5], 1), 1);
+    assert_eq!(best_of(&[7, 3, 3], 0), 1);
+    // A horizon that ends before the 2-GPU task arrives sees no difference.
+    let failed = rollout_failures(&run, &choices, base.placer.as_ref(), 1000.0, 2, 1);
+    assert_eq!(failed, vec![0, 0]);
+}
+
+#[test]
+fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
+    let (train, _) = specs();
+    let spec = &train[0];
+    let opts = RolloutOptions {
+        decisions: 10,
+        from_pct: 0.0,
+        to_pct: 130.0,
+        until_pct: 1000.0,
+        horizon: 1000,
+        futures: 0,
+        threads: 1,
+    };
+    let gate = Gate {
+        margin_threshold: 0.0,
+        distance_limit: f32::INFINITY,
+    };
+    let labels = rollout_labels(spec, 0, None, gate, &opts).unwrap();
+    assert!(labels.len() >= 5, "{}", labels.len());
+    assert_eq!(labels, rollout_labels(spec, 0, None, gate, &opts).unwrap());
+    assert_eq!(
+        labels,
+        rollout_labels(
+            spec,
+            0,
+            None,
+            gate,
+            &RolloutOptions {
+                threads: 3,
+                ..opts.clone()
+            }
+        )
+        .unwrap()
+    );
+    // Rolling out to the end, the fallback's candidate fails exactly what the fallback's
+    // own episode fails from that arrival on.
+    let (seed, jobs) = &spec.jobs_by_seed[0];
+    let config = SimConfig {
+        seed: *seed,
+        ..spec.config.clone()
+    };
+    let base = policies::build("fgd", jobs).unwrap();
+    let mut run = InflationRun::new(spec.topo.clone(), jobs, &config).unwrap();
+    let mut failed_before = vec![0u64];
+    while run.step(base.placer.as_ref()).is_some() {
+        failed_before.push(run.failed_milli());
+    }
+    let total = run.failed_milli();
+    assert!(total > 0);
+    for l in &labels {
+        assert!(l.failed[l.best] <= l.failed[l.fallback]);
+        assert_eq!(
+            l.failed[l.fallback],
+            total - failed_before[l.position],
+            "{l:?}"
+        );
+    }
 }

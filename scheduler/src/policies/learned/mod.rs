@@ -299,6 +299,54 @@ impl LearnedPlacer {
     }
 }
 
+impl LearnedPlacer {
+    /// The decision the network ranks for `job`, given the fallback's answer: the
+    /// candidate choices (the fallback's first, "wait" last when offered) and their
+    /// features; `None` when nothing is feasible. The placer serves and records through
+    /// this, and the rollout labeller of training asks it for the same candidates.
+    pub fn decision(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+        fallback: &Result<Placement, Status>,
+    ) -> Option<(Vec<Choice>, DecisionFeatures)> {
+        let scores = candidates::node_scores(job, state, ctx, &self.fgd);
+        // Waiting is offered to whole-GPU gangs only, and only while something runs, so a
+        // wait always ends when capacity frees.
+        let may_wait = matches!(job.gpu, GpuDemand::Whole(_))
+            && job.gpu_count() > 1
+            && state.allocated_milli() > 0;
+        let mut choices = candidates::generate(
+            job,
+            state,
+            ctx,
+            &self.fgd,
+            &scores,
+            fallback.as_ref().ok().cloned(),
+            MAX_CANDIDATES - usize::from(may_wait),
+        );
+        if choices.is_empty() {
+            return None;
+        }
+        if may_wait {
+            choices.push(Choice::Wait);
+        }
+        let features = featurise(job, state, &choices, &scores);
+        Some((choices, features))
+    }
+
+    /// The fallback heuristic's answer for `job` (what [`Placer::place`] asks first).
+    pub fn fallback_place(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status> {
+        self.fallback.place(job, state, ctx)
+    }
+}
+
 impl Placer for LearnedPlacer {
     fn place(
         &self,
@@ -319,29 +367,10 @@ impl Placer for LearnedPlacer {
                 return self.fall_back(DecisionPath::NoModel, fallback);
             }
         };
-        let scores = candidates::node_scores(job, state, ctx, &self.fgd);
-        // Waiting is offered to whole-GPU gangs only, and only while something runs, so a
-        // wait always ends when capacity frees.
-        let may_wait = matches!(job.gpu, GpuDemand::Whole(_))
-            && job.gpu_count() > 1
-            && state.allocated_milli() > 0;
-        let mut choices = candidates::generate(
-            job,
-            state,
-            ctx,
-            &self.fgd,
-            &scores,
-            fallback.as_ref().ok().cloned(),
-            MAX_CANDIDATES - usize::from(may_wait),
-        );
-        if choices.is_empty() {
+        let Some((choices, features)) = self.decision(job, state, ctx, &fallback) else {
             // Nothing feasible: no decision to make.
             return fallback;
-        }
-        if may_wait {
-            choices.push(Choice::Wait);
-        }
-        let features = featurise(job, state, &choices, &scores);
+        };
         let scored = match scorer.map(|s| s.score(&features)) {
             Some(Ok(s)) => Some(s),
             Some(Err(_)) => {
