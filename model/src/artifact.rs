@@ -5,7 +5,8 @@
 //! <dir>/config.json          PredictorConfig
 //! <dir>/normalization.json   Normalization
 //! <dir>/meta.json            ArtifactMeta: schema version, feature layout, data hash,
-//!                            evaluation scores, training summary, weights checksum
+//!                            evaluation scores, training summary, interval
+//!                            calibration, weights checksum
 //! ```
 //!
 //! [`load`] trusts nothing: every file must exist and parse, the schema version and feature
@@ -24,6 +25,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::calibration::Calibration;
 use crate::config::PredictorConfig;
 use crate::error::{ModelError, Result};
 use crate::features::{
@@ -37,7 +39,7 @@ use crate::train::TrainingSummary;
 
 /// Version of the artifact layout written and read by this build. Bump it whenever the
 /// network architecture, a feature layout or a file format changes meaning.
-pub const ARTIFACT_SCHEMA_VERSION: u32 = 2;
+pub const ARTIFACT_SCHEMA_VERSION: u32 = 3;
 
 /// Weights file name.
 pub const WEIGHTS_FILE: &str = "weights.bpk";
@@ -86,6 +88,8 @@ pub struct ArtifactMeta {
     pub eval_scores: BTreeMap<String, f64>,
     /// What training achieved.
     pub training: TrainingSummary,
+    /// The step-time interval's calibration and the training shape classes.
+    pub calibration: Calibration,
     /// FNV-1a 64 of `weights.bpk`, hex.
     pub weights_fnv1a64: String,
 }
@@ -144,6 +148,7 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
         training_data_hash: info.training_data_hash.clone(),
         eval_scores: info.eval_scores.clone(),
         training: predictor.summary().clone(),
+        calibration: predictor.calibration().clone(),
         weights_fnv1a64: fnv1a64(&bytes),
     };
     let config = dir.join(CONFIG_FILE);
@@ -261,6 +266,12 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
     let (meta_path, meta_bytes) = read(dir.join(META_FILE))?;
     let meta: ArtifactMeta = parse_json(&meta_path, &meta_bytes)?;
     check_layout(&meta)?;
+    meta.calibration
+        .validate()
+        .map_err(|e| ModelError::CorruptFile {
+            path: meta_path.clone(),
+            reason: e.to_string(),
+        })?;
 
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
     let config =
@@ -307,6 +318,7 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
         normalization,
         network,
         meta.training.clone(),
+        meta.calibration.clone(),
         device,
     )?;
     Ok(LoadedArtifact { predictor, meta })

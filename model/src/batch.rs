@@ -25,6 +25,9 @@ pub struct GraphBatch {
     pub node_mask: Tensor<2>,
     /// `[B, JOB_FEATURES]`, standardised.
     pub job: Tensor<2>,
+    /// `[B, 1]`: the prior ([`crate::PRIOR_JOB_SLOT`]) in standardised step-time units,
+    /// unclamped.
+    pub prior: Tensor<2>,
 }
 
 impl GraphBatch {
@@ -42,11 +45,12 @@ impl GraphBatch {
         let mut adjacency = vec![0f32; b * n * n];
         let mut node_mask = vec![0f32; b * n];
         let mut job = vec![0f32; b * JOB_FEATURES];
+        let mut prior = Vec::with_capacity(b);
         for (gi, g) in graphs.iter().enumerate() {
             for (ni, gpu) in g.gpus.iter().enumerate() {
                 let base = (gi * n + ni) * GPU_FEATURES;
                 for (f, v) in gpu.values.iter().enumerate() {
-                    nodes[base + f] = norm.gpu.apply(f, *v);
+                    nodes[base + f] = norm.gpu.input(f, *v);
                 }
                 node_mask[gi * n + ni] = 1.0;
             }
@@ -56,13 +60,14 @@ impl GraphBatch {
                     let cell = (gi * n + i) * n + j;
                     adjacency[cell] = 1.0;
                     for (f, v) in link.values.iter().enumerate() {
-                        edges[cell * LINK_FEATURES + f] = norm.link.apply(f, *v);
+                        edges[cell * LINK_FEATURES + f] = norm.link.input(f, *v);
                     }
                 }
             }
             for (f, v) in g.job.values.iter().enumerate() {
-                job[gi * JOB_FEATURES + f] = norm.job.apply(f, *v);
+                job[gi * JOB_FEATURES + f] = norm.job.input(f, *v);
             }
+            prior.push(norm.prior_offset(&g.job.values));
         }
         Self {
             nodes: Tensor::from_data(TensorData::new(nodes, [b, n, GPU_FEATURES]), device),
@@ -70,6 +75,7 @@ impl GraphBatch {
             adjacency: Tensor::from_data(TensorData::new(adjacency, [b, n, n]), device),
             node_mask: Tensor::from_data(TensorData::new(node_mask, [b, n]), device),
             job: Tensor::from_data(TensorData::new(job, [b, JOB_FEATURES]), device),
+            prior: Tensor::from_data(TensorData::new(prior, [b, 1]), device),
         }
     }
 }

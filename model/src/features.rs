@@ -38,7 +38,7 @@ pub const LINK_FEATURE_NAMES: [&str; LINK_FEATURES] = [
 ];
 
 /// Number of per-job features.
-pub const JOB_FEATURES: usize = 13;
+pub const JOB_FEATURES: usize = 14;
 /// Names of the per-job features, in slot order.
 pub const JOB_FEATURE_NAMES: [&str; JOB_FEATURES] = [
     "log2_num_gpus", // log2 of the gang size (log, so larger gangs than trained on stay in range)
@@ -52,9 +52,18 @@ pub const JOB_FEATURE_NAMES: [&str; JOB_FEATURES] = [
     "precision_bytes", // bytes per parameter of the compute precision (2 = bf16)
     "is_inference",  // 1 for inference/serving, 0 for training
     "comm_compute_ratio", // profiled or estimated communication / compute time
-    "log_history_step_s", // ln of the step time seen for the same job kind before (0 = none)
+    "log_history_packed_step_s", // ln of the step time other jobs of the same kind took, normalised to a packed, unshared placement (0 = none)
     "history_level", // how specific that history is: 0 none, 1 kind, 2 + GPU type, 3 + GPU count
+    "log_prior_step_s", // ln of the featuriser's analytic step-time estimate for this placement (required)
 ];
+
+/// Slot of [`JOB_FEATURE_NAMES`] that holds `ln` of the featuriser's analytic step-time
+/// estimate (the *prior*). The network predicts the residual `ln(step) − ln(prior)`: the
+/// prior enters the step-time mean unclamped and with weight 1, so a placement outside the
+/// trained range (an interconnect or a gang size never seen) extrapolates through the
+/// featuriser's physics, not through untrained weights. A featuriser without a physical
+/// model may put any finite constant there (the network then learns the whole step time).
+pub const PRIOR_JOB_SLOT: usize = 13;
 
 /// Most GPUs one placement graph may have. Larger gangs are summarised by the featuriser
 /// (e.g. one node per NVLink domain) rather than fed GPU by GPU.
@@ -126,7 +135,23 @@ pub struct PlacementGraph {
     pub job: JobFeatures,
 }
 
+/// A placement's shape class as the predictor sees it: `(GPU count, widest link level)`,
+/// the widest level being the largest `topology_level` of its links (0 without links).
+/// Calibration uses it to tell shapes seen in training from novel ones.
+pub type ShapeClass = (u32, u32);
+
 impl PlacementGraph {
+    /// The graph's [`ShapeClass`].
+    pub fn shape_class(&self) -> ShapeClass {
+        let widest = self
+            .links
+            .iter()
+            .map(|l| l.2.values[5])
+            .filter(|v| v.is_finite())
+            .fold(0f32, f32::max);
+        (self.gpus.len() as u32, widest.round().max(0.0) as u32)
+    }
+
     /// Checks the graph: 1 ..= [`MAX_GPUS_PER_GRAPH`] GPUs, every value finite, every link
     /// between two distinct existing GPUs. `label` prefixes field names in errors
     /// (e.g. `graph[7]`).
@@ -293,6 +318,23 @@ mod tests {
         let mut g = graph();
         g.links.push((1, 1, LinkFeatures::default()));
         assert!(g.validate("g").is_err());
+    }
+
+    #[test]
+    fn prior_slot_is_named() {
+        assert_eq!(JOB_FEATURE_NAMES[PRIOR_JOB_SLOT], "log_prior_step_s");
+    }
+
+    #[test]
+    fn shape_class_is_gpu_count_and_widest_level() {
+        assert_eq!(graph().shape_class(), (2, 0));
+        let mut g = graph();
+        g.gpus.push(GpuNodeFeatures::default());
+        g.links
+            .push((0, 2, LinkFeatures::new(LinkKind::IbSpine, 400.0, 4)));
+        assert_eq!(g.shape_class(), (3, 4));
+        g.links.clear();
+        assert_eq!(g.shape_class(), (3, 0));
     }
 
     #[test]

@@ -4,16 +4,14 @@ use burn::module::Module;
 use burn::tensor::Device;
 
 use crate::batch::GraphBatch;
+use crate::calibration::{Calibration, Z95};
 use crate::config::PredictorConfig;
 use crate::error::{ModelError, Result};
-use crate::features::{MEM_PHASES, PlacementGraph};
+use crate::features::{MEM_PHASES, PlacementGraph, Targets};
 use crate::network::PredictorNetwork;
 use crate::normalize::Normalization;
 use crate::serving::{PlainNetwork, RawOutput, Scratch};
 use crate::train::{TrainingSummary, to_vec};
-
-/// Standard-normal quantile of 0.95 (so ±Z spans the 5 %–95 % interval).
-const Z95: f32 = 1.644_853_6;
 
 /// Graphs per forward pass inside [`TrainedPredictor::predict`]; bounds the `B×N×N×H`
 /// message tensor for callers that pass thousands of candidates at once.
@@ -56,6 +54,7 @@ pub struct TrainedPredictor {
     /// The same weights as `network`, for [`TrainedPredictor::predict`].
     plain: PlainNetwork,
     summary: TrainingSummary,
+    calibration: Calibration,
     device: Device,
 }
 
@@ -65,6 +64,7 @@ impl TrainedPredictor {
         normalization: Normalization,
         network: PredictorNetwork,
         summary: TrainingSummary,
+        calibration: Calibration,
         device: Device,
     ) -> Result<Self> {
         let device = device.without_autodiff();
@@ -76,8 +76,48 @@ impl TrainedPredictor {
             network,
             plain,
             summary,
+            calibration,
             device,
         })
+    }
+
+    /// The interval's calibration (multipliers 1 until [`Self::calibrate`]).
+    pub fn calibration(&self) -> &Calibration {
+        &self.calibration
+    }
+
+    /// Calibrates the 90 % interval on `data`, examples the network was not trained on
+    /// (split-conformal, see [`crate::calibration`]): examples whose shape class occurs in
+    /// training set the multiplier for seen shapes, the others the one for novel shapes.
+    /// Replaces any earlier calibration.
+    pub fn calibrate(mut self, data: &[(PlacementGraph, Targets)]) -> Result<Self> {
+        for (i, (g, t)) in data.iter().enumerate() {
+            g.validate(&format!("calibration[{i}].graph"))?;
+            t.validate(&format!("calibration[{i}].targets"))?;
+        }
+        let mut scratch = Scratch::default();
+        let residuals: Vec<(f32, bool)> = data
+            .iter()
+            .map(|(g, t)| {
+                let raw = self.plain.forward(g, &self.normalization, &mut scratch);
+                let (mu, sigma) = self.log_normal(&raw);
+                let z = (t.step_time_s.ln() - mu) / sigma;
+                (z, self.calibration.is_novel(g.shape_class()))
+            })
+            .collect();
+        self.calibration.fit(&residuals);
+        Ok(self)
+    }
+
+    /// Sets the multiplier for novel shapes from a calibration made elsewhere (e.g. on a
+    /// second network trained with some shape classes held out), raised to at least the
+    /// multiplier for trained shapes.
+    pub fn with_novel_multiplier(mut self, multiplier: f32, residuals: usize) -> Result<Self> {
+        let c = &mut self.calibration;
+        c.novel_multiplier = multiplier.max(c.seen_multiplier);
+        c.novel_residuals = residuals;
+        c.validate()?;
+        Ok(self)
     }
 
     /// The configuration it was trained with.
@@ -125,7 +165,7 @@ impl TrainedPredictor {
             .enumerate()
             .map(|(i, g)| {
                 let raw = self.plain.forward(g, &self.normalization, &mut scratch);
-                self.prediction(raw, i)
+                self.prediction(raw, g, i)
             })
             .collect()
     }
@@ -144,7 +184,7 @@ impl TrainedPredictor {
             let log_var = to_vec(raw.step_log_var)?;
             let mem = to_vec(raw.peak_mem)?;
             let util = to_vec(raw.util)?;
-            for i in 0..chunk.len() {
+            for (i, g) in chunk.iter().enumerate() {
                 let mut peak_mem = [0.0; MEM_PHASES];
                 peak_mem.copy_from_slice(&mem[i * MEM_PHASES..(i + 1) * MEM_PHASES]);
                 let raw = RawOutput {
@@ -153,20 +193,27 @@ impl TrainedPredictor {
                     peak_mem,
                     util: util[i],
                 };
-                out.push(self.prediction(raw, out.len())?);
+                out.push(self.prediction(raw, g, out.len())?);
             }
         }
         Ok(out)
     }
 
-    /// Raw units from standardised outputs; an error when anything is not finite.
-    fn prediction(&self, raw: RawOutput, index: usize) -> Result<Prediction> {
+    /// Mean and standard deviation of `ln(step time)`, before calibration.
+    fn log_normal(&self, raw: &RawOutput) -> (f32, f32) {
         let norm = &self.normalization;
         let log_std = norm.log_step_time.std[0];
         let mu = norm
             .log_step_time
             .invert(0, raw.step_mean.clamp(-MAX_STEP_Z, MAX_STEP_Z));
-        let sigma = (0.5 * raw.step_log_var).exp() * log_std;
+        (mu, (0.5 * raw.step_log_var).exp() * log_std)
+    }
+
+    /// Raw units from standardised outputs; an error when anything is not finite.
+    fn prediction(&self, raw: RawOutput, g: &PlacementGraph, index: usize) -> Result<Prediction> {
+        let norm = &self.normalization;
+        let (mu, sigma) = self.log_normal(&raw);
+        let sigma = sigma * self.calibration.multiplier(g.shape_class());
         let mut peak_mem_gib = [0.0; MEM_PHASES];
         for (p, slot) in peak_mem_gib.iter_mut().enumerate() {
             *slot = norm.peak_mem.invert(p, raw.peak_mem[p]).max(0.0);

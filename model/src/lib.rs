@@ -50,6 +50,7 @@
 
 pub mod artifact;
 mod batch;
+pub mod calibration;
 mod config;
 mod dense;
 pub mod device;
@@ -64,12 +65,13 @@ pub mod synthetic;
 pub mod train;
 
 pub use artifact::{ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ArtifactMeta, LoadedArtifact};
+pub use calibration::Calibration;
 pub use config::PredictorConfig;
 pub use error::{ModelError, Result};
 pub use features::{
     GPU_FEATURE_NAMES, GPU_FEATURES, GpuNodeFeatures, JOB_FEATURE_NAMES, JOB_FEATURES, JobFeatures,
     LINK_FEATURE_NAMES, LINK_FEATURES, LinkFeatures, LinkKind, MAX_GPUS_PER_GRAPH, MEM_PHASE_NAMES,
-    MEM_PHASES, PlacementGraph, Targets,
+    MEM_PHASES, PRIOR_JOB_SLOT, PlacementGraph, ShapeClass, Targets,
 };
 pub use inference::{Prediction, TrainedPredictor};
 pub use normalize::{Normalization, Standardizer};

@@ -9,8 +9,14 @@
 //! z      = [masked mean_i h_i, masked max_i h_i, relu(W_j job)]
 //! t      = relu(W_t z)
 //! heads  = (μ, log σ²) of standardised ln step time; 4 peak-memory values; utilisation
-//! μ     += w_s · job                                       linear skip from the job features
+//! μ     += w_s · job + prior                               linear skip, and the prior
 //! ```
+//!
+//! `prior` is the featuriser's analytic estimate of `ln(step time)`
+//! ([`crate::PRIOR_JOB_SLOT`]) in the mean's standardised units, added with weight 1 and
+//! unclamped: the network learns the residual around it. Every *input* is held within its
+//! training range ([`crate::Standardizer::input`]), so an unseen interconnect or gang size
+//! cannot drive untrained weights; it moves the prediction only through the prior.
 //!
 //! The skip exists because the step time of a placement is, to first order, the job's own
 //! history (the `log_history_step_s` job feature) and the graph explains the rest: a linear
@@ -159,7 +165,9 @@ impl PredictorNetwork {
 
         let step = self.step_head.forward(t.clone());
         NetworkOutput {
-            step_mean: step.clone().narrow(1, 0, 1) + self.step_skip.forward(batch.job.clone()),
+            step_mean: step.clone().narrow(1, 0, 1)
+                + self.step_skip.forward(batch.job.clone())
+                + batch.prior.clone(),
             step_log_var: step.narrow(1, 1, 1).clamp(LOG_VAR_MIN, LOG_VAR_MAX),
             peak_mem: self.mem_head.forward(t.clone()),
             util: self.util_head.forward(t),

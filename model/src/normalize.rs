@@ -17,6 +17,10 @@ pub struct Standardizer {
     pub mean: Vec<f32>,
     /// Standard deviations (≥ 1e-6; 1 for constant features), one per feature.
     pub std: Vec<f32>,
+    /// Smallest value seen in training, one per feature (0 for a feature never seen).
+    pub min: Vec<f32>,
+    /// Largest value seen in training, one per feature (0 for a feature never seen).
+    pub max: Vec<f32>,
 }
 
 impl Standardizer {
@@ -26,10 +30,14 @@ impl Standardizer {
         let mut n = vec![0u64; width];
         let mut sum = vec![0f64; width];
         let mut sum_sq = vec![0f64; width];
+        let mut min = vec![f32::INFINITY; width];
+        let mut max = vec![f32::NEG_INFINITY; width];
         for row in rows {
             for (i, v) in row.iter().enumerate() {
                 if !v.is_nan() {
                     n[i] += 1;
+                    min[i] = min[i].min(*v);
+                    max[i] = max[i].max(*v);
                     sum[i] += f64::from(*v);
                     sum_sq[i] += f64::from(*v) * f64::from(*v);
                 }
@@ -41,6 +49,8 @@ impl Standardizer {
             if n[i] == 0 {
                 mean.push(0.0);
                 std.push(1.0);
+                min[i] = 0.0;
+                max[i] = 0.0;
                 continue;
             }
             let m = sum[i] / n[i] as f64;
@@ -49,7 +59,22 @@ impl Standardizer {
             mean.push(m as f32);
             std.push(if s < MIN_STD { 1.0 } else { s as f32 });
         }
-        Self { mean, std }
+        Self {
+            mean,
+            std,
+            min,
+            max,
+        }
+    }
+
+    /// Standardises an input `value` of feature `i` after holding it within the range
+    /// seen in training. Beyond that range the network's weights were never fitted (a
+    /// one-hot slot that was always 0, a bandwidth below any trained link), so an input
+    /// outside it reads as the nearest trained value; what lies beyond is the prior's
+    /// to explain ([`crate::PRIOR_JOB_SLOT`]).
+    #[inline]
+    pub fn input(&self, i: usize, value: f32) -> f32 {
+        self.apply(i, value.clamp(self.min[i], self.max[i]))
     }
 
     /// Standardises `value` of feature `i`.
@@ -65,7 +90,10 @@ impl Standardizer {
     }
 
     fn check(&self, name: &str, width: usize) -> Result<()> {
-        if self.mean.len() != width || self.std.len() != width {
+        if [&self.mean, &self.std, &self.min, &self.max]
+            .iter()
+            .any(|v| v.len() != width)
+        {
             return Err(ModelError::invalid(
                 format!("normalization.{name}"),
                 format!("expected {width} features, found {}", self.mean.len()),
@@ -77,6 +105,17 @@ impl Standardizer {
             return Err(ModelError::invalid(
                 format!("normalization.{name}"),
                 "non-finite mean or non-positive std",
+            ));
+        }
+        let bad_range = self
+            .min
+            .iter()
+            .zip(&self.max)
+            .any(|(lo, hi)| !(lo.is_finite() && hi.is_finite() && lo <= hi));
+        if bad_range {
+            return Err(ModelError::invalid(
+                format!("normalization.{name}"),
+                "non-finite or inverted training range (min > max)",
             ));
         }
         Ok(())
@@ -122,6 +161,13 @@ impl Normalization {
         }
     }
 
+    /// The prior ([`crate::PRIOR_JOB_SLOT`], raw `ln` seconds) in the standardised units of
+    /// the step-time mean: the offset the network's residual is added to.
+    #[inline]
+    pub fn prior_offset(&self, job: &[f32]) -> f32 {
+        self.log_step_time.apply(0, job[crate::PRIOR_JOB_SLOT])
+    }
+
     /// Checks widths and values (used after loading from disk).
     pub fn validate(&self) -> Result<()> {
         self.gpu.check("gpu", GPU_FEATURES)?;
@@ -145,5 +191,25 @@ mod tests {
         assert_eq!(s.std, vec![1.0, 1.0, 1.0]);
         assert_eq!(s.apply(0, 3.0), 1.0);
         assert_eq!(s.invert(0, 1.0), 3.0);
+        assert_eq!(
+            (s.min.clone(), s.max.clone()),
+            (vec![1.0, 5.0, 0.0], vec![3.0, 5.0, 0.0])
+        );
+        // Inputs are held within the training range before standardising.
+        assert_eq!(s.input(0, 10.0), 1.0);
+        assert_eq!(s.input(0, -10.0), -1.0);
+        assert_eq!(s.input(1, 6.0), 0.0);
+        s.check("x", 3).unwrap();
+        let mut bad = s.clone();
+        bad.min[0] = 4.0;
+        assert!(
+            bad.check("x", 3)
+                .unwrap_err()
+                .to_string()
+                .contains("min > max")
+        );
+        let mut short = s;
+        short.max.pop();
+        assert!(short.check("x", 3).is_err());
     }
 }

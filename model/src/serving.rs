@@ -122,7 +122,7 @@ impl PlainNetwork {
                 gpu.values
                     .iter()
                     .enumerate()
-                    .map(|(f, v)| norm.gpu.apply(f, *v)),
+                    .map(|(f, v)| norm.gpu.input(f, *v)),
             );
         }
         self.node_encoder.forward_rows(&s.input, n, &mut s.h, true);
@@ -196,7 +196,7 @@ impl PlainNetwork {
                 .values
                 .iter()
                 .enumerate()
-                .map(|(f, v)| norm.job.apply(f, *v)),
+                .map(|(f, v)| norm.job.input(f, *v)),
         );
         self.job_encoder.forward_into(&s.job, job_slot, true);
         self.trunk.forward(&s.z, &mut s.t, true);
@@ -204,7 +204,7 @@ impl PlainNetwork {
         self.step_head.forward(&s.t, &mut s.out, false);
         let (mean_head, log_var) = (s.out[0], s.out[1]);
         self.step_skip.forward(&s.job, &mut s.out, false);
-        let step_mean = mean_head + s.out[0];
+        let step_mean = mean_head + s.out[0] + norm.prior_offset(&g.job.values);
         self.mem_head.forward(&s.t, &mut s.out, false);
         let mut peak_mem = [0.0; MEM_PHASES];
         peak_mem.copy_from_slice(&s.out[..MEM_PHASES]);
@@ -242,7 +242,7 @@ impl PlainNetwork {
             s.input.extend(
                 key.iter()
                     .enumerate()
-                    .map(|(f, v)| norm.link.apply(f, f32::from_bits(*v))),
+                    .map(|(f, v)| norm.link.input(f, f32::from_bits(*v))),
             );
         }
         self.edge_encoder

@@ -60,11 +60,22 @@ pub fn graph(rng: &mut ChaCha8Rng, gpus: usize) -> PlacementGraph {
     job[8] = 2.0;
     job[9] = 0.0;
     job[10] = rng.random_range(0.05..0.5);
+    // A partial prior, as a featuriser with a rough compute model would give: the compute
+    // term of [`targets`] on a nominal GPU, ignoring communication, the slowest GPU and
+    // degradation, which the network has to learn.
+    job[13] = compute_s(job[1], job[2], gpus as f32, 312.0).ln();
     PlacementGraph {
         gpus: nodes,
         links,
         job: JobFeatures { values: job },
     }
+}
+
+/// The compute term of the synthetic step time.
+fn compute_s(log10_params: f32, log2_batch: f32, gpus: f32, slowest_tflops: f32) -> f32 {
+    let params_b = 10f32.powf(log10_params - 9.0);
+    let batch = 2f32.powf(log2_batch - 5.0);
+    0.2 * params_b * batch / (gpus * slowest_tflops / 312.0)
 }
 
 /// Ground-truth targets of a graph made by [`graph`], times log-normal noise of `noise`.
@@ -78,7 +89,7 @@ pub fn targets(g: &PlacementGraph, rng: &mut ChaCha8Rng, noise: f32) -> Targets 
         .map(|x| x.values[3])
         .fold(f32::INFINITY, f32::min);
     let degraded = g.gpus.iter().any(|x| x.values[7] > 0.5);
-    let compute = 0.2 * params_b * batch / (n * slowest / 312.0);
+    let compute = compute_s(g.job.values[1], g.job.values[2], n, slowest);
     let narrowest = g
         .links
         .iter()

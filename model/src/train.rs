@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{GraphBatch, TargetBatch};
+use crate::calibration::Calibration;
 use crate::config::PredictorConfig;
 use crate::error::{ModelError, Result};
 use crate::features::{PlacementGraph, Targets};
@@ -159,7 +160,15 @@ pub fn fit_on(
         train_examples: train.len(),
         valid_examples: valid.len(),
     };
-    TrainedPredictor::from_parts(config.clone(), norm, network, summary, infer_device)
+    let calibration = Calibration::uncalibrated(train.iter().map(|(g, _)| g.shape_class()));
+    TrainedPredictor::from_parts(
+        config.clone(),
+        norm,
+        network,
+        summary,
+        calibration,
+        infer_device,
+    )
 }
 
 fn validate_examples(name: &str, data: &[(PlacementGraph, Targets)]) -> Result<()> {

@@ -16,7 +16,10 @@ fn trained() -> (TrainedPredictor, Vec<PlacementGraph>) {
         .with_edge_hidden_size(4)
         .with_max_epochs(2)
         .with_seed(3);
-    let predictor = fit(&data[..32], &data[32..], &config, &mut |_| {}).unwrap();
+    let predictor = fit(&data[..32], &data[32..], &config, &mut |_| {})
+        .unwrap()
+        .calibrate(&data[32..])
+        .unwrap();
     let graphs = data[32..].iter().map(|(g, _)| g.clone()).collect();
     (predictor, graphs)
 }
@@ -60,6 +63,12 @@ fn round_trip_preserves_predictions_and_metadata() {
     assert_eq!(loaded.predictor.config(), predictor.config());
     assert_eq!(loaded.predictor.normalization(), predictor.normalization());
     assert_eq!(loaded.predictor.summary(), predictor.summary());
+    assert_eq!(loaded.predictor.calibration(), predictor.calibration());
+    assert_eq!(loaded.meta.calibration, *predictor.calibration());
+    assert_eq!(
+        predictor.calibration().seen_residuals + predictor.calibration().novel_residuals,
+        16
+    );
     assert_eq!(
         loaded.predictor.predict(&graphs).unwrap(),
         predictor.predict(&graphs).unwrap()
@@ -174,5 +183,58 @@ fn feature_count_and_layout_mismatches_are_rejected() {
     match artifact::load(dir.path()) {
         Err(ModelError::FeatureLayout { kind, .. }) => assert_eq!(kind, "job"),
         other => panic!("expected FeatureLayout, got {other:?}"),
+    }
+}
+
+/// A named way of damaging `meta.json`.
+type Damage = (&'static str, fn(&mut serde_json::Value));
+
+#[test]
+fn missing_or_corrupt_calibration_is_rejected() {
+    let cases: [Damage; 5] = [
+        ("seen_multiplier", |m| {
+            m["calibration"]["seen_multiplier"] = (-1.0).into()
+        }),
+        ("novel_multiplier", |m| {
+            m["calibration"]["novel_multiplier"] = 0.0.into()
+        }),
+        ("training_shapes", |m| {
+            m["calibration"]["training_shapes"] = serde_json::json!([])
+        }),
+        ("calibration", |m| {
+            m.as_object_mut().unwrap().remove("calibration");
+        }),
+        ("seen_multiplier", |m| {
+            m["calibration"]
+                .as_object_mut()
+                .unwrap()
+                .remove("seen_multiplier");
+        }),
+    ];
+    for (field, edit) in cases {
+        let (dir, _, _) = saved();
+        edit_meta(dir.path(), edit);
+        match artifact::load(dir.path()) {
+            Err(ModelError::CorruptFile { path, reason }) => {
+                assert!(path.ends_with(META_FILE), "{}", path.display());
+                assert!(reason.contains(field), "{field}: {reason}");
+            }
+            other => panic!("{field}: expected a corrupt meta.json, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn normalization_without_training_ranges_is_rejected() {
+    let (dir, _, _) = saved();
+    let path = dir.path().join("normalization.json");
+    let mut norm: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    norm["job"].as_object_mut().unwrap().remove("max");
+    fs::write(&path, serde_json::to_vec(&norm).unwrap()).unwrap();
+    match artifact::load(dir.path()) {
+        Err(ModelError::CorruptFile { path, .. }) => {
+            assert!(path.ends_with("normalization.json"))
+        }
+        other => panic!("expected a corrupt normalization.json, got {other:?}"),
     }
 }

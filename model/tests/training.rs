@@ -1,8 +1,8 @@
 //! Training: determinism, learning a known function, input errors.
 
 use marshal_model::{
-    EpochReport, GpuNodeFeatures, ModelError, PlacementGraph, PredictorConfig, Targets, fit,
-    synthetic,
+    EpochReport, GpuNodeFeatures, ModelError, PRIOR_JOB_SLOT, PlacementGraph, PredictorConfig,
+    Targets, TrainedPredictor, fit, synthetic,
 };
 
 fn small_config() -> PredictorConfig {
@@ -224,7 +224,15 @@ fn serving_path_matches_the_tensor_network() {
                 link.values[1] *= 0.5;
                 g.links.push((b, a, link));
             }
-            _ => {}
+            // Inputs beyond the training range (held at its edge on both paths) and a
+            // prior far from any trained (added unclamped on both).
+            _ => {
+                g.job.values[PRIOR_JOB_SLOT] += 4.0;
+                g.job.values[0] = 9.0;
+                for l in &mut g.links {
+                    l.2.values[4] = -3.0;
+                }
+            }
         }
     }
     let plain = predictor.predict(&graphs).unwrap();
@@ -246,4 +254,70 @@ fn assert_close(a: f32, b: f32) {
         (a - b).abs() <= 1e-4 * a.abs().max(b.abs()).max(1.0),
         "{a} vs {b}"
     );
+}
+
+/// The prior enters the mean unclamped with weight 1: beyond the trained range of the
+/// prior slot, multiplying the prior by 10 multiplies the prediction by 10, whatever the
+/// untrained weights would have made of it.
+#[test]
+fn the_prior_carries_predictions_beyond_the_trained_range() {
+    let data = synthetic::dataset(60, 9, 0.05);
+    let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
+    let top = predictor.normalization().job.max[PRIOR_JOB_SLOT];
+    let mut far = data[45].0.clone();
+    far.job.values[PRIOR_JOB_SLOT] = top + 1.0;
+    let mut farther = far.clone();
+    farther.job.values[PRIOR_JOB_SLOT] = top + 1.0 + 10f32.ln();
+    let p = predictor.predict(&[far, farther]).unwrap();
+    let ratio = p[1].step_time_s / p[0].step_time_s;
+    assert!((ratio - 10.0).abs() < 1e-2, "ratio {ratio}");
+}
+
+/// After split-conformal calibration on a set, at least 90 % of that set's truths lie
+/// inside the interval, also when the network's own σ is far too narrow for it.
+#[test]
+fn calibration_makes_the_interval_hold_ninety_percent() {
+    let data = synthetic::dataset(120, 5, 0.02);
+    let predictor = fit(&data[..60], &data[60..80], &small_config(), &mut |_| {}).unwrap();
+    // Calibration truths much noisier than training ones (×/÷ up to 100).
+    let mut rng = 17u64;
+    let calib: Vec<_> = data[80..]
+        .iter()
+        .map(|(g, t)| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (rng >> 11) as f32 / (1u64 << 53) as f32;
+            let mut t = *t;
+            t.step_time_s *= 100f32.powf(2.0 * u - 1.0);
+            (g.clone(), t)
+        })
+        .collect();
+    let holds = |p: &TrainedPredictor| {
+        let graphs: Vec<PlacementGraph> = calib.iter().map(|(g, _)| g.clone()).collect();
+        let preds = p.predict(&graphs).unwrap();
+        preds
+            .iter()
+            .zip(&calib)
+            .filter(|(p, (_, t))| {
+                p.step_time_p05 <= t.step_time_s && t.step_time_s <= p.step_time_p95
+            })
+            .count() as f64
+            / calib.len() as f64
+    };
+    let before = holds(&predictor);
+    assert!(
+        before < 0.9,
+        "the test needs an uncalibrated interval too narrow: {before}"
+    );
+    let calibrated = predictor.calibrate(&calib).unwrap();
+    let c = calibrated.calibration();
+    assert_eq!(c.seen_residuals + c.novel_residuals, calib.len());
+    assert!(c.novel_multiplier >= c.seen_multiplier);
+    let after = holds(&calibrated);
+    assert!(
+        after >= 0.9,
+        "calibrated interval holds {after} (before {before})"
+    );
+    assert!(c.seen_multiplier > 1.0, "{c:?}");
 }

@@ -168,8 +168,11 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
     let history = StepHistory::load(&dir.join(HISTORY_FILE))?;
     let ctx = context(cluster)?;
     let (mape, coverage) = model_errors(&loaded.predictor, &ctx, &history, &splits[0].split.test)?;
+    let c = loaded.predictor.calibration();
     println!(
-        "learned predictor on held-out jobs: step-time MAPE {mape:.1} %, 90 % interval holds {coverage:.0} % of truths"
+        "learned predictor on held-out jobs: step-time MAPE {mape:.1} %, 90 % interval holds {coverage:.0} % of truths \
+         (σ × {:.2} on trained shapes, × {:.2} on novel ones)",
+        c.seen_multiplier, c.novel_multiplier
     );
     Ok(())
 }
@@ -190,6 +193,84 @@ fn graphs(
         .iter()
         .filter_map(|e| ctx.featurize(e, history))
         .collect()
+}
+
+/// The speed factor of an example's placement, for the history.
+fn speed(ctx: &ClusterContext) -> impl Fn(&StepExample) -> f64 + '_ {
+    |e| ctx.placement_speed(e).factor()
+}
+
+/// Multi-GPU shape classes of `train` set aside to calibrate the interval on shapes the
+/// network has not seen: every third class in sorted order (starting with the second),
+/// so that each interconnect level keeps most of its classes in training.
+fn calibration_classes(train: &[StepExample]) -> Vec<(&str, u32)> {
+    train
+        .iter()
+        .filter(|e| e.num_gpus > 1)
+        .map(|e| (e.span.as_str(), e.num_gpus))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .skip(1)
+        .step_by(3)
+        .collect()
+}
+
+/// Epoch cap and patience of the auxiliary calibration run of [`train_calibrated`].
+const AUX_MAX_EPOCHS: usize = 40;
+const AUX_PATIENCE: usize = 8;
+
+/// Trains on `split` and calibrates the interval (split conformal, see
+/// `marshal_model::calibration`): the multiplier for trained shapes on the validation
+/// jobs; the one for novel shapes on [`calibration_classes`] held out of a second
+/// training on the same split (so the first keeps all its training data), then carried
+/// over. Returns the predictor and its history.
+fn train_calibrated(
+    ctx: &ClusterContext,
+    split: &Split,
+    config: &PredictorConfig,
+    epochs: &mut usize,
+) -> anyhow::Result<(marshal_model::TrainedPredictor, StepHistory)> {
+    let history = StepHistory::fit(&split.train, speed(ctx));
+    let predictor = marshal_model::train::fit(
+        &rebalanced(graphs(ctx, &history, &split.train)),
+        &graphs(ctx, &history, &split.valid),
+        config,
+        &mut |r| *epochs = r.epoch,
+    )?;
+    let valid = graphs(ctx, &history, &split.valid);
+    let mut predictor = predictor.calibrate(&valid)?;
+
+    let classes = calibration_classes(&split.train);
+    let inner = split_unseen_placements(&split.train, &classes, config.seed, 0.0);
+    if !(inner.train.is_empty() || inner.test.is_empty()) {
+        let inner_history = StepHistory::fit(&inner.train, speed(ctx));
+        // Only its σ's miss on novel shapes relative to trained ones is used, so a shorter
+        // run will do.
+        let aux_config = config
+            .clone()
+            .with_max_epochs(config.max_epochs.min(AUX_MAX_EPOCHS))
+            .with_patience(config.patience.min(AUX_PATIENCE));
+        let aux = marshal_model::train::fit(
+            &rebalanced(graphs(ctx, &inner_history, &inner.train)),
+            &graphs(ctx, &inner_history, &split.valid),
+            &aux_config,
+            &mut |_| {},
+        )?;
+        let held: Vec<_> = graphs(ctx, &inner_history, &inner.test)
+            .into_iter()
+            .chain(graphs(ctx, &inner_history, &split.valid))
+            .collect();
+        let aux = aux.calibrate(&held)?;
+        let a = aux.calibration();
+        if a.novel_residuals > 0 {
+            // How much wider than on trained shapes the novel ones need, on the auxiliary
+            // network, applied to the main one.
+            let ratio = a.novel_multiplier / a.seen_multiplier;
+            let novel = predictor.calibration().seen_multiplier * ratio;
+            predictor = predictor.with_novel_multiplier(novel, a.novel_residuals)?;
+        }
+    }
+    Ok((predictor, history))
 }
 
 /// Most gangs in a trace are one GPU, whose step time does not depend on placement; the
@@ -241,6 +322,41 @@ fn model_errors(
     ))
 }
 
+/// Step-time MAPE of the featuriser's prior alone (no network).
+fn prior_errors(ctx: &ClusterContext, history: &StepHistory, test: &[StepExample]) -> (f64, usize) {
+    let truth: Vec<f64> = test.iter().map(|e| e.step_time_s).collect();
+    let prior: Vec<f64> = test.iter().map(|e| ctx.prior_step_s(e, history)).collect();
+    (mape(&prior, &truth), test.len())
+}
+
+/// MAPE and interval coverage per (span, GPU count) class of a test set, multi-GPU only.
+fn per_class_errors(
+    predictor: &marshal_model::TrainedPredictor,
+    ctx: &ClusterContext,
+    history: &StepHistory,
+    test: &[StepExample],
+) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let mut classes: std::collections::BTreeMap<(String, u32), Vec<StepExample>> =
+        Default::default();
+    for e in test.iter().filter(|e| e.num_gpus > 1) {
+        classes
+            .entry((e.span.clone(), e.num_gpus))
+            .or_default()
+            .push(e.clone());
+    }
+    classes
+        .into_iter()
+        .map(|((span, n), examples)| {
+            let (m, cov) = model_errors(predictor, ctx, history, &examples)?;
+            Ok((
+                format!("{n} GPUs within {span} ({})", examples.len()),
+                m,
+                cov,
+            ))
+        })
+        .collect()
+}
+
 /// FNV-1a over the examples' identities and answers: the artifact's data hash.
 fn data_hash(examples: &[StepExample]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -272,28 +388,34 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
             continue;
         }
         let split = &s.split;
-        let history = StepHistory::fit(&split.train);
         let started = std::time::Instant::now();
         let mut epochs = 0;
-        let predictor = marshal_model::train::fit(
-            &rebalanced(graphs(&ctx, &history, &split.train)),
-            &graphs(&ctx, &history, &split.valid),
-            &config,
-            &mut |r| epochs = r.epoch,
-        )?;
+        let (predictor, history) = train_calibrated(&ctx, split, &config, &mut epochs)?;
         let (model_mape, coverage) = model_errors(&predictor, &ctx, &history, &split.test)?;
+        let (prior_mape, _) = prior_errors(&ctx, &history, &split.test);
         let (lookup, linear) = baseline_errors(split)?;
+        let c = predictor.calibration();
         println!(
-            "{}: learned {model_mape:.1} % (90 % interval holds {coverage:.0} %), lookup {lookup:.1} %, \
-             linear {linear:.1} % step-time MAPE; {} train / {} test examples, {epochs} epochs in {:.1} s",
+            "{}: learned {model_mape:.1} % (90 % interval holds {coverage:.0} %), prior alone {prior_mape:.1} %, \
+             lookup {lookup:.1} %, linear {linear:.1} % step-time MAPE; {} train / {} test examples, \
+             {epochs} epochs in {:.1} s (with the calibration run); σ × {:.2} trained shapes ({} residuals), \
+             × {:.2} novel ({} residuals)",
             s.name,
             split.train.len(),
             split.test.len(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            c.seen_multiplier,
+            c.seen_residuals,
+            c.novel_multiplier,
+            c.novel_residuals,
         );
+        for (label, m, cov) in per_class_errors(&predictor, &ctx, &history, &split.test)? {
+            println!("    {label}: learned {m:.1} %, interval holds {cov:.0} %");
+        }
         let key = s.key;
         scores.insert(format!("{key}_step_time_mape"), model_mape);
         scores.insert(format!("{key}_interval90_coverage_pct"), coverage);
+        scores.insert(format!("{key}_prior_mape"), prior_mape);
         scores.insert(format!("{key}_lookup_mape"), lookup);
         scores.insert(format!("{key}_linear_mape"), linear);
         if key == "holdout_jobs" {

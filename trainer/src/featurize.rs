@@ -10,14 +10,39 @@
 //! Values no table measures are named estimates: parameter counts per architecture
 //! (published sizes, rounded) and the GPUs' datasheet FP16 throughput and memory
 //! bandwidth.
+//!
+//! # The prior
+//!
+//! Every example also carries an analytic estimate of its step time (the model's
+//! `log_prior_step_s` slot; the network learns the residual around it), built only from
+//! what is known before the job runs:
+//!
+//! - a step is compute plus communication. With `c` the kind's communication share of a
+//!   step over the reference link (the workload catalog's measurement, at the local batch
+//!   size; 0 for one GPU or no communication), a gang whose slowest link is `bw` takes
+//!   `1 − c + c·ref/bw` of a step on the reference link: the gradient all-reduce's bytes
+//!   are the same, their time scales with the bottleneck link. Relative to the tightest
+//!   placement the cluster allows for that GPU count, that is the placement's
+//!   *slowdown*; a step is further slowed by the GPU type's throughput class and by
+//!   co-tenants (the kind's measured co-location speed per extra tenant);
+//! - the scale comes from history: the step times of *other* training jobs of the same
+//!   kind, each divided by its own placement's slowdown factors (so a job measured spread
+//!   and one measured packed tell the same packed, unshared time), then multiplied by this
+//!   placement's. Only when the kind was never seen does a FLOP count stand in
+//!   (`6 · parameters · local batch` at 40 % of the datasheet FP16 rate).
+//!
+//! No ring factor `2(n − 1)/n` is applied: the catalog's communication shares are
+//! measured on gangs of the job's own size, so the volume is already in `c`.
 
 use std::collections::BTreeMap;
 
+use marshal_model::PRIOR_JOB_SLOT;
 use marshal_model::{
     GpuNodeFeatures, JobFeatures, LinkFeatures, LinkKind, MAX_GPUS_PER_GRAPH, PlacementGraph,
     Targets,
 };
-use marshal_scheduler::domain::{TopoLevel, Topology, WorkloadCatalog};
+use marshal_scheduler::domain::{TopoLevel, Topology, WorkloadCatalog, WorkloadKind};
+use marshal_scheduler::sim::SpeedModel;
 
 use crate::{StepExample, StepHistory};
 
@@ -29,6 +54,46 @@ pub struct ClusterContext {
     memory_gib: BTreeMap<String, f64>,
     island: BTreeMap<String, u16>,
     kinds: WorkloadCatalog,
+    /// GB/s of every [`TopoLevel`] (indexed by its number).
+    level_gbps: [f64; 6],
+    /// Most GPUs within each [`TopoLevel`] (indexed by its number).
+    level_capacity: [u32; 6],
+    /// Catalog throughput class per GPU model name.
+    throughput: BTreeMap<String, f64>,
+    /// Bandwidth (GB/s) the catalog's communication shares are measured at, and the
+    /// shares and interference used for a job without a kind.
+    speed: SpeedModel,
+}
+
+/// The placement-dependent factors of one example's speed (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlacementSpeed {
+    /// GPU type's throughput class relative to the reference GPU.
+    pub throughput: f64,
+    /// Speed on this placement relative to the tightest one, in (0, 1].
+    pub locality: f64,
+    /// Speed left by co-tenants, in (0, 1].
+    pub interference: f64,
+}
+
+impl PlacementSpeed {
+    /// The product of the three factors.
+    pub fn factor(&self) -> f64 {
+        self.throughput * self.locality * self.interference
+    }
+}
+
+/// Level a step profile's span names.
+fn parse_level(span: &str) -> Option<TopoLevel> {
+    Some(match span {
+        "gpu" => TopoLevel::Gpu,
+        "nvlink-island" => TopoLevel::NvlinkIsland,
+        "node" => TopoLevel::Node,
+        "rack" => TopoLevel::Rack,
+        "spine" => TopoLevel::Spine,
+        "cluster" => TopoLevel::Cluster,
+        _ => return None,
+    })
 }
 
 /// Approximate parameter counts of the architectures the workload kinds name.
@@ -68,10 +133,12 @@ impl ClusterContext {
     pub fn new(topo: &Topology, kinds: WorkloadCatalog) -> Self {
         let mut memory_gib = BTreeMap::new();
         let mut island = BTreeMap::new();
+        let mut throughput = BTreeMap::new();
         for node in topo.nodes() {
             if let Some(m) = node.model {
                 let model = topo.catalog.get(m);
                 memory_gib.insert(model.name.clone(), model.memory_gib);
+                throughput.insert(model.name.clone(), model.throughput);
                 island.entry(model.name.clone()).or_insert(node.island_size);
             }
         }
@@ -85,6 +152,114 @@ impl ClusterContext {
             memory_gib,
             island,
             kinds,
+            level_gbps: TopoLevel::ALL.map(|l| topo.bandwidth(l)),
+            level_capacity: TopoLevel::ALL.map(|l| topo.max_gpus_within(l)),
+            throughput,
+            speed: SpeedModel::default(),
+        }
+    }
+
+    /// The example's communication share at the reference bandwidth: the kind's
+    /// (at its local batch), else the default of the job's pattern; 0 for one GPU or a
+    /// job that does not communicate.
+    fn comm_share(&self, e: &StepExample) -> f64 {
+        if e.num_gpus <= 1 || e.comm == "none" {
+            return 0.0;
+        }
+        let local_batch = e
+            .batch_size
+            .map(|b| f64::from(b) / f64::from(e.num_gpus.max(1)));
+        match self.kinds.id(&e.model).and_then(|id| self.kinds.get(id)) {
+            Some(k) => k.comm_share_at(local_batch),
+            None => match e.comm.as_str() {
+                "data-parallel" => self.speed.data_parallel_comm,
+                "tensor-parallel" => self.speed.tensor_parallel_comm,
+                "pipeline-parallel" => self.speed.pipeline_parallel_comm,
+                _ => 0.0,
+            },
+        }
+    }
+
+    /// Speed factors of the example's placement (see the module docs); every factor is
+    /// finite and positive.
+    pub fn placement_speed(&self, e: &StepExample) -> PlacementSpeed {
+        let kind = self.kinds.id(&e.model).and_then(|id| self.kinds.get(id));
+        let throughput = kind
+            .and_then(|k| k.relative_throughput.get(&e.gpu_type).copied())
+            .or_else(|| self.throughput.get(&e.gpu_type).copied())
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .unwrap_or(1.0);
+        let c = self.comm_share(e).clamp(0.0, 0.99);
+        let locality = if c == 0.0 {
+            1.0
+        } else {
+            let tightest = TopoLevel::ALL[1..]
+                .iter()
+                .copied()
+                .find(|&l| self.level_capacity[l as usize] >= e.num_gpus)
+                .unwrap_or(TopoLevel::Cluster)
+                .max(TopoLevel::NvlinkIsland);
+            let level = parse_level(&e.span)
+                .unwrap_or(if e.nodes > 1 {
+                    TopoLevel::Rack
+                } else {
+                    TopoLevel::Node
+                })
+                .max(TopoLevel::NvlinkIsland);
+            let time = |l: TopoLevel| {
+                let bw = self.level_gbps[l as usize].max(1e-6);
+                1.0 - c + c * self.speed.reference_gbps / bw
+            };
+            (time(tightest) / time(level)).min(1.0)
+        };
+        let others = e.tenants.saturating_sub(1);
+        let interference = match kind {
+            Some(k) => k.colocation_speed.powi(i32::from(others)),
+            None => 1.0 - self.speed.interference * f64::from(others),
+        }
+        .max(self.speed.min_interference_factor);
+        PlacementSpeed {
+            throughput,
+            locality,
+            interference,
+        }
+    }
+
+    /// The example's workload kind, when the catalog knows it, and the parameter count
+    /// of its model family (a named estimate; 30 M for an unknown family).
+    fn kind_and_params(&self, e: &StepExample) -> (Option<&WorkloadKind>, f64) {
+        let kind = self.kinds.id(&e.model).and_then(|id| self.kinds.get(id));
+        let family = kind.map_or(e.model.as_str(), |k| k.family.as_str());
+        let params = PARAMS
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(30e6, |p| p.1);
+        (kind, params)
+    }
+
+    /// The example's analytic step time, seconds (finite and positive): the history's
+    /// packed, unshared step time of other jobs of its kind over this placement's speed
+    /// factor, or a FLOP count when the kind has no history.
+    pub fn prior_step_s(&self, e: &StepExample, history: &StepHistory) -> f64 {
+        let factor = self.placement_speed(e).factor();
+        let packed = match history.recall(e) {
+            Some(r) => r.packed_step_s,
+            None => {
+                let (_, params) = self.kind_and_params(e);
+                let local_batch = e
+                    .batch_size
+                    .map_or(32.0, |b| f64::from(b) / f64::from(e.num_gpus.max(1)));
+                let (tflops, _) = datasheet(&e.gpu_type);
+                // On the GPU's own datasheet rate, so undo the throughput class below.
+                6.0 * params * local_batch / (f64::from(tflops) * 1e12 * 0.4)
+                    * self.placement_speed(e).throughput
+            }
+        };
+        let prior = packed / factor;
+        if prior.is_finite() && prior > 0.0 {
+            prior.clamp(1e-9, 1e9)
+        } else {
+            1.0
         }
     }
 
@@ -142,12 +317,7 @@ impl ClusterContext {
                 ));
             }
         }
-        let kind = self.kinds.id(&e.model).and_then(|id| self.kinds.get(id));
-        let family = kind.map_or(e.model.as_str(), |k| k.family.as_str());
-        let params = PARAMS
-            .iter()
-            .find(|(f, _)| *f == family)
-            .map_or(30e6, |p| p.1);
+        let (kind, params) = self.kind_and_params(e);
         let local_batch = e
             .batch_size
             .map(|b| f64::from(b) / f64::from(e.num_gpus.max(1)));
@@ -172,10 +342,12 @@ impl ClusterContext {
                 4.0,
                 0.0,
                 (comm / (1.0 - comm).max(1e-3)) as f32,
-                recalled.map_or(0.0, |r| r.step_time_s.ln() as f32),
+                recalled.map_or(0.0, |r| r.packed_step_s.ln() as f32),
                 recalled.map_or(0.0, |r| f32::from(r.level)),
+                self.prior_step_s(e, history).ln() as f32,
             ],
         };
+        debug_assert!(job.values[PRIOR_JOB_SLOT].is_finite());
         let mem = e.peak_mem_gib.map(|m| m.map_or(f32::NAN, |v| v as f32));
         Some((
             PlacementGraph {
@@ -189,5 +361,99 @@ impl ClusterContext {
                 gpu_util_pct: e.gpu_util_pct.map_or(f32::NAN, |u| u as f32),
             },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::baselines::tests::ex;
+    use marshal_scheduler::domain::ClusterSpec;
+
+    fn ctx() -> ClusterContext {
+        let spec = ClusterSpec::from_toml(
+            "name='c'\nnodes_per_rack=2\n[[nodes]]\ncount=4\ngpu_model='V100M32'\ngpus=8\n\
+             nvlink_domain=4\ncpu_milli=1\nmemory_mib=1\n",
+        )
+        .unwrap();
+        ClusterContext::new(&Topology::build(&spec).unwrap(), WorkloadCatalog::default())
+    }
+
+    #[test]
+    fn the_prior_is_finite_for_every_shape() {
+        let ctx = ctx();
+        let empty = StepHistory::default();
+        let history = StepHistory::fit(&[ex("h", "bert", 4, 1, "node", 2.0)], |e| {
+            ctx.placement_speed(e).factor()
+        });
+        let spans = [
+            "gpu",
+            "nvlink-island",
+            "node",
+            "rack",
+            "spine",
+            "cluster",
+            "?",
+        ];
+        for span in spans {
+            for (gpus, nodes) in [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (16, 4), (32, 4)] {
+                for tenants in [1, 2, 9] {
+                    for comm in ["none", "data-parallel", "tensor-parallel", "odd"] {
+                        let mut e = ex("j", "bert", gpus, nodes, span, 1.0);
+                        e.tenants = tenants;
+                        e.comm = comm.into();
+                        for h in [&empty, &history] {
+                            let prior = ctx.prior_step_s(&e, h);
+                            assert!(prior.is_finite() && prior > 0.0, "{e:?}: {prior}");
+                            let (g, _) = ctx.featurize(&e, h).unwrap();
+                            let v = g.job.values[PRIOR_JOB_SLOT];
+                            assert!(v.is_finite() && (f64::from(v) - prior.ln()).abs() < 1e-4);
+                            g.validate("g").unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn spreading_a_communicating_gang_slows_the_prior_down() {
+        let ctx = ctx();
+        let island = ex("a", "bert", 4, 1, "nvlink-island", 1.0);
+        let node = ex("a", "bert", 4, 1, "node", 1.0);
+        let rack = ex("a", "bert", 4, 2, "rack", 1.0);
+        let spine = ex("a", "bert", 4, 4, "spine", 1.0);
+        let locality = |e: &StepExample| ctx.placement_speed(e).locality;
+        assert_eq!(locality(&island), 1.0);
+        assert!(locality(&node) < 1.0);
+        assert!(locality(&rack) < locality(&node));
+        assert!(locality(&spine) <= locality(&rack));
+        // One GPU, or no communication: placement does not matter.
+        assert_eq!(locality(&ex("a", "bert", 1, 1, "spine", 1.0)), 1.0);
+        let mut quiet = spine.clone();
+        quiet.comm = "none".into();
+        assert_eq!(locality(&quiet), 1.0);
+        // A co-tenant slows it down.
+        let mut shared = island.clone();
+        shared.tenants = 2;
+        assert!(ctx.placement_speed(&shared).interference < 1.0);
+    }
+
+    #[test]
+    fn history_measured_spread_predicts_packed_through_the_prior() {
+        let ctx = ctx();
+        // Job b was measured spread across racks; its packed equivalent is what a new
+        // packed job of the kind gets as its prior, and vice versa.
+        let spread = ex("b", "bert", 4, 2, "rack", 3.0);
+        let history = StepHistory::fit(std::slice::from_ref(&spread), |e| {
+            ctx.placement_speed(e).factor()
+        });
+        let packed = ex("new", "bert", 4, 1, "nvlink-island", 0.0);
+        let expected =
+            3.0 * ctx.placement_speed(&spread).factor() / ctx.placement_speed(&packed).factor();
+        assert!((ctx.prior_step_s(&packed, &history) - expected).abs() < 1e-12);
+        assert!(expected < 3.0);
+        let again = ex("new", "bert", 4, 2, "rack", 0.0);
+        assert!((ctx.prior_step_s(&again, &history) - 3.0).abs() < 1e-12);
     }
 }

@@ -6,6 +6,13 @@
 //! data allows: same kind, GPU type and GPU count (level 3), same kind and GPU type
 //! (level 2), same kind (level 1), or nothing (level 0).
 //!
+//! Each entry keeps the speed factor of its own placement
+//! ([`crate::ClusterContext::placement_speed`]: GPU throughput class, locality,
+//! co-tenancy), and a recall answers with the *packed* step time, `step time × factor`
+//! (what the job would take on the tightest placement, unshared, on the reference GPU),
+//! so that measurements of the same kind on different placements agree, and the prior
+//! can carry them to any other placement.
+//!
 //! The example's own job is always left out. Without that, a training example whose key
 //! holds only its own job would see its answer as a feature, the network would learn to
 //! copy it, and at test time (where jobs are new) the copy would be worth much less.
@@ -29,6 +36,9 @@ pub struct HistoryEntry {
     pub gpu_type: String,
     pub num_gpus: u32,
     pub step_time_s: f64,
+    /// Speed factor of the placement it was measured on (step time × speed = packed
+    /// step time).
+    pub speed: f64,
 }
 
 /// Step times of earlier jobs, indexed at three levels of specificity.
@@ -40,26 +50,31 @@ pub struct StepHistory {
     by_model: BTreeMap<String, Vec<usize>>,
 }
 
-/// A history lookup: the median step time and how specific it is (1..=3).
+/// A history lookup: the median packed step time and how specific it is (1..=3).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Recalled {
-    pub step_time_s: f64,
+    pub packed_step_s: f64,
     pub level: u8,
 }
 
 impl StepHistory {
-    /// The history of the training examples (valid and test examples must not be in it).
-    pub fn fit(train: &[StepExample]) -> Self {
+    /// The history of the training examples (valid and test examples must not be in it);
+    /// `speed` gives each example's placement speed factor (see the module docs).
+    pub fn fit(train: &[StepExample], speed: impl Fn(&StepExample) -> f64) -> Self {
         Self::from_entries(
             train
                 .iter()
-                .filter(|e| e.step_time_s.is_finite() && e.step_time_s > 0.0)
-                .map(|e| HistoryEntry {
+                .map(|e| (e, speed(e)))
+                .filter(|(e, s)| {
+                    e.step_time_s.is_finite() && e.step_time_s > 0.0 && s.is_finite() && *s > 0.0
+                })
+                .map(|(e, speed)| HistoryEntry {
                     job_id: e.job_id.clone(),
                     model: e.model.clone(),
                     gpu_type: e.gpu_type.clone(),
                     num_gpus: e.num_gpus,
                     step_time_s: e.step_time_s,
+                    speed,
                 })
                 .collect(),
         )
@@ -97,7 +112,7 @@ impl StepHistory {
                 .iter()
                 .map(|&i| &self.entries[i])
                 .filter(|h| h.job_id != e.job_id)
-                .map(|h| h.step_time_s)
+                .map(|h| h.step_time_s * h.speed)
                 .collect();
             median(times)
         };
@@ -115,9 +130,12 @@ impl StepHistory {
             ),
             (1, others(self.by_model.get(&e.model))),
         ];
-        levels
-            .into_iter()
-            .find_map(|(level, t)| t.map(|step_time_s| Recalled { step_time_s, level }))
+        levels.into_iter().find_map(|(level, t)| {
+            t.map(|packed_step_s| Recalled {
+                packed_step_s,
+                level,
+            })
+        })
     }
 
     /// Writes the history as JSON (an artifact keeps it beside the weights, since the
@@ -137,15 +155,17 @@ impl StepHistory {
         let entries: Vec<HistoryEntry> = serde_json::from_str(&text).map_err(|e| {
             TrainerError::Invalid(format!("{}: not a step history: {e}", path.display()))
         })?;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
         if let Some(bad) = entries
             .iter()
-            .find(|e| !(e.step_time_s.is_finite() && e.step_time_s > 0.0))
+            .find(|e| !(positive(e.step_time_s) && positive(e.speed)))
         {
             return Err(TrainerError::Invalid(format!(
-                "{}: job {} has step time {}, not a positive number",
+                "{}: job {} has step time {} and speed {}, not positive numbers",
                 path.display(),
                 bad.job_id,
-                bad.step_time_s
+                bad.step_time_s,
+                bad.speed
             )));
         }
         Ok(Self::from_entries(entries))
@@ -167,26 +187,56 @@ mod tests {
             example("b", "bert", 4, 3.0),
             example("c", "bert", 8, 10.0),
         ];
-        let h = StepHistory::fit(&train);
+        let h = StepHistory::fit(&train, |_| 1.0);
         // A new 4-GPU bert job: median of a and b at level 3.
         let r = h.recall(&example("new", "bert", 4, 0.0)).unwrap();
-        assert_eq!((r.step_time_s, r.level), (2.0, 3));
+        assert_eq!((r.packed_step_s, r.level), (2.0, 3));
         // Job a itself sees only b at its own count.
         let r = h.recall(&train[0]).unwrap();
-        assert_eq!((r.step_time_s, r.level), (3.0, 3));
+        assert_eq!((r.packed_step_s, r.level), (3.0, 3));
         // Job c alone at 8 GPUs: falls back to the kind on V100 without itself.
         let r = h.recall(&train[2]).unwrap();
-        assert_eq!((r.step_time_s, r.level), (2.0, 2));
+        assert_eq!((r.packed_step_s, r.level), (2.0, 2));
         assert_eq!(h.recall(&example("x", "gpt", 1, 0.0)), None);
+    }
+
+    #[test]
+    fn recalls_step_times_normalised_by_their_placement_speed() {
+        // b ran at half speed (spread): its packed time is 3.0 × 0.5 = 1.5.
+        let train = [example("a", "bert", 4, 1.0), example("b", "bert", 4, 3.0)];
+        let h = StepHistory::fit(&train, |e| if e.job_id == "b" { 0.5 } else { 1.0 });
+        let r = h.recall(&example("new", "bert", 4, 0.0)).unwrap();
+        assert_eq!(r.packed_step_s, 1.25);
+        // A non-finite speed drops the example instead of poisoning the median.
+        let h = StepHistory::fit(&train, |e| if e.job_id == "b" { f64::NAN } else { 1.0 });
+        assert_eq!(h.len(), 1);
     }
 
     #[test]
     fn saves_loads_and_names_a_damaged_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(HISTORY_FILE);
-        let h = StepHistory::fit(&[example("a", "bert", 4, 1.5)]);
+        let h = StepHistory::fit(&[example("a", "bert", 4, 1.5)], |_| 0.8);
         h.save(&path).unwrap();
         assert_eq!(StepHistory::load(&path).unwrap(), h);
+        // A history written before entries kept their speed is refused.
+        std::fs::write(
+            &path,
+            r#"[{"job_id":"a","model":"bert","gpu_type":"V100","num_gpus":4,"step_time_s":1.5}]"#,
+        )
+        .unwrap();
+        assert!(
+            StepHistory::load(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("speed")
+        );
+        std::fs::write(
+            &path,
+            r#"[{"job_id":"a","model":"bert","gpu_type":"V100","num_gpus":4,"step_time_s":1.5,"speed":0.0}]"#,
+        )
+        .unwrap();
+        assert!(StepHistory::load(&path).is_err());
         std::fs::write(&path, "[{\"job_id\":").unwrap();
         let err = StepHistory::load(&path).unwrap_err().to_string();
         assert!(err.contains(HISTORY_FILE), "{err}");

@@ -28,6 +28,6 @@ mod split;
 pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;
 pub use examples::{StepExample, load_step_examples};
-pub use featurize::ClusterContext;
+pub use featurize::{ClusterContext, PlacementSpeed};
 pub use history::{HISTORY_FILE, HistoryEntry, Recalled, StepHistory};
 pub use split::{Split, split_by_job, split_unseen_placements};
