@@ -84,8 +84,12 @@ impl Calibration {
         self.seen_residuals = seen.len();
         self.novel_residuals = novel.len();
         self.seen_multiplier = conformal_multiplier(seen, self.coverage).unwrap_or(1.0);
+        // With no novel residuals nothing says how wrong the network is off its training
+        // shapes: never narrower than its own σ then (a seen multiplier near 0, from a
+        // network that fits its training shapes almost exactly, would give novel shapes
+        // zero-width intervals).
         self.novel_multiplier = conformal_multiplier(novel, self.coverage)
-            .unwrap_or(self.seen_multiplier)
+            .unwrap_or(self.seen_multiplier.max(1.0))
             .max(self.seen_multiplier);
     }
 
@@ -196,7 +200,8 @@ mod tests {
         assert!((c.novel_multiplier - 18.0 / Z95).abs() < 1e-5);
         assert_eq!(c.multiplier((2, 1)), c.seen_multiplier);
         assert_eq!(c.multiplier((16, 4)), c.novel_multiplier);
-        // A novel group narrower than the seen one is raised to it; none falls back to it.
+        // A novel group narrower than the seen one is raised to it; none falls back to it,
+        // or to the network's own σ when the seen one is narrower than that.
         let mut c2 = c.clone();
         c2.fit(&[(3.0, false), (0.1, true)]);
         assert_eq!(c2.novel_multiplier, c2.seen_multiplier);
@@ -205,6 +210,9 @@ mod tests {
             (c2.novel_residuals, c2.novel_multiplier),
             (0, c2.seen_multiplier)
         );
+        c2.fit(&[(0.01, false)]);
+        assert!(c2.seen_multiplier < 0.01);
+        assert_eq!((c2.novel_residuals, c2.novel_multiplier), (0, 1.0));
         c.validate().unwrap();
     }
 
