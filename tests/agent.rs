@@ -51,6 +51,16 @@ async fn serve(config: ServiceConfig) -> ServerHandle {
         .unwrap()
 }
 
+/// A server on a fresh database in `dir` with the given node timeout and grace (ms).
+async fn serve_with_liveness(dir: &Path, timeout_ms: u64, grace_ms: u64) -> ServerHandle {
+    serve(ServiceConfig {
+        node_timeout_ms: timeout_ms,
+        node_grace_ms: grace_ms,
+        ..config(&dir.join("db.redb"), "127.0.0.1:0")
+    })
+    .await
+}
+
 /// Eight GPUs sampled at wall time: what a node's NVML source would produce.
 struct FakeGpus {
     node: Arc<str>,
@@ -496,12 +506,7 @@ fn a_silent_agent_makes_its_node_unreachable_and_its_jobs_move_after_the_grace()
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let config = ServiceConfig {
-            node_timeout_ms: 500,
-            node_grace_ms: 1_500,
-            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
-        };
-        let server = serve(config).await;
+        let server = serve_with_liveness(dir.path(), 500, 1_500).await;
         let addr = server.addr;
         let mut agents: Vec<Option<Agent>> = start_sim_agents(rt.handle(), addr, dir.path())
             .into_iter()
@@ -625,12 +630,7 @@ fn an_agent_without_telemetry_stays_reachable_through_heartbeats() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let config = ServiceConfig {
-            node_timeout_ms: 400,
-            node_grace_ms: 400,
-            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
-        };
-        let server = serve(config).await;
+        let server = serve_with_liveness(dir.path(), 400, 400).await;
         let addr = server.addr;
         let agent = start_agent_sampling(
             rt.handle(),
