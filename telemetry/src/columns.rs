@@ -425,7 +425,7 @@ impl GpuColumns {
         self.mem_util
             .append_option(report.f32_in(col::MEM_UTIL_PCT, r.mem_util_pct, 100.0));
         let used = match r.mem_total_bytes {
-            Some(total) => report.u64_at_most(col::MEM_USED_BYTES, r.mem_used_bytes, total),
+            Some(total) => report.at_most(col::MEM_USED_BYTES, r.mem_used_bytes, total),
             None => r.mem_used_bytes,
         };
         self.mem_used.append_option(used);
@@ -452,7 +452,7 @@ impl GpuColumns {
             MAX_TEMPERATURE_C,
         ));
         self.power
-            .append_option(report.u32_at_most(col::POWER_MW, r.power_mw, MAX_POWER_MW));
+            .append_option(report.at_most(col::POWER_MW, r.power_mw, MAX_POWER_MW));
         self.sm_clock.append_option(r.sm_clock_mhz);
         self.mem_clock.append_option(r.mem_clock_mhz);
         self.throttle.append_option(r.throttle_reasons);
@@ -582,7 +582,7 @@ impl Columns<NodeSample> for NodeColumns {
         }
         let total = r.host_mem_total_bytes;
         let used = match total {
-            Some(t) => report.u64_at_most(col::HOST_MEM_USED_BYTES, r.host_mem_used_bytes, t),
+            Some(t) => report.at_most(col::HOST_MEM_USED_BYTES, r.host_mem_used_bytes, t),
             None => r.host_mem_used_bytes,
         };
         self.used.append_option(used);

@@ -115,31 +115,14 @@ impl ValidationReport {
         }
     }
 
-    /// An unsigned value no larger than `max`, or null with the reason counted.
+    /// A value no larger than `max`, or null with the reason counted.
     #[inline]
-    pub(crate) fn u32_at_most(
+    pub(crate) fn at_most<T: PartialOrd>(
         &mut self,
         column: &'static str,
-        v: Option<u32>,
-        max: u32,
-    ) -> Option<u32> {
-        let v = v?;
-        if v > max {
-            self.null(column, Issue::OutOfRange);
-            None
-        } else {
-            Some(v)
-        }
-    }
-
-    /// An unsigned value no larger than `max`, or null with the reason counted.
-    #[inline]
-    pub(crate) fn u64_at_most(
-        &mut self,
-        column: &'static str,
-        v: Option<u64>,
-        max: u64,
-    ) -> Option<u64> {
+        v: Option<T>,
+        max: T,
+    ) -> Option<T> {
         let v = v?;
         if v > max {
             self.null(column, Issue::OutOfRange);
