@@ -269,6 +269,12 @@ mod tests {
         assert!(err("policy = \"learned\"\nfallback = \"nope\"").contains("fallback"));
         assert!(err("policy = \"learned\"\nmodel_poll_ms = 99999999").contains("model_poll_ms"));
         assert!(err("decision_log_file_rows = 0").contains("decision_log_file_rows"));
+        let reservation = |body: &str| format!("[reservation]\nmin_gpus = 8\n{body}");
+        assert!(err(&reservation("after_wait_s = -1.0")).contains("after_wait_s"));
+        assert!(err(&reservation("after_wait_s = 60.0\nmax_share = 2.0")).contains("max_share"));
+        assert!(err("[reservation]\nafter_wait_s = 60.0\nmin_gpus = 0").contains("min_gpus"));
+        let held = ServiceConfig::from_toml(&reservation("after_wait_s = 60.0")).unwrap();
+        assert_eq!(held.reservation.map(|r| r.max_share), Some(0.25));
         let ok = ServiceConfig::from_toml(
             "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
         )
