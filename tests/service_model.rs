@@ -432,6 +432,34 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
             assert!(o.run_s.is_some_and(|r| r >= 0.0) && o.wait_s >= 0.0);
         }
         assert_eq!(data.outcomes.len(), 50);
+
+        // Every placement carries its featurised candidates, and the trainer retrains
+        // the served model from the log.
+        for d in &places {
+            let f = d
+                .features
+                .as_ref()
+                .expect("a learned-policy row has features");
+            let (decision, taken) = f.decision().unwrap();
+            assert!(taken < decision.candidates.len());
+        }
+        let retrained = tmp.path().join("retrained");
+        let opts = marshal_trainer::policy::LogTrainOptions {
+            epochs: 2,
+            ..Default::default()
+        };
+        let trained = marshal_trainer::policy::retrain_from_log(
+            &shipped_model(),
+            &data,
+            &retrained,
+            &opts,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(trained.report.decisions, 50);
+        assert_eq!(trained.report.used, 50, "{:?}", trained.report);
+        let artifact = marshal_model::policy::load_policy(&retrained).unwrap();
+        assert_eq!(artifact.meta.training["log_samples"], 50.0);
     });
 }
 

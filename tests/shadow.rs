@@ -241,7 +241,9 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
             "--listen",
             "127.0.0.1:0",
             "--policy",
-            "topo-pack",
+            "learned",
+            "--model",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/models/policy-default"),
             "--log",
         ])
         .arg(&log)
@@ -263,7 +265,7 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
         .enable_all()
         .build()
         .unwrap();
-    let rec = runtime.block_on(async {
+    let (rec, learned) = runtime.block_on(async {
         let url = format!("http://{addr}");
         let ch = tonic::transport::Endpoint::from_shared(url)
             .unwrap()
@@ -278,41 +280,63 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
             .unwrap()
             .into_inner();
         assert_eq!(health.status, 1, "SERVING");
-        let resp = AdvisorServiceClient::new(ch)
-            .advise(pb::AdviseRequest {
-                cluster: Some(pb::ClusterSnapshot {
-                    name: "foreign".into(),
-                    nodes: vec![
-                        snapshot_node("a", &[0, 1, 2, 3, 4, 5, 6, 7]),
-                        snapshot_node("b", &[0]),
-                    ],
+        let request = |id: &str, gpus: u32, policy: &str| pb::AdviseRequest {
+            cluster: Some(pb::ClusterSnapshot {
+                name: "foreign".into(),
+                nodes: vec![
+                    snapshot_node("a", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                    snapshot_node("b", &[0]),
+                ],
+                ..Default::default()
+            }),
+            pending: vec![pb::PendingJob {
+                id: id.into(),
+                spec: Some(pb::JobSpec {
+                    workers: 1,
+                    gpu: Some(pb::GpuDemand {
+                        kind: Some(pb::gpu_demand::Kind::Whole(gpus)),
+                    }),
                     ..Default::default()
                 }),
-                pending: vec![pb::PendingJob {
-                    id: "slurm-17".into(),
-                    spec: Some(pb::JobSpec {
-                        workers: 1,
-                        gpu: Some(pb::GpuDemand {
-                            kind: Some(pb::gpu_demand::Kind::Whole(4)),
-                        }),
-                        ..Default::default()
-                    }),
-                    waited_s: 12.0,
-                }],
-                policy: String::new(),
-            })
+                waited_s: 12.0,
+            }],
+            policy: policy.into(),
+        };
+        let mut client = AdvisorServiceClient::new(ch);
+        // A call may name a heuristic; one that names none gets the server's policy.
+        let resp = client
+            .advise(request("slurm-17", 4, "topo-pack"))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(resp.policy, "topo-pack");
-        resp.recommendations.into_iter().next().unwrap()
+        let heuristic = resp.recommendations.into_iter().next().unwrap();
+        let resp = client
+            .advise(request("slurm-18", 1, ""))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.policy, "learned");
+        (heuristic, resp.recommendations.into_iter().next().unwrap())
     });
+    // The shipped model answered (the network, or its gate handing over), not "no model".
+    assert!(
+        learned.path == "learned" || learned.path.starts_with("fallback:"),
+        "{learned:?}"
+    );
+    assert_ne!(learned.path, "fallback:no-model");
+    assert_eq!(learned.verdict, pb::Verdict::Place as i32);
+    assert_eq!(learned.placement[0].node, "b", "node a is full");
     assert_eq!(rec.job_id, "slurm-17");
     assert_eq!(rec.verdict, pb::Verdict::Place as i32);
     assert_eq!(rec.placement[0].node, "b", "node a is full");
     assert_eq!(rec.decision_id, 1);
+    assert_eq!(rec.path, "heuristic:topo-pack");
     let lines: Vec<Value> = records(&log);
-    assert_eq!(lines.len(), 1);
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1]["job"], "slurm-18");
+    assert_eq!(lines[1]["policy"], "learned");
+    assert_eq!(lines[1]["path"], learned.path.as_str());
     assert_eq!(lines[0]["job"], "slurm-17");
     assert_eq!(lines[0]["verdict"], "Place");
     assert_eq!(lines[0]["source"], "advise");
@@ -326,13 +350,13 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
         "json",
     ]))
     .unwrap();
-    assert_eq!(summary["decisions"], 1);
-    assert_eq!(summary["jobs_placed"], 1);
+    assert_eq!(summary["decisions"], 2);
+    assert_eq!(summary["jobs_placed"], 2);
     let bad = dir.path().join("bad.jsonl");
     let text = std::fs::read_to_string(&log).unwrap() + "{\"not\": \"a record\"}\n";
     std::fs::write(&bad, text).unwrap();
     fails_with(
         &["shadow", "--report-log", bad.to_str().unwrap()],
-        "bad.jsonl:2:",
+        "bad.jsonl:3:",
     );
 }

@@ -115,7 +115,7 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError +
 }
 
 /// FNV-1a 64-bit: a dependency-free checksum against truncation and bit rot (not security).
-pub(crate) fn fnv1a64(bytes: &[u8]) -> String {
+pub fn fnv1a64(bytes: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         hash ^= u64::from(*b);

@@ -5,6 +5,7 @@ mod demo;
 mod eval;
 mod output;
 mod policy;
+mod policy_log;
 mod predictor;
 mod serve;
 mod shadow;
@@ -60,6 +61,9 @@ enum TrainWhat {
     Predictor(predictor::TrainPredictorArgs),
     /// The learned placement policy: behaviour cloning, then REINFORCE in the simulator.
     Policy(policy::TrainPolicyArgs),
+    /// Retrain a policy artifact from `marshal serve`'s Parquet decision log
+    /// (advantage-weighted cloning of the decisions whose placements completed).
+    PolicyFromLog(policy_log::TrainFromLogArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -73,6 +77,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train {
             what: TrainWhat::Policy(args),
         } => policy::train(args),
+        Command::Train {
+            what: TrainWhat::PolicyFromLog(args),
+        } => policy_log::train(args),
         Command::Datasets(args) => datasets::run(args),
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),

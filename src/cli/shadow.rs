@@ -272,15 +272,33 @@ fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
     };
     config.listen = addr.to_string();
     config.policy = args.policy.clone();
-    marshal_scheduler::policies::build(&config.policy, &[])
-        .context("live mode serves the heuristic policies")?;
+    if let Some(dir) = &args.model {
+        config.model = Some(dir.clone());
+    }
+    if let Some(f) = &args.fallback {
+        config.fallback = Some(f.clone());
+    }
+    crate::cli::policy::check_name(&config.policy)?;
+    config.validate()?;
+    // The same model slot as `marshal serve`: gate, fallback, hot reload.
+    let model_dir = config
+        .model
+        .clone()
+        .unwrap_or_else(crate::cli::policy::default_model_dir);
+    let model = service::model_slot(&config, &model_dir);
+    if config.policy == marshal_scheduler::policies::learned::LEARNED {
+        let status = model.status(&config.policy);
+        if !status.loaded {
+            eprintln!("warning: {}", status.detail);
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let log = args.log.clone();
     runtime.block_on(async move {
-        let handle = service::start_advisor(&config, &log).await?;
+        let handle = service::start_advisor(&config, &log, model).await?;
         // Tests and scripts read the bound address from this line.
         println!(
             "marshal shadow: advisor listening on {}, logging to {}",

@@ -171,18 +171,28 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
             ),
         ));
     }
-    let device = Device::flex();
-    // Every parameter is overwritten by the loaded record; the seed is irrelevant.
-    let skeleton = PolicyNetwork::init(&config, &mut ChaCha8Rng::seed_from_u64(0), &device);
-    let network = skeleton
-        .try_load_file(&weights_path)
-        .map_err(|e| corrupt(&weights_path, e))?;
+    let network = load_network(dir, &config, &Device::flex())?;
     let scorer = PolicyScorer::new(&network, stats).map_err(|e| corrupt(&stats_path, e))?;
     Ok(PolicyArtifact {
         scorer,
         config,
         meta,
     })
+}
+
+/// The weights of the policy in `dir` on `device` (an autodiff device to go on training).
+/// Call after [`load_policy`] has checked the directory.
+pub(crate) fn load_network(
+    dir: &Path,
+    config: &PolicyConfig,
+    device: &Device,
+) -> Result<PolicyNetwork> {
+    let weights_path = dir.join(WEIGHTS_FILE);
+    // Every parameter is overwritten by the loaded record; the seed is irrelevant.
+    let skeleton = PolicyNetwork::init(config, &mut ChaCha8Rng::seed_from_u64(0), device);
+    skeleton
+        .try_load_file(&weights_path)
+        .map_err(|e| corrupt(&weights_path, e))
 }
 
 #[cfg(test)]

@@ -307,6 +307,8 @@ pub fn advise(
                 crate::service::records::heuristic_score_note(&policy.name, heuristic_scored)
             },
             scored: Vec::new(),
+            // Advise decisions are not in the Parquet log (it logs the cycle's own).
+            features: None,
         });
     }
     Ok((policy.name.clone(), recs, records))

@@ -271,6 +271,10 @@ impl Inner {
             gate_threshold: self.gate_threshold.filter(|_| learned),
             score_note,
             scored,
+            features: trace.and_then(|t| {
+                let f = t.features.as_ref()?;
+                Some(crate::decision_log::LoggedFeatures::of(f, t.taken?))
+            }),
         };
         self.dirty.decisions.push(record);
         self.metrics.decision(path.kind);

@@ -153,6 +153,10 @@ pub struct DecisionRecord {
     /// The learned policy's candidate placements with their network scores.
     #[serde(default)]
     pub scored: Vec<ScoredCandidateRecord>,
+    /// The featurised decision, for the Parquet decision log only: kept out of the
+    /// database (Explain does not need ~1 KB of floats per decision).
+    #[serde(skip)]
+    pub features: Option<crate::decision_log::LoggedFeatures>,
 }
 
 /// At most this many candidates are recorded per decision.
@@ -351,6 +355,7 @@ impl DecisionRecord {
             confidence: self.confidence,
             policy: self.policy.clone(),
             model_version: self.model_version.clone(),
+            features: self.features.clone(),
         }
     }
 }

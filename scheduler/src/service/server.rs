@@ -102,18 +102,47 @@ fn server_builder(sec: &crate::service::SecurityConfig) -> Result<Server, StartE
     Ok(builder)
 }
 
+/// Automatic model reload for the learned policy: checks the artifact directory every
+/// `model_poll_ms` (0: never).
+fn spawn_model_poll(config: &ServiceConfig, model: &Arc<dyn ModelSlot>) -> Option<JoinHandle<()>> {
+    if config.policy != crate::policies::learned::LEARNED || config.model_poll_ms == 0 {
+        return None;
+    }
+    let model = model.clone();
+    let every = Duration::from_millis(config.model_poll_ms);
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let model = model.clone();
+            if tokio::task::spawn_blocking(move || model.poll())
+                .await
+                .is_err()
+            {
+                tracing::error!("model poll task failed");
+            }
+        }
+    }))
+}
+
 /// A running advisor-only server ([`start_advisor`]).
 #[derive(Debug)]
 pub struct AdvisorHandle {
     pub addr: SocketAddr,
     stop: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
+    poll_task: Option<JoinHandle<()>>,
 }
 
 impl AdvisorHandle {
     /// Stops accepting calls and waits for open ones (up to a grace period).
     pub async fn shutdown(self) -> Result<(), StartError> {
         let _ = self.stop.send(true);
+        if let Some(t) = &self.poll_task {
+            t.abort();
+        }
         let mut server = self.server;
         match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
             Ok(Ok(r)) => r.map_err(StartError::from),
@@ -129,18 +158,24 @@ impl AdvisorHandle {
 /// Shadow mode: serves only the Advisor service (with health and reflection, TLS and
 /// client tokens as `config.security` says) on `config.listen`, appending every
 /// recommendation to `shadow_log`. No database, no cluster, no cycle: it never acts.
+/// `model` serves the learned policy (see [`crate::service::model_slot`]) and is
+/// polled for changes like the primary server's.
 pub async fn start_advisor(
     config: &ServiceConfig,
     shadow_log: &std::path::Path,
+    model: Arc<dyn ModelSlot>,
 ) -> Result<AdvisorHandle, StartError> {
     config.validate()?;
+    let poll_task = spawn_model_poll(config, &model);
     let advisor = Arc::new(
-        crate::service::shadow::ShadowAdvisor::open(&config.policy, shadow_log).map_err(|e| {
-            StartError::Io(std::io::Error::other(format!(
-                "shadow log {}: {e}",
-                shadow_log.display()
-            )))
-        })?,
+        crate::service::shadow::ShadowAdvisor::open(&config.policy, shadow_log, model).map_err(
+            |e| {
+                StartError::Io(std::io::Error::other(format!(
+                    "shadow log {}: {e}",
+                    shadow_log.display()
+                )))
+            },
+        )?,
     );
     let listener = TcpListener::bind(config.listen_addr()?).await?;
     let addr = listener.local_addr()?;
@@ -164,7 +199,12 @@ pub async fn start_advisor(
         crate::service::core::stopped(stop_rx),
     ));
     tracing::info!(%addr, policy = %config.policy, log = %shadow_log.display(), "shadow advisor");
-    Ok(AdvisorHandle { addr, stop, server })
+    Ok(AdvisorHandle {
+        addr,
+        stop,
+        server,
+        poll_task,
+    })
 }
 
 /// Opens the database, restores the state and starts serving on `config.listen`.
@@ -209,28 +249,7 @@ pub async fn start(
     let (stop, stop_rx) = watch::channel(false);
     let (stop_driver, driver_rx) = watch::channel(false);
     let driver = tokio::spawn(core.clone().drive(driver_rx));
-    // Automatic model reload: check the artifact directory every `model_poll_ms`.
-    let poll_task = (config.policy == crate::policies::learned::LEARNED
-        && config.model_poll_ms > 0)
-        .then(|| {
-            let model = core.model.clone();
-            let every = Duration::from_millis(config.model_poll_ms);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    let model = model.clone();
-                    if tokio::task::spawn_blocking(move || model.poll())
-                        .await
-                        .is_err()
-                    {
-                        tracing::error!("model poll task failed");
-                    }
-                }
-            })
-        });
+    let poll_task = spawn_model_poll(&config, &core.model);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for s in SERVICES {

@@ -1,7 +1,8 @@
 //! Shadow mode's live advisor: the Advisor service alone (and health), answering a
 //! foreign scheduler's `Advise` calls and appending every recommendation to a shadow log
 //! (JSON lines, one [`DecisionRecord`] each). It holds no cluster and no jobs, so it
-//! cannot act.
+//! cannot act. With `policy = "learned"` it advises through the same model slot as
+//! `marshal serve` (gate, fallback, hot reload), and each record carries the path.
 
 use std::collections::VecDeque;
 use std::io::Write as _;
@@ -13,6 +14,8 @@ use tonic::{Request, Response, Status};
 
 use crate::service::core::now_us;
 use crate::service::error::ServiceError;
+use std::sync::Arc;
+
 use crate::service::model::{ModelSlot, NoModel};
 use crate::service::pb;
 use crate::service::pb::advisor_service_server::AdvisorService;
@@ -24,6 +27,7 @@ const EXPLAIN_WINDOW: usize = 100_000;
 #[derive(Debug)]
 pub struct ShadowAdvisor {
     policy: String,
+    model: Arc<dyn ModelSlot>,
     log: Mutex<std::io::BufWriter<std::fs::File>>,
     log_name: String,
     next_id: AtomicU64,
@@ -32,8 +36,13 @@ pub struct ShadowAdvisor {
 
 impl ShadowAdvisor {
     /// Appends to `log` (created when missing). Decision ids continue after those
-    /// already in it, so Explain ids stay unique across restarts.
-    pub fn open(policy: &str, log: &Path) -> Result<Self, std::io::Error> {
+    /// already in it, so Explain ids stay unique across restarts. `model` serves the
+    /// `learned` policy ([`NoModel`] for a heuristic advisor).
+    pub fn open(
+        policy: &str,
+        log: &Path,
+        model: Arc<dyn ModelSlot>,
+    ) -> Result<Self, std::io::Error> {
         let existing = match std::fs::read_to_string(log) {
             Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).count() as u64,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
@@ -45,6 +54,7 @@ impl ShadowAdvisor {
             .open(log)?;
         Ok(ShadowAdvisor {
             policy: policy.to_string(),
+            model,
             log: Mutex::new(std::io::BufWriter::new(file)),
             log_name: log.display().to_string(),
             next_id: AtomicU64::new(existing + 1),
@@ -70,14 +80,20 @@ impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
         req: Request<pb::AdviseRequest>,
     ) -> Result<Response<pb::AdviseResponse>, Status> {
         let req = req.into_inner();
-        let path = NoModel.decision_path(if req.policy.is_empty() {
+        let name = if req.policy.is_empty() {
             &self.policy
         } else {
             &req.policy
-        });
+        };
+        let path = if name == crate::policies::learned::LEARNED {
+            self.model.decision_path(name)
+        } else {
+            NoModel.decision_path(name)
+        };
         let policy = self.policy.clone();
+        let learned = self.model.policy_update(0).map(|u| u.setup);
         let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
-            crate::service::advisor::advise(&req, &policy, &path, None, now_us())
+            crate::service::advisor::advise(&req, &policy, &path, learned.as_ref(), now_us())
         })
         .await
         .map_err(|e| Status::internal(format!("advise task: {e}")))??;

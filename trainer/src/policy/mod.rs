@@ -20,11 +20,13 @@
 //! Everything is seeded: the same episodes and options give the same weights.
 
 mod episodes;
+mod from_log;
 mod rollout;
 
 pub use episodes::{
     Driver, EpisodeSpec, Objective, Outcome, allocated_milli, pg_samples, run_episode, score_of,
 };
+pub use from_log::{LogSampleReport, LogTrainOptions, LogTrained, log_samples, retrain_from_log};
 pub use rollout::{
     Labelled, RolloutOptions, best_of, label_run, roll_out, rollout_failures, rollout_labels,
 };

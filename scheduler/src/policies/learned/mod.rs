@@ -90,6 +90,12 @@ pub struct DecisionTrace {
     /// Index of the candidate the network chose (when it decided).
     pub chosen: Option<usize>,
     pub candidates: Vec<TracedCandidate>,
+    /// The featurised decision (absent when nothing was featurised), so that the
+    /// decision log can be retrained from.
+    pub features: Option<DecisionFeatures>,
+    /// Index of the candidate that was executed: the network's choice on the learned
+    /// path, the fallback heuristic's on a fallback path.
+    pub taken: Option<usize>,
 }
 
 /// Where a placer appends its [`DecisionTrace`]s; the owner drains it (the service does
@@ -265,8 +271,10 @@ impl LearnedPlacer {
         choices: &[Choice],
         scored: Option<&marshal_model::policy::Scored>,
         chosen: Option<usize>,
+        features: Option<&DecisionFeatures>,
     ) {
         let Some(sink) = &self.trace else { return };
+        let taken = chosen.or_else(|| fallback_index(choices));
         let candidates = choices
             .iter()
             .enumerate()
@@ -295,8 +303,21 @@ impl LearnedPlacer {
                 distance: scored.map(|s| s.distance),
                 chosen,
                 candidates,
+                features: features.cloned(),
+                taken,
             });
     }
+
+    fn tracing(&self) -> bool {
+        self.trace.is_some()
+    }
+}
+
+/// Index of the fallback heuristic's placement among `choices`.
+fn fallback_index(choices: &[Choice]) -> Option<usize> {
+    choices
+        .iter()
+        .position(|c| matches!(c, Choice::Place { fallback: true, .. }))
 }
 
 impl LearnedPlacer {
@@ -363,7 +384,23 @@ impl Placer for LearnedPlacer {
             (Ok(s), _) => Some(s.clone()),
             (Err(_), Act::Imitate) => None,
             (Err(_), _) => {
-                self.trace(job, DecisionPath::NoModel, &[], None, None);
+                // Featurised only when traced: a service without a model still logs
+                // decisions the trainer can clone from.
+                let decision = if self.tracing() {
+                    self.decision(job, state, ctx, &fallback)
+                } else {
+                    None
+                };
+                let (choices, features) =
+                    decision.map_or((Vec::new(), None), |(c, f)| (c, Some(f)));
+                self.trace(
+                    job,
+                    DecisionPath::NoModel,
+                    &choices,
+                    None,
+                    None,
+                    features.as_ref(),
+                );
                 return self.fall_back(DecisionPath::NoModel, fallback);
             }
         };
@@ -374,25 +411,29 @@ impl Placer for LearnedPlacer {
         let scored = match scorer.map(|s| s.score(&features)) {
             Some(Ok(s)) => Some(s),
             Some(Err(_)) => {
-                self.trace(job, DecisionPath::ScoringError, &choices, None, None);
+                self.trace(
+                    job,
+                    DecisionPath::ScoringError,
+                    &choices,
+                    None,
+                    None,
+                    Some(&features),
+                );
                 return self.fall_back(DecisionPath::ScoringError, fallback);
             }
             None => None,
         };
         let chosen = match (self.act, &scored) {
-            (Act::Imitate, _) | (_, None) => choices
-                .iter()
-                .position(|c| matches!(c, Choice::Place { fallback: true, .. }))
-                .unwrap_or(0),
+            (Act::Imitate, _) | (_, None) => fallback_index(&choices).unwrap_or(0),
             (Act::Greedy, Some(scored)) => {
                 if scored.distance > self.gate.distance_limit {
                     let path = DecisionPath::OutOfDistribution;
-                    self.trace(job, path, &choices, Some(scored), None);
+                    self.trace(job, path, &choices, Some(scored), None, Some(&features));
                     return self.fall_back(path, fallback);
                 }
                 if scored.margin < self.gate.margin_threshold {
                     let path = DecisionPath::LowMargin;
-                    self.trace(job, path, &choices, Some(scored), None);
+                    self.trace(job, path, &choices, Some(scored), None, Some(&features));
                     return self.fall_back(path, fallback);
                 }
                 scored.best
@@ -411,6 +452,15 @@ impl Placer for LearnedPlacer {
                 pick
             }
         };
+        self.stats.count(DecisionPath::Learned);
+        self.trace(
+            job,
+            DecisionPath::Learned,
+            &choices,
+            scored.as_ref(),
+            Some(chosen),
+            Some(&features),
+        );
         if let Some(rec) = &self.recorder {
             rec.lock().unwrap_or_else(|e| e.into_inner()).push(Record {
                 features,
@@ -419,14 +469,6 @@ impl Placer for LearnedPlacer {
                 call,
             });
         }
-        self.stats.count(DecisionPath::Learned);
-        self.trace(
-            job,
-            DecisionPath::Learned,
-            &choices,
-            scored.as_ref(),
-            Some(chosen),
-        );
         match &choices[chosen] {
             Choice::Place { placement, .. } => Ok(placement.clone()),
             Choice::Wait => {

@@ -160,6 +160,56 @@ fn imitation_records_the_fallback_choice_through_the_shared_featuriser() {
     }
 }
 
+#[test]
+fn traces_carry_the_features_and_the_executed_candidate_on_every_path() {
+    let w = workload();
+    let closed = Gate {
+        margin_threshold: 2.0,
+        distance_limit: f32::INFINITY,
+    };
+    for (model, gate, path) in [
+        (Ok(random_scorer(4)), open_gate(), DecisionPath::Learned),
+        (Ok(random_scorer(4)), closed, DecisionPath::LowMargin),
+        (Err("none".to_string()), open_gate(), DecisionPath::NoModel),
+    ] {
+        let sink = TraceSink::default();
+        let placer = LearnedPlacer::new(
+            crate::policies::build("fgd", &w).unwrap().placer,
+            &w,
+            model,
+            gate,
+        )
+        .with_trace(sink.clone());
+        let state = &mut ClusterState::new(cluster());
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        for job in &w[..8] {
+            let placed = placer.place(job, state, &mut Context::new(0.0, &mut rng));
+            if let Ok(p) = placed {
+                state.allocate(job, &p).unwrap();
+            }
+        }
+        let traces = sink.lock().unwrap();
+        assert_eq!(traces.len(), 8);
+        for t in traces.iter() {
+            assert_eq!(t.path, path);
+            let f = t
+                .features
+                .as_ref()
+                .expect("every traced decision is featurised");
+            f.validate().unwrap();
+            assert_eq!(f.candidates.len(), t.candidates.len());
+            let taken = t.taken.expect("an executed candidate");
+            if path.is_learned() {
+                assert_eq!(Some(taken), t.chosen);
+            } else {
+                // The fallback's placement is what ran (slot 14 flags it).
+                assert!(t.candidates[taken].fallback);
+                assert_eq!(f.candidates[taken][14], 1.0);
+            }
+        }
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
 

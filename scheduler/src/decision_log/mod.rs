@@ -17,7 +17,13 @@
 //! `file_rows` or `flush_ms`, and each file is written whole under a hidden `.tmp` name,
 //! `fsync`ed and renamed, so a reader sees complete files only. A write error is logged,
 //! counted (its rows are dropped, so memory stays bounded) and the writer carries on.
-//! [`read_decision_log`] reads both sets back.
+//! [`read_decision_log`] reads both sets back. Decisions of the learned policy also carry
+//! their featurised candidates ([`LoggedFeatures`], module `features`), which is what the
+//! trainer's `marshal train policy-from-log` learns from.
+
+mod features;
+
+pub use features::LoggedFeatures;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -89,6 +95,8 @@ pub struct DecisionRow {
     pub policy: String,
     /// Content hash of the model artifact that served the decision (learned policy).
     pub model_version: Option<String>,
+    /// The featurised decision (learned policy only; absent in older files).
+    pub features: Option<LoggedFeatures>,
 }
 
 /// How a placement ended: the outcome of its decision.
@@ -387,33 +395,38 @@ fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String>
 fn decisions_schema() -> SchemaRef {
     use DataType::*;
     let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
-    Arc::new(Schema::new(vec![
-        f("decision_id", UInt64, false),
-        f("at_us", Int64, false),
-        f("job_id", Utf8, false),
-        f("job_name", Utf8, false),
-        f("tenant", Utf8, false),
-        f("priority", Int32, false),
-        f("workers", UInt32, false),
-        f("gpu_kind", Utf8, false),
-        f("gpu_milli_per_worker", UInt32, false),
-        f("cpu_milli", UInt32, false),
-        f("memory_mib", UInt64, false),
-        f("comm", Utf8, false),
-        f("preemptible", Boolean, false),
-        f("queue_depth", UInt32, false),
-        f("idle_gpus", UInt32, false),
-        f("feasible_nodes", UInt32, false),
-        f("verdict", Utf8, false),
-        f("reason", Utf8, false),
-        f("nodes", Utf8, false),
-        f("gpus", Utf8, false),
-        f("gpu_milli_placed", UInt64, false),
-        f("path", Utf8, false),
-        f("confidence", Float64, true),
-        f("policy", Utf8, false),
-        f("model_version", Utf8, true),
-    ]))
+    Arc::new(Schema::new(
+        [
+            f("decision_id", UInt64, false),
+            f("at_us", Int64, false),
+            f("job_id", Utf8, false),
+            f("job_name", Utf8, false),
+            f("tenant", Utf8, false),
+            f("priority", Int32, false),
+            f("workers", UInt32, false),
+            f("gpu_kind", Utf8, false),
+            f("gpu_milli_per_worker", UInt32, false),
+            f("cpu_milli", UInt32, false),
+            f("memory_mib", UInt64, false),
+            f("comm", Utf8, false),
+            f("preemptible", Boolean, false),
+            f("queue_depth", UInt32, false),
+            f("idle_gpus", UInt32, false),
+            f("feasible_nodes", UInt32, false),
+            f("verdict", Utf8, false),
+            f("reason", Utf8, false),
+            f("nodes", Utf8, false),
+            f("gpus", Utf8, false),
+            f("gpu_milli_placed", UInt64, false),
+            f("path", Utf8, false),
+            f("confidence", Float64, true),
+            f("policy", Utf8, false),
+            f("model_version", Utf8, true),
+        ]
+        .into_iter()
+        .chain(features::fields())
+        .collect::<Vec<_>>(),
+    ))
 }
 
 fn outcomes_schema() -> SchemaRef {
@@ -451,7 +464,7 @@ fn decisions_batch(rows: &[DecisionRow]) -> Result<RecordBatch, String> {
     for r in rows {
         confidence.append_option(r.confidence);
     }
-    let columns: Vec<ArrayRef> = vec![
+    let mut columns: Vec<ArrayRef> = vec![
         col!(UInt64Builder, decision_id),
         col!(Int64Builder, at_us),
         s(|r| &r.job_id),
@@ -478,6 +491,7 @@ fn decisions_batch(rows: &[DecisionRow]) -> Result<RecordBatch, String> {
         s(|r| &r.policy),
         strings(rows.iter().map(|r| r.model_version.as_deref())),
     ];
+    columns.extend(features::columns(rows.iter().map(|r| r.features.as_ref())));
     RecordBatch::try_new(decisions_schema(), columns).map_err(|e| e.to_string())
 }
 
@@ -617,6 +631,7 @@ pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
             let (path_c, policy, version) =
                 (strs("path")?, strs("policy")?, strs("model_version")?);
             let conf = column::<Float64Array>(&b, "confidence").map_err(err)?;
+            let feats = features::FeatureColumns::of(&b).map_err(err)?;
             for i in 0..b.num_rows() {
                 data.decisions.push(DecisionRow {
                     decision_id: id.value(i),
@@ -644,6 +659,7 @@ pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
                     confidence: opt_f64(conf, i),
                     policy: policy.value(i).into(),
                     model_version: (!version.is_null(i)).then(|| version.value(i).to_string()),
+                    features: feats.row(i).map_err(err)?,
                 });
             }
         }
@@ -694,6 +710,13 @@ mod tests {
             confidence: id.is_multiple_of(2).then_some(0.5),
             policy: "learned".into(),
             model_version: Some("abc".into()),
+            // Every third row is a heuristic's: no features.
+            features: (!id.is_multiple_of(3)).then(|| LoggedFeatures {
+                version: marshal_model::policy::POLICY_SCHEMA_VERSION,
+                job: vec![id as f32; marshal_model::policy::JOB_FEATURES],
+                candidates: vec![0.5; 2 * marshal_model::policy::CANDIDATE_FEATURES],
+                taken: (id % 2) as u32,
+            }),
             ..DecisionRow::default()
         }
     }
