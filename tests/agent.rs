@@ -178,6 +178,7 @@ fn start_agent_sampling(
         flush_interval: Duration::from_millis(100),
         backoff_max: Duration::from_millis(300),
         journal: Some(journal.clone()),
+        mig: Vec::new(),
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let task = {

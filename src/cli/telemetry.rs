@@ -386,6 +386,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let connected = a.connect.scheduler.is_some();
     // The node as it registers (connected mode only).
     let mut info = None;
+    let mut mig = Vec::new();
     let mut source: Box<dyn Source> = match a.source {
         SourceArg::Nvml => {
             let config = NvmlConfig::default();
@@ -408,6 +409,10 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
                     &marshal_scheduler::domain::GpuCatalog::default(),
                 )?;
                 info = Some(marshal_agent::node_info(&spec)?);
+                mig = nvml.mig_instances()?;
+                if !mig.is_empty() {
+                    eprintln!("agent: {} MIG instances to hand out", mig.len());
+                }
             }
             Box::new(nvml)
         }
@@ -475,6 +480,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         flush_interval: a.interval,
         backoff_max: a.connect.max_backoff,
         journal: None,
+        mig,
     };
     let backlog = Backlog::new(&info.name, a.connect.backlog);
     let counters = Arc::new(Counters::default());

@@ -50,6 +50,7 @@ pub(crate) mod columns;
 pub mod compact;
 pub mod convert;
 pub mod error;
+pub mod mig;
 pub mod nvml;
 pub mod partition;
 pub mod reader;
@@ -65,6 +66,7 @@ pub use batch::{GpuBatch, GpuBatchBuilder, GpuRow, StrId};
 pub use compact::{CompactOptions, CompactReport, compact_all, compact_partition};
 pub use convert::{Record, Records};
 pub use error::{Result, TelemetryError};
+pub use mig::MigInstance;
 pub use nvml::{DiscoveredTopology, GpuAnnotation, Level, NvmlConfig, NvmlSource};
 pub use reader::{
     DataFile, FileError, Listing, Query, Rows, Scan, ScanReport, list_files, read_all,

@@ -452,6 +452,53 @@ impl NvmlSource {
         }
         Ok(DiscoveredTopology::assemble(gpus, pcie, peers))
     }
+
+    /// The MIG devices of every GPU in MIG mode (none for a GPU without MIG support or
+    /// with MIG off). A device whose name holds no profile NVML can be read as is
+    /// skipped with a warning; it cannot be matched to a demand.
+    pub fn mig_instances(&self) -> Result<Vec<crate::mig::MigInstance>> {
+        let nvml_err = |call| move |e| TelemetryError::Nvml { call, source: e };
+        let mut out = Vec::new();
+        for d in &self.devices {
+            let device = self
+                .nvml
+                .device_by_index(d.index)
+                .map_err(nvml_err("device_by_index"))?;
+            match device.mig_mode() {
+                Ok(m) if m.current == 1 => {}
+                Ok(_) => continue,
+                Err(e) if is_permanent(&e) => continue,
+                Err(e) => return Err(nvml_err("mig_mode")(e)),
+            }
+            let slots = device
+                .mig_device_count()
+                .map_err(nvml_err("mig_device_count"))?;
+            for slot in 0..slots {
+                // Slots without an instance answer NotFound.
+                let Ok(mig) = device.mig_device_by_index(slot) else {
+                    continue;
+                };
+                let uuid = mig.uuid().map_err(nvml_err("mig uuid"))?;
+                let name = mig.name().unwrap_or_default();
+                let parsed = crate::mig::parse_profile(&name).and_then(|(profile, c, gb)| {
+                    Some((profile, c, crate::mig::memory_slices(gb, d.memory_total)?))
+                });
+                match parsed {
+                    Some((profile, compute, memory)) => out.push(crate::mig::MigInstance {
+                        gpu: d.index,
+                        uuid,
+                        profile,
+                        compute,
+                        memory,
+                    }),
+                    None => {
+                        tracing::warn!(gpu = d.index, %uuid, %name, "MIG device without a readable profile; not handed out")
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Source for NvmlSource {

@@ -13,8 +13,10 @@
 //!
 //! From the scheduler, as sent: `MARSHAL_JOB_NAME`, `MARSHAL_WORLD_SIZE` (workers in the
 //! gang), `MARSHAL_MASTER_NODE` (worker 0's node: the rendezvous host where inventory
-//! names resolve), `MARSHAL_GPU_MILLI` (a GPU share), `MARSHAL_MIG_PROFILE` (the agent
-//! does not map it to a MIG instance UUID yet) and `MARSHAL_EXPECTED_RUNTIME_S`.
+//! names resolve), `MARSHAL_GPU_MILLI` (a GPU share), `MARSHAL_MIG_PROFILE` and
+//! `MARSHAL_EXPECTED_RUNTIME_S`. For a MIG slice the runner then replaces
+//! `CUDA_VISIBLE_DEVICES` with the claimed instance's `MIG-…` UUID and sets
+//! `MARSHAL_MIG_UUID` (see `mig`).
 
 use std::collections::BTreeMap;
 

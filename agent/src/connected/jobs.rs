@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use crate::connected::Backlog;
 use crate::connected::env::{env_file_text, expected_runtime_s, job_env};
+use crate::connected::mig::MigPool;
 
 /// One placement of one worker of a job.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -112,6 +113,7 @@ pub struct Runner {
     exits: mpsc::UnboundedSender<Exit>,
     backlog: Arc<Backlog>,
     journal: Option<Journal>,
+    mig: MigPool,
     pub starts: u64,
 }
 
@@ -123,6 +125,7 @@ impl Runner {
         exits: mpsc::UnboundedSender<Exit>,
         backlog: Arc<Backlog>,
         journal: Option<Journal>,
+        mig: Vec<marshal_telemetry::MigInstance>,
     ) -> std::io::Result<Self> {
         let assignments_dir = out.join("assignments");
         let logs_dir = out.join("jobs");
@@ -143,6 +146,7 @@ impl Runner {
             exits,
             backlog,
             journal,
+            mig: MigPool::new(mig),
             starts: 0,
         })
     }
@@ -215,7 +219,32 @@ impl Runner {
         {
             return; // an older placement than one already seen
         }
-        let env = job_env(a, &self.node);
+        let mut env = job_env(a, &self.node);
+        match self.claim_mig(inc, &a.gpus) {
+            Ok(uuids) if !uuids.is_empty() => {
+                let list = uuids.join(",");
+                env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
+                env.insert("MARSHAL_MIG_UUID".into(), list);
+            }
+            Ok(_) => {}
+            Err(why) => {
+                // Reported as a failed start: the scheduler requeues the job.
+                self.journal(inc, &a.gpus, true);
+                self.live.insert(
+                    inc,
+                    Live {
+                        gpus: a.gpus.clone(),
+                        kill: None,
+                        task: None,
+                    },
+                );
+                let _ = self.exits.send(Exit {
+                    incarnation: inc,
+                    outcome: Err(why),
+                });
+                return;
+            }
+        }
         let path = self.env_path(&inc);
         if let Err(e) = write_atomically(&path, env_file_text(&env).as_bytes()) {
             tracing::error!(path = %path.display(), error = %e, "environment file not written");
@@ -312,7 +341,28 @@ impl Runner {
         }
     }
 
+    /// The MIG instances for the worker's MIG slices (none without an inventory).
+    fn claim_mig(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot]) -> Result<Vec<String>, String> {
+        let mut uuids = Vec::new();
+        for g in gpus.iter().filter(|g| g.mig_compute > 0) {
+            let size = |v: u32| u8::try_from(v).map_err(|_| format!("MIG slice count {v}"));
+            let claimed = self
+                .mig
+                .claim(inc, g.index, size(g.mig_compute)?, size(g.mig_memory)?);
+            match claimed {
+                Ok(Some(m)) => uuids.push(m.uuid.clone()),
+                Ok(None) => {}
+                Err(why) => {
+                    self.mig.release(inc);
+                    return Err(why);
+                }
+            }
+        }
+        Ok(uuids)
+    }
+
     fn ended_cleanup(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot]) {
+        self.mig.release(inc);
         self.journal(inc, gpus, false);
         self.backlog.set_job(gpus, None);
         let still_here = self.live.keys().any(|i| i.job == inc.job);
@@ -497,10 +547,66 @@ mod tests {
     }
 
     fn runner(mode: Mode) -> (Runner, mpsc::UnboundedReceiver<Exit>, tempfile::TempDir) {
+        runner_with_mig(mode, Vec::new())
+    }
+
+    fn runner_with_mig(
+        mode: Mode,
+        mig: Vec<marshal_telemetry::MigInstance>,
+    ) -> (Runner, mpsc::UnboundedReceiver<Exit>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
-        let r = Runner::new("n-0", mode, dir.path(), tx, Backlog::new("n-0", 8), None).unwrap();
+        let backlog = Backlog::new("n-0", 8);
+        let r = Runner::new("n-0", mode, dir.path(), tx, backlog, None, mig).unwrap();
         (r, rx, dir)
+    }
+
+    /// A START of one 1c/1m MIG slice on GPU 3.
+    fn mig_start(job: u64) -> pb::Assignment {
+        let mut a = start(job, 1, &[3]);
+        a.gpus[0].milli = 142;
+        a.gpus[0].mig_compute = 1;
+        a.gpus[0].mig_memory = 1;
+        a
+    }
+
+    #[tokio::test]
+    async fn a_mig_slice_gets_its_instance_uuid_and_none_free_is_a_failed_start() {
+        let instance = marshal_telemetry::MigInstance {
+            gpu: 3,
+            uuid: "MIG-4b7c".into(),
+            profile: "1g.10gb".into(),
+            compute: 1,
+            memory: 1,
+        };
+        let (mut r, mut rx, dir) = runner_with_mig(Mode::EnvOnly, vec![instance]);
+        r.start(&mig_start(1)).await;
+        let env = std::fs::read_to_string(dir.path().join("assignments/1.0.env")).unwrap();
+        assert!(env.contains("CUDA_VISIBLE_DEVICES='MIG-4b7c'\n"), "{env}");
+        assert!(env.contains("MARSHAL_MIG_UUID='MIG-4b7c'\n"), "{env}");
+        // The only instance is held: the next MIG job fails to start, with the reason.
+        r.start(&mig_start(2)).await;
+        let exit = rx.recv().await.unwrap();
+        assert_eq!(exit.incarnation.job, 2);
+        r.exited(exit);
+        let (state, msg) = &r.reports[&(2, 1)];
+        assert_eq!(*state, pb::JobState::Failed);
+        assert!(
+            msg.contains("no free MIG instance") && msg.contains("GPU 3"),
+            "{msg}"
+        );
+        assert!(!dir.path().join("assignments/2.0.env").exists());
+        // Once the first ends, its instance is free again.
+        r.stop_job(1, 1).await;
+        r.start(&mig_start(3)).await;
+        let env = std::fs::read_to_string(dir.path().join("assignments/3.0.env")).unwrap();
+        assert!(env.contains("CUDA_VISIBLE_DEVICES='MIG-4b7c'\n"), "{env}");
+        // Without an inventory (simulated source) the index stays, as the scheduler sent it.
+        let (mut r, _rx, dir) = runner(Mode::EnvOnly);
+        r.start(&mig_start(4)).await;
+        let env = std::fs::read_to_string(dir.path().join("assignments/4.0.env")).unwrap();
+        assert!(env.contains("CUDA_VISIBLE_DEVICES='3'\n"), "{env}");
+        assert!(!env.contains("MARSHAL_MIG_UUID"), "{env}");
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@
 mod backlog;
 pub mod env;
 mod jobs;
+mod mig;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -55,6 +56,8 @@ pub struct ConnectedConfig {
     pub backoff_max: Duration,
     /// Every start and end of a worker, when set (tests, debugging).
     pub journal: Option<Journal>,
+    /// The node's MIG instances (NVML source; empty: none to hand out).
+    pub mig: Vec<marshal_telemetry::MigInstance>,
 }
 
 /// Counters of a connected agent, readable while it runs.
@@ -115,6 +118,7 @@ pub async fn run_connected(
         exit_tx,
         backlog.clone(),
         config.journal.clone(),
+        config.mig.clone(),
     )
     .map_err(|e| AgentError::Config(format!("{}: {e}", config.out.display())))?;
     let mut backoff = Backoff::new(config.backoff_max);
