@@ -36,7 +36,8 @@
 //! * **Bounded memory.** The sink's channel, its row buffers and its open files are all
 //!   capped; scans stream one batch at a time; replay holds one UTC day.
 //! * **Small files on disk.** Rows are stored sorted by GPU then time; integers are delta
-//!   encoded, floats byte-stream-split, strings dictionary encoded, all ZSTD compressed.
+//!   encoded, floats byte-stream-split, strings plain (ZSTD folds the repeats), all ZSTD
+//!   compressed.
 //!   On the benchmark's realistic data (see `benches/sink.rs`) almost all of the bytes are
 //!   the genuinely noisy series (NVLink counters, power, PCIe rates).
 //! * **Every measured value is nullable**, because NVML refuses different queries on

@@ -13,9 +13,10 @@
 //!
 //! * **Timestamps** are `Timestamp(Microsecond, "UTC")`, microseconds since the Unix epoch.
 //! * **Repeated strings** (cluster, node, uuid, GPU type, job, health, phase) are Arrow
-//!   `Dictionary(Int32, Utf8)` columns; in Parquet they are dictionary encoded, so a value
-//!   that repeats on every row costs a few bits. In the row types they are `Arc<str>`, so
-//!   a sampler clones a pointer, not a string, per row.
+//!   `Dictionary(Int32, Utf8)` columns; in Parquet they are stored `PLAIN` and ZSTD folds
+//!   a value that repeats on every row to a few bits (Parquet's own dictionary encoding
+//!   would hash every value again; see [`crate::writer`]). In the row types they are
+//!   `Arc<str>`, so a sampler clones a pointer, not a string, per row.
 //! * **Every measured value is nullable.** NVML refuses some queries on some devices
 //!   (power on a MIG instance, ECC on a consumer board, NVLink on a PCIe card); a refused
 //!   query is a null, never an error and never a made-up zero. Identity columns
