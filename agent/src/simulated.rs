@@ -241,7 +241,7 @@ impl SimulatedTelemetry {
                 LogKind::Start(p) => {
                     open.insert(j, (e.time, p.clone()));
                 }
-                LogKind::Preempt | LogKind::Fail | LogKind::Finish => {
+                LogKind::Preempt | LogKind::Migrate | LogKind::Fail | LogKind::Finish => {
                     if let Some((start, placement)) = open.remove(&j) {
                         runs.push((j, start, e.time, placement));
                     }

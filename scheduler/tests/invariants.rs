@@ -154,7 +154,7 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
                     return Err(format!("job {:?} started twice", job.id));
                 }
             }
-            LogKind::Preempt | LogKind::Fail | LogKind::Finish => {
+            LogKind::Preempt | LogKind::Migrate | LogKind::Fail | LogKind::Finish => {
                 let p = live
                     .remove(&job.id)
                     .ok_or_else(|| format!("job {:?} stopped but not running", job.id))?;
@@ -208,6 +208,32 @@ proptest! {
             for (arrived, alloc) in curve.points {
                 prop_assert!(alloc <= arrived + 1e-9, "{}: allocated more than arrived", name);
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// With rebalancing on (moving eagerly), migrations keep every invariant too.
+    #[test]
+    fn rebalancing_keeps_the_invariants_in_replay(topo in cluster_strategy(), jobs in jobs_strategy(), seed in 0u64..1000) {
+        for name in POLICY_NAMES {
+            let mut policy = policies::build(name, &jobs).unwrap();
+            policy.rebalance = Some(marshal_scheduler::framework::RebalanceConfig {
+                after_wait_s: 0.0,
+                max_moves: 4,
+                min_runtime_s: 0.0,
+                max_lost_s: None,
+            });
+            let config = SimConfig::replay(seed);
+            let (result, log) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
+            prop_assert_eq!(result.completed + result.rejected, jobs.len() as u64, "{}: every job ends", name);
+            if let Err(e) = check_log(&topo, &jobs, &log) {
+                prop_assert!(false, "{}: {}", name, e);
+            }
+            let (_, again) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
+            prop_assert_eq!(&log, &again, "{}: same seed, same schedule", name);
         }
     }
 }

@@ -6,7 +6,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use marshal_datasets::WorkloadLibrary;
 use marshal_scheduler::domain::{Job, Topology};
-use marshal_scheduler::framework::ReservationConfig;
+use marshal_scheduler::framework::{RebalanceConfig, ReservationConfig};
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult, SpeedModel};
 
@@ -88,6 +88,19 @@ pub struct SimArgs {
     /// ... and of at most this share of the cluster's GPUs.
     #[arg(long, default_value_t = 0.25, requires = "reserve_after")]
     pub reserve_max_share: f64,
+    /// Migrate running jobs so that a whole-GPU gang that has waited this many seconds
+    /// and is blocked only by fragmentation fits (rebalancing; off when absent).
+    #[arg(long, value_name = "SECONDS")]
+    pub rebalance_after: Option<f64>,
+    /// Jobs moved for one gang at most.
+    #[arg(long, default_value_t = 4, requires = "rebalance_after")]
+    pub rebalance_max_moves: u32,
+    /// Seconds a job must have run in its placement before it may be moved.
+    #[arg(long, default_value_t = 600.0, requires = "rebalance_after")]
+    pub rebalance_min_runtime: f64,
+    /// Jobs that would lose more than this many seconds of work are not moved.
+    #[arg(long, value_name = "SECONDS", requires = "rebalance_after")]
+    pub rebalance_max_lost: Option<f64>,
 }
 
 impl SimArgs {
@@ -113,6 +126,10 @@ impl SimArgs {
             reserve_after: None,
             reserve_min_gpus: 8,
             reserve_max_share: 0.25,
+            rebalance_after: None,
+            rebalance_max_moves: 4,
+            rebalance_min_runtime: 600.0,
+            rebalance_max_lost: None,
         }
     }
 }
@@ -144,6 +161,8 @@ pub struct Experiment {
     pub learned: Option<crate::cli::policy::LearnedSetup>,
     /// Given to every policy run (`--reserve-after`).
     pub reservation: Option<ReservationConfig>,
+    /// Given to every policy run (`--rebalance-after`).
+    pub rebalance: Option<RebalanceConfig>,
 }
 
 #[derive(Debug)]
@@ -251,8 +270,19 @@ impl Experiment {
             r.validate()
                 .map_err(|e| anyhow::anyhow!("--reserve-after: {e}"))?;
         }
+        let rebalance = args.rebalance_after.map(|after_wait_s| RebalanceConfig {
+            after_wait_s,
+            max_moves: args.rebalance_max_moves,
+            min_runtime_s: args.rebalance_min_runtime,
+            max_lost_s: args.rebalance_max_lost,
+        });
+        if let Some(r) = &rebalance {
+            r.validate()
+                .map_err(|e| anyhow::anyhow!("--rebalance-after: {e}"))?;
+        }
         let experiment = Experiment {
             reservation,
+            rebalance,
             trace: args.trace.clone(),
             topo,
             jobs,
@@ -300,6 +330,7 @@ impl Experiment {
         let (mut policy, gate) =
             crate::cli::policy::build_policy(policy, jobs, self.learned.as_ref())?;
         policy.reservation = self.reservation;
+        policy.rebalance = self.rebalance;
         let config = SimConfig {
             seed,
             ..self.config.clone()

@@ -1,6 +1,7 @@
 //! One scheduling cycle: order the queue, place what fits, preempt where a policy allows.
 
 use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Node, NodeId, Placement, Topology};
+use crate::framework::rebalance::plan_moves;
 use crate::framework::reserve::nodes_to_hold;
 use crate::framework::{Candidate, Context, JobStats, Policy, Rank, Status};
 
@@ -33,6 +34,12 @@ pub struct CycleDecisions {
     /// The starving gang capacity was held for in this cycle, and the nodes held
     /// (`framework::reserve`): no job ranked after it was placed on them.
     pub reserved: Option<(usize, Vec<NodeId>)>,
+    /// Running jobs moved to make room for a gang (`framework::rebalance`), with their
+    /// new placements: the state already has them moved (old placement released, new
+    /// one allocated); the caller stops each and starts it again on the new placement.
+    pub migrated: Vec<(usize, Placement)>,
+    /// The gang the moves were for (an index into `pending`; it is also in `placed`).
+    pub rebalanced_for: Option<usize>,
 }
 
 /// Runs one cycle of `policy`. `state` is updated in place: placed gangs are allocated
@@ -135,6 +142,22 @@ pub fn run_cycle(
                             Err(e) => decisions.errors.push((i, e.to_string())),
                         }
                     }
+                    None if rebalance(
+                        policy,
+                        state,
+                        pending,
+                        i,
+                        rank,
+                        running,
+                        &running_ranks,
+                        &mut evicted,
+                        &mut decisions,
+                        ctx,
+                    ) =>
+                    {
+                        victim_class = lowest_victim_class(&evicted);
+                        no_room.clear();
+                    }
                     None if policy.blocking => break,
                     None => {
                         if decisions.reserved.is_none()
@@ -169,6 +192,94 @@ pub fn run_cycle(
         }
     }
     decisions
+}
+
+/// Moves running jobs so that the blocked gang `pending[i]` fits (`framework::rebalance`), when
+/// the policy rebalances, none was done in this cycle and no capacity is held; applies
+/// the moves and the gang's placement to `state` and `decisions`. Returns whether it
+/// did.
+#[allow(clippy::too_many_arguments)]
+fn rebalance(
+    policy: &Policy,
+    state: &mut ClusterState,
+    pending: &[Pending<'_>],
+    i: usize,
+    rank: Rank,
+    running: &[Running<'_>],
+    running_ranks: &[Rank],
+    evicted: &mut [bool],
+    decisions: &mut CycleDecisions,
+    ctx: &mut Context,
+) -> bool {
+    let Some(config) = &policy.rebalance else {
+        return false;
+    };
+    let p = &pending[i];
+    if decisions.rebalanced_for.is_some()
+        || decisions.reserved.is_some()
+        || !config.applies(p.job, &p.stats, ctx.now)
+        || state.idle_gpus() < p.job.gpu_count()
+    {
+        return false;
+    }
+    let index: Vec<usize> = (0..running.len()).filter(|k| !evicted[*k]).collect();
+    let candidates: Vec<Candidate> = index
+        .iter()
+        .map(|&k| Candidate {
+            running: running[k],
+            rank: running_ranks[k],
+        })
+        .collect();
+    let Some((moves, placement)) = plan_moves(
+        config,
+        p.job,
+        rank,
+        &candidates,
+        state,
+        policy.placer.as_ref(),
+        ctx,
+    ) else {
+        return false;
+    };
+    // Applied to the real state in the order the plan was checked in; a failure (which
+    // the plan rules out) undoes everything.
+    let moved: Vec<(usize, Placement)> = moves.into_iter().map(|(c, to)| (index[c], to)).collect();
+    for (k, _) in &moved {
+        state.release(running[*k].job, running[*k].placement);
+    }
+    let mut done: Vec<usize> = Vec::new();
+    let mut ok = state.allocate(p.job, &placement).is_ok();
+    if ok {
+        for (n, (k, to)) in moved.iter().enumerate() {
+            if state.allocate(running[*k].job, to).is_err() {
+                ok = false;
+                break;
+            }
+            done.push(n);
+        }
+        if !ok {
+            for &n in done.iter().rev() {
+                state.release(running[moved[n].0].job, &moved[n].1);
+            }
+            state.release(p.job, &placement);
+        }
+    }
+    if !ok {
+        for (k, _) in moved.iter().rev() {
+            state
+                .allocate(running[*k].job, running[*k].placement)
+                .expect("a released placement fits again");
+        }
+        return false;
+    }
+    // A moved job is no longer a candidate for anything else in this cycle.
+    for (k, _) in &moved {
+        evicted[*k] = true;
+    }
+    decisions.migrated.extend(moved);
+    decisions.placed.push((i, placement));
+    decisions.rebalanced_for = Some(i);
+    true
 }
 
 /// When the longest-running job still on each node started (`None`: none runs there).

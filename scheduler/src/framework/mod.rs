@@ -6,7 +6,9 @@
 //! picks victims when a job ranked above them cannot fit. [`run_cycle`] drives them over a
 //! [`ClusterState`]; the simulator and the online service call the same function, so
 //! the same policy code decides in both. With a [`ReservationConfig`], a large gang
-//! that has waited too long gets nodes held for it (pre-allocation; see `reserve`).
+//! that has waited too long gets nodes held for it (pre-allocation; see `reserve`); with
+//! a [`RebalanceConfig`], running jobs are migrated so that a gang blocked only by
+//! fragmentation fits (see `rebalance`).
 //!
 //! Failure is two-sided, as in the Kubernetes framework: [`Status::Unschedulable`] says
 //! "not now" (the job waits), [`Status::Error`] says something is wrong with the inputs or
@@ -14,12 +16,14 @@
 
 mod cycle;
 mod placer;
+mod rebalance;
 mod reserve;
 
 pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
 };
+pub use rebalance::RebalanceConfig;
 pub use reserve::ReservationConfig;
 
 use rand_chacha::ChaCha8Rng;
@@ -181,4 +185,6 @@ pub struct Policy {
     pub blocking: bool,
     /// Capacity held for a gang that has waited too long; `None` holds nothing.
     pub reservation: Option<ReservationConfig>,
+    /// Running jobs moved for a gang blocked by fragmentation; `None` moves nothing.
+    pub rebalance: Option<RebalanceConfig>,
 }

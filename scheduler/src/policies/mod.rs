@@ -97,6 +97,7 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
         preemptor,
         blocking: name == "fifo",
         reservation: None,
+        rebalance: None,
     })
 }
 

@@ -66,6 +66,10 @@ pub struct ServiceConfig {
     /// Nodes held for a whole-GPU gang that has waited `after_wait_s` and still cannot
     /// start (`[reservation]`: `after_wait_s`, `min_gpus`); absent: nothing is held.
     pub reservation: Option<crate::framework::ReservationConfig>,
+    /// Running jobs migrated so that a whole-GPU gang that has waited `after_wait_s`
+    /// and is blocked only by fragmentation fits (`[rebalance]`: `after_wait_s`,
+    /// `max_moves`, `min_runtime_s`, `max_lost_s`); absent: nothing is moved.
+    pub rebalance: Option<crate::framework::RebalanceConfig>,
     pub security: SecurityConfig,
 }
 
@@ -107,6 +111,7 @@ impl Default for ServiceConfig {
             decision_log_file_rows: 8192,
             decision_log_flush_ms: 10_000,
             reservation: None,
+            rebalance: None,
             security: SecurityConfig::default(),
         }
     }
@@ -166,6 +171,11 @@ impl ServiceConfig {
             return bad("model: empty path".into());
         }
         if let Some(r) = &self.reservation
+            && let Err(e) = r.validate()
+        {
+            return bad(e);
+        }
+        if let Some(r) = &self.rebalance
             && let Err(e) = r.validate()
         {
             return bad(e);
@@ -275,6 +285,24 @@ mod tests {
         assert!(err("[reservation]\nafter_wait_s = 60.0\nmin_gpus = 0").contains("min_gpus"));
         let held = ServiceConfig::from_toml(&reservation("after_wait_s = 60.0")).unwrap();
         assert_eq!(held.reservation.map(|r| r.max_share), Some(0.25));
+        let rebalance = |body: &str| format!("[rebalance]\n{body}");
+        assert!(err(&rebalance("after_wait_s = -5.0")).contains("rebalance after_wait_s"));
+        assert!(err(&rebalance("after_wait_s = 60.0\nmax_moves = 0")).contains("max_moves"));
+        assert!(
+            err(&rebalance("after_wait_s = 60.0\nmin_runtime_s = inf")).contains("min_runtime_s")
+        );
+        assert!(err(&rebalance("after_wait_s = 60.0\nmax_lost_s = -1.0")).contains("max_lost_s"));
+        assert!(err(&rebalance("after_wait_s = 60.0\nmax_move = 2")).contains("unknown field"));
+        assert!(err("[rebalance]\nmax_moves = 2").contains("after_wait_s"));
+        let moving = ServiceConfig::from_toml(&rebalance("after_wait_s = 60.0")).unwrap();
+        assert_eq!(
+            moving.rebalance,
+            Some(crate::framework::RebalanceConfig {
+                after_wait_s: 60.0,
+                ..Default::default()
+            })
+        );
+        assert_eq!(ServiceConfig::default().rebalance, None, "off by default");
         let ok = ServiceConfig::from_toml(
             "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
         )

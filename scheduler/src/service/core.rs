@@ -161,6 +161,7 @@ impl Core {
         let (mut policy, _) = build_policy(&config.policy, &[], setup.as_ref())
             .map_err(|e| StartError::Policy(e.to_string()))?;
         policy.reservation = config.reservation;
+        policy.rebalance = config.rebalance;
         let loaded = store.load().map_err(|e| StartError::Database {
             path: config.db.display().to_string(),
             message: e.to_string(),
@@ -462,6 +463,7 @@ impl Inner {
             Ok((policy, _)) => {
                 self.policy = Policy {
                     reservation: self.policy.reservation,
+                    rebalance: self.policy.rebalance,
                     ..policy
                 };
                 self.model_generation = update.generation;
@@ -517,7 +519,7 @@ impl Inner {
     }
 
     /// Closes the current epoch: its records serialised, its events to publish.
-    fn take_batch(&mut self) -> (u64, (Batch, LogBatch), Vec<Event>) {
+    pub(crate) fn take_batch(&mut self) -> (u64, (Batch, LogBatch), Vec<Event>) {
         let epoch = self.epoch;
         self.epoch += 1;
         let dirty = std::mem::take(&mut self.dirty);

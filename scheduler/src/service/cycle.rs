@@ -385,6 +385,26 @@ impl Inner {
                 tracing::error!(job = id, error = %e, "preemption not recorded");
             }
         }
+        // A migration is a preemption of the old placement and, at once, a new
+        // placement (a new attempt): the agents hear stop on the old node(s), then
+        // start on the new one(s), and both land in this cycle's commit.
+        let gang = decisions
+            .rebalanced_for
+            .map(|i| self.jobs[&pending_ids[i]].job.name.clone())
+            .unwrap_or_default();
+        for (k, placement) in decisions.migrated {
+            let id = running_ids[k];
+            self.metrics.migrations.inc();
+            let reason = format!("migrated to make room for job {gang}");
+            let moved = self
+                .set_state(id, JobState::Preempted, reason.clone(), None, false, now)
+                .and_then(|()| {
+                    self.set_state(id, JobState::Placed, reason, Some(placement), false, now)
+                });
+            if let Err(e) = moved {
+                tracing::error!(job = id, error = %e, "migration not recorded");
+            }
+        }
         for (i, placement) in decisions.placed {
             let id = pending_ids[i];
             let d = self.decide(

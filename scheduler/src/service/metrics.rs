@@ -23,6 +23,8 @@ pub struct Metrics {
     pub decisions: Family<Labels, Counter>,
     pub submitted: Counter,
     pub preemptions: Counter,
+    /// Running jobs moved to make room for a gang (`[rebalance]`).
+    pub migrations: Counter,
     pub cycle_seconds: Histogram,
     pub submit_to_place_seconds: Histogram,
     pub commit_seconds: Histogram,
@@ -64,6 +66,7 @@ impl Metrics {
             decisions: Family::default(),
             submitted: Counter::default(),
             preemptions: Counter::default(),
+            migrations: Counter::default(),
             cycle_seconds: Histogram::new(latency_buckets()),
             submit_to_place_seconds: Histogram::new(latency_buckets()),
             commit_seconds: Histogram::new(latency_buckets()),
@@ -97,6 +100,11 @@ impl Metrics {
             "preemptions",
             "Running jobs evicted by the policy",
             m.preemptions.clone(),
+        );
+        registry.register(
+            "migrations",
+            "Running jobs moved (stopped and started elsewhere) so that a gang blocked by fragmentation fits ([rebalance])",
+            m.migrations.clone(),
         );
         registry.register(
             "cycle_duration_seconds",

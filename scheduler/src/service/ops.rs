@@ -438,6 +438,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use crate::service::config::ServiceConfig;
+    use crate::service::core::Event;
     use crate::service::model::{ModelSlot, NoModel};
     use crate::service::testkit::{TestCore, node_info, register_both, whole_gpu_job};
 
@@ -525,5 +526,130 @@ mod tests {
             .report(&report(0, id, pb::JobState::Completed), t0 + 4)
             .unwrap();
         assert_eq!(inner.jobs[&id].state, JobState::Running);
+    }
+
+    /// Four one-GPU jobs on each node leave 8 idle GPUs but no idle node: with
+    /// `[rebalance]` the four on one node move to the other in the cycle that places
+    /// the 8-GPU gang, persisted in that cycle's commit and told to the agents as a stop
+    /// on the old node before a start on the new one.
+    #[test]
+    fn a_migration_is_persisted_and_sent_as_stop_then_start() {
+        let config = ServiceConfig {
+            rebalance: Some(crate::framework::RebalanceConfig {
+                after_wait_s: 0.0,
+                max_moves: 4,
+                min_runtime_s: 0.0,
+                max_lost_s: None,
+            }),
+            ..ServiceConfig::default()
+        };
+        let test = TestCore::new(config.clone());
+        let mut inner = test.core.lock();
+        let path = NoModel.decision_path("topo-pack");
+        let t0 = crate::service::core::now_us();
+        register_both(&mut inner, t0);
+        // Jobs move only when they say they may be stopped.
+        let movable = pb::JobSpec {
+            preemptible: true,
+            ..whole_gpu_job(1, 1)
+        };
+        let small: Vec<u32> = (0..16)
+            .map(|_| inner.submit(Some(&movable), t0).unwrap())
+            .collect();
+        inner.cycle(t0, &path);
+        for n in 0..2 {
+            let on = inner.jobs_on(NodeId(n));
+            assert_eq!(on.len(), 8);
+            for &id in on.iter().skip(1).step_by(2) {
+                inner.cancel(id, "", t0 + 1).unwrap();
+            }
+        }
+        assert_eq!(inner.state.idle_gpus(), 8);
+        let before: Vec<(u32, NodeId)> = small
+            .iter()
+            .filter(|id| inner.jobs[id].state.is_active())
+            .map(|&id| {
+                (
+                    id,
+                    inner.jobs[&id].placement.as_ref().unwrap().workers[0].node,
+                )
+            })
+            .collect();
+        let _ = inner.take_batch();
+
+        let gang = inner.submit(Some(&whole_gpu_job(1, 8)), t0 + 2).unwrap();
+        inner.cycle(t0 + 3, &path);
+        assert_eq!(inner.jobs[&gang].state, JobState::Placed);
+        let gang_node = inner.jobs[&gang].placement.as_ref().unwrap().workers[0].node;
+        let moved: Vec<u32> = before
+            .iter()
+            .filter(|(_, n)| *n == gang_node)
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(moved.len(), 4);
+        assert_eq!(inner.metrics.migrations.get(), 4);
+        assert_eq!(inner.metrics.preemptions.get(), 0);
+        for id in &moved {
+            let r = &inner.jobs[id];
+            assert_eq!((r.state, r.attempts), (JobState::Placed, 2), "job {id}");
+            assert_ne!(r.placement.as_ref().unwrap().workers[0].node, gang_node);
+            assert!(r.reason.contains("migrated"), "{}", r.reason);
+        }
+        inner.state.check_consistency().unwrap();
+        assert_eq!(inner.state.idle_gpus(), 0);
+
+        let (_, (batch, _), events) = inner.take_batch();
+        let assignment = |e: &Event| match e {
+            Event::Assignment { node, assignment } => Some((
+                *node,
+                assignment.job_id as u32,
+                assignment.action,
+                assignment.attempt,
+            )),
+            Event::Job(_) => None,
+        };
+        let sent: Vec<_> = events.iter().filter_map(assignment).collect();
+        let stop = pb::AssignmentAction::Stop as i32;
+        let start = pb::AssignmentAction::Start as i32;
+        let gang_start = sent
+            .iter()
+            .position(|a| a.1 == gang && a.2 == start)
+            .expect("the gang is started");
+        for &id in &moved {
+            let stop_at = sent
+                .iter()
+                .position(|a| *a == (gang_node, id, stop, 1))
+                .expect("stopped on its old node");
+            let start_at = sent
+                .iter()
+                .position(|a| a.1 == id && a.2 == start && a.3 == 2 && a.0 != gang_node)
+                .expect("started on the other node as attempt 2");
+            assert!(stop_at < start_at && stop_at < gang_start);
+        }
+        // All in one commit: after it, a restarted server sees the moved jobs where they
+        // went and the gang where it was placed, with every allocation fitting.
+        test.core.store.commit(&batch).unwrap();
+        let expected: Vec<(u32, Option<crate::domain::Placement>)> = moved
+            .iter()
+            .chain([&gang])
+            .map(|id| (*id, inner.jobs[id].placement.clone()))
+            .collect();
+        drop(inner);
+        let restored = crate::service::core::Core::restore(
+            &ServiceConfig {
+                db: std::path::PathBuf::from("unused.redb"),
+                ..config
+            },
+            &crate::domain::ClusterSpec::from_toml(crate::service::testkit::TWO_NODES).unwrap(),
+            test.core.store.clone(),
+            std::sync::Arc::new(crate::service::metrics::Metrics::new()),
+            std::sync::Arc::new(NoModel),
+        )
+        .unwrap();
+        let again = restored.lock();
+        for (id, placement) in expected {
+            assert_eq!(again.jobs[&id].placement, placement, "job {id}");
+        }
+        assert_eq!(again.state.idle_gpus(), 0);
     }
 }

@@ -146,7 +146,8 @@ fn fates(log: &[LogEntry], by_id: &HashMap<JobId, usize>, n: usize) -> Vec<Fate>
                 f.placement = Some(p.clone());
             }
             LogKind::Start(_) => {}
-            LogKind::Preempt | LogKind::Fail => f.preemptions += 1,
+            // A migration is an interruption too (a checkpoint-restart).
+            LogKind::Preempt | LogKind::Migrate | LogKind::Fail => f.preemptions += 1,
             LogKind::Finish => f.finish = Some(e.time),
             LogKind::Reject(why) => f.rejected = Some(why.clone()),
         }
@@ -212,7 +213,7 @@ fn alloc_steps(log: &[LogEntry]) -> Vec<(f64, i64)> {
                 held.insert(e.job, m);
                 steps.push((e.time, m));
             }
-            LogKind::Finish | LogKind::Preempt | LogKind::Fail => {
+            LogKind::Finish | LogKind::Preempt | LogKind::Migrate | LogKind::Fail => {
                 if let Some(m) = held.remove(&e.job) {
                     steps.push((e.time, -m));
                 }

@@ -213,6 +213,7 @@ pub fn recorded_policy(topo: &Topology, jobs: &Prepared, placer: Policy) -> (Inc
                 preemptor: None,
                 blocking: false,
                 reservation: None,
+                rebalance: None,
             },
             placer_name,
         },

@@ -136,6 +136,10 @@ pub struct SimResult {
     /// Multi-GPU placements as tight as the cluster allows, in percent.
     pub locality_pct: Option<f64>,
     pub preemptions: u64,
+    /// Running jobs moved to make room for a gang (`framework::rebalance`); each is a
+    /// checkpoint-restart, its lost work counted in `lost_gpu_s`.
+    #[serde(default)]
+    pub migrations: u64,
     pub failures: u64,
     /// Work thrown away by preemptions and failures, in GPU-seconds.
     pub lost_gpu_s: f64,

@@ -92,6 +92,9 @@ struct JobRun {
 pub enum LogKind {
     Start(Placement),
     Preempt,
+    /// Stopped to be moved (`framework::rebalance`); its `Start` on the new placement
+    /// follows at the same time.
+    Migrate,
     Fail,
     Finish,
     Reject(String),
@@ -129,6 +132,7 @@ struct Replay<'a> {
     alloc_integral: f64,
     events: u64,
     preemptions: u64,
+    migrations: u64,
     failures: u64,
     lost_gpu_s: f64,
     multi_gpu_starts: u64,
@@ -186,6 +190,7 @@ pub fn run_replay(
         alloc_integral: 0.0,
         events: 0,
         preemptions: 0,
+        migrations: 0,
         failures: 0,
         lost_gpu_s: 0.0,
         multi_gpu_starts: 0,
@@ -248,7 +253,7 @@ impl Replay<'_> {
             if dirty {
                 self.cycle();
                 self.reject_stuck();
-                self.wake_when_protection_ends();
+                self.wake_when_decisions_may_change();
             }
             if self.finished + self.rejected == total {
                 break;
@@ -347,22 +352,57 @@ impl Replay<'_> {
         }
     }
 
-    /// Pending jobs may be waiting for a running job's preemption protection to end:
-    /// make sure a cycle runs then.
-    fn wake_when_protection_ends(&mut self) {
-        let Some(min_runtime) = self.policy.preemptor.as_ref().map(|p| p.min_runtime_s()) else {
-            return;
-        };
-        if min_runtime <= 0.0 || self.pending.is_empty() {
+    /// Pending jobs may be waiting for a running job's preemption (or migration)
+    /// protection to end, or for their own wait to make them owed a rebalance: make
+    /// sure a cycle runs then, since nothing else may happen until much later.
+    fn wake_when_decisions_may_change(&mut self) {
+        if self.pending.is_empty() {
             return;
         }
         let now = self.now;
-        let next = self
-            .running
-            .iter()
-            .map(|&j| self.runs[j as usize].run_start + min_runtime)
-            .filter(|&t| t > now)
-            .fold(f64::INFINITY, f64::min);
+        let after_protection = |min_runtime: f64| {
+            if min_runtime <= 0.0 {
+                return f64::INFINITY;
+            }
+            self.running
+                .iter()
+                .map(|&j| self.runs[j as usize].run_start + min_runtime)
+                .filter(|&t| t > now)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let mut next = self
+            .policy
+            .preemptor
+            .as_ref()
+            .map_or(f64::INFINITY, |p| after_protection(p.min_runtime_s()));
+        if let Some(rb) = &self.policy.rebalance {
+            // Gangs that a rebalance could serve (blocked although enough GPUs are
+            // idle): when each becomes owed one, and, once one is, when the next
+            // running job may be moved.
+            let idle = self.state.idle_gpus();
+            let mut owed = false;
+            for &j in &self.pending {
+                let job = &self.jobs[j as usize];
+                if job.gpu_count() > idle {
+                    continue;
+                }
+                let stats = JobStats {
+                    queued_since: self.runs[j as usize].queued_since,
+                    ..JobStats::default()
+                };
+                if rb.applies(job, &stats, f64::INFINITY) {
+                    let at = stats.queued_since + rb.after_wait_s;
+                    if at > now {
+                        next = next.min(at);
+                    } else {
+                        owed = true;
+                    }
+                }
+            }
+            if owed {
+                next = next.min(after_protection(rb.min_runtime_s));
+            }
+        }
         if next.is_finite() && self.next_wake.is_none_or(|w| next < w) {
             self.next_wake = Some(next);
             self.push(next, EventKind::Wake);
@@ -454,6 +494,11 @@ impl Replay<'_> {
             let mut ctx = Context::new(self.now, &mut self.policy_rng);
             let d = run_cycle(self.policy, &mut self.state, &pending, &running, &mut ctx);
             let preempted: Vec<u32> = d.preempted.iter().map(|&k| self.running[k]).collect();
+            let migrated: Vec<(u32, Placement)> = d
+                .migrated
+                .into_iter()
+                .map(|(k, p)| (self.running[k], p))
+                .collect();
             let placed: Vec<(u32, Placement)> = d
                 .placed
                 .into_iter()
@@ -464,9 +509,9 @@ impl Replay<'_> {
                 .into_iter()
                 .map(|(i, w)| (self.pending[i], w))
                 .collect();
-            (preempted, placed, rejected)
+            (preempted, migrated, placed, rejected)
         };
-        let (preempted, placed, rejected) = decisions;
+        let (preempted, migrated, placed, rejected) = decisions;
         for j in preempted {
             // The cycle already returned the victim's resources to the state.
             self.interrupt(j, Interruption::Preemption);
@@ -475,6 +520,20 @@ impl Replay<'_> {
             self.requeue(j);
             self.preemptions += 1;
             self.log(j, LogKind::Preempt);
+        }
+        // A migration is a checkpoint-restart: the job loses what a preemption would
+        // (nothing if it checkpoints when stopped, else the work since its last
+        // checkpoint) and pays its restart again on the new placement. The cycle
+        // already moved its resources.
+        for (j, _) in &migrated {
+            self.interrupt(*j, Interruption::Preemption);
+            let placement = self.stop(*j);
+            self.refresh_cotenants(&placement);
+            self.migrations += 1;
+            self.log(*j, LogKind::Migrate);
+        }
+        for (j, placement) in migrated {
+            self.start(j, placement);
         }
         for (j, why) in rejected {
             self.reject(j, why);
@@ -678,6 +737,7 @@ impl Replay<'_> {
             locality_pct: (self.multi_gpu_starts > 0)
                 .then(|| self.local_starts as f64 / self.multi_gpu_starts as f64 * 100.0),
             preemptions: self.preemptions,
+            migrations: self.migrations,
             failures: self.failures,
             lost_gpu_s: self.lost_gpu_s,
             events: self.events,

@@ -555,6 +555,7 @@ pub fn learned_policy(
             preemptor: base.preemptor,
             blocking: base.blocking,
             reservation: base.reservation,
+            rebalance: base.rebalance,
         },
         stats,
     ))

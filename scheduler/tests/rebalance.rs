@@ -1,0 +1,214 @@
+//! Rebalancing (`framework::rebalance`) in the replay simulator: running jobs migrate so
+//! that a gang blocked only by fragmentation starts, all or nothing.
+
+use std::sync::Arc;
+
+use marshal_scheduler::domain::{Checkpointing, ClusterSpec, GpuDemand, Job, JobId, Topology};
+use marshal_scheduler::framework::RebalanceConfig;
+use marshal_scheduler::policies;
+use marshal_scheduler::sim::{LogEntry, LogKind, SimConfig, SimResult, run_replay};
+
+fn cluster(nodes: u32, gpus: u16) -> Arc<Topology> {
+    let spec = ClusterSpec::from_toml(&format!(
+        "name='t'\nnodes_per_rack=2\n[[nodes]]\ncount={nodes}\ngpu_model='V100M32'\ngpus={gpus}\n\
+         nvlink_domain={gpus}\ncpu_milli=64000\nmemory_mib=262144\n"
+    ))
+    .unwrap();
+    Arc::new(Topology::build(&spec).unwrap())
+}
+
+/// A job of `gpus` whole GPUs on one worker, no periodic checkpoints nor restart cost.
+fn job(id: u32, gpus: u16, submit: f64, work: f64) -> Job {
+    let mut j = Job::whole_gpus(JobId(id), 1, submit, work);
+    j.gpu = GpuDemand::Whole(gpus);
+    j.checkpoint = Checkpointing {
+        interval_s: 1e9,
+        cost_s: 0.0,
+        restart_s: 0.0,
+        on_preempt: false,
+    };
+    j
+}
+
+const LONG: f64 = 100_000.0;
+
+/// Two 8-GPU nodes each left with four long one-GPU jobs on every other GPU (the short
+/// ones between them end at 100 s), and an 8-GPU gang (one worker) arriving at 200 s:
+/// 8 GPUs are idle, but no node has 8.
+fn fragmented() -> Vec<Job> {
+    let mut jobs: Vec<Job> = (0..16)
+        .map(|k| job(k, 1, 0.0, if k % 2 == 0 { LONG } else { 100.0 }))
+        .collect();
+    jobs.push(job(16, 8, 200.0, 1_000.0));
+    jobs
+}
+
+fn run(jobs: &[Job], rebalance: Option<RebalanceConfig>) -> (SimResult, Vec<LogEntry>) {
+    let mut policy = policies::build("best-fit", jobs).unwrap();
+    policy.rebalance = rebalance;
+    run_replay(&policy, cluster(2, 8), jobs, "test", &SimConfig::replay(1)).unwrap()
+}
+
+fn config(after_wait_s: f64, min_runtime_s: f64) -> RebalanceConfig {
+    RebalanceConfig {
+        after_wait_s,
+        max_moves: 4,
+        min_runtime_s,
+        max_lost_s: None,
+    }
+}
+
+fn start_time(log: &[LogEntry], id: u32) -> f64 {
+    log.iter()
+        .find(|e| e.job == JobId(id) && matches!(e.what, LogKind::Start(_)))
+        .map(|e| e.time)
+        .expect("job started")
+}
+
+fn gang_node(log: &[LogEntry]) -> u32 {
+    log.iter()
+        .find_map(|e| match &e.what {
+            LogKind::Start(p) if e.job == JobId(16) => Some(p.workers[0].node.0),
+            _ => None,
+        })
+        .unwrap()
+}
+
+#[test]
+fn without_rebalancing_the_gang_waits_for_the_long_jobs() {
+    let jobs = fragmented();
+    let (r, log) = run(&jobs, None);
+    assert!(start_time(&log, 16) >= LONG, "{}", start_time(&log, 16));
+    assert_eq!(r.migrations, 0);
+    assert!(!log.iter().any(|e| e.what == LogKind::Migrate));
+}
+
+#[test]
+fn four_small_jobs_move_to_the_other_node_and_the_gang_starts_at_once() {
+    let jobs = fragmented();
+    let (r, log) = run(&jobs, Some(config(0.0, 0.0)));
+    assert_eq!(start_time(&log, 16), 200.0, "started in its arrival cycle");
+    assert_eq!(r.migrations, 4);
+    assert_eq!(r.preemptions, 0);
+    assert_eq!(r.completed, jobs.len() as u64);
+    let gang = gang_node(&log);
+    let moved: Vec<&LogEntry> = log.iter().filter(|e| e.what == LogKind::Migrate).collect();
+    assert_eq!(moved.len(), 4);
+    for m in &moved {
+        assert_eq!(m.time, 200.0);
+        // Each was long and on the gang's node, and starts again on the other one.
+        assert_eq!(m.job.0 % 2, 0);
+        let restart = log
+            .iter()
+            .filter(|e| e.job == m.job && e.time == 200.0)
+            .find_map(|e| match &e.what {
+                LogKind::Start(p) => Some(p.workers[0].node.0),
+                _ => None,
+            })
+            .expect("started again at once");
+        assert_ne!(restart, gang);
+    }
+    // Each lost the 200 s it ran since it started (no checkpoint yet), on one GPU.
+    assert!(
+        (r.lost_gpu_s - 4.0 * 200.0).abs() < 1e-6,
+        "{}",
+        r.lost_gpu_s
+    );
+    // The jobs that stayed are untouched: nobody else was stopped.
+    assert_eq!(log.iter().filter(|e| e.what == LogKind::Preempt).count(), 0);
+    // Same seed, same schedule.
+    let (_, again) = run(&jobs, Some(config(0.0, 0.0)));
+    assert_eq!(log, again);
+}
+
+#[test]
+fn a_gang_is_served_when_its_wait_reaches_the_threshold_even_if_nothing_else_happens() {
+    let jobs = fragmented();
+    let (r, log) = run(&jobs, Some(config(60.0, 0.0)));
+    assert_eq!(start_time(&log, 16), 260.0);
+    assert_eq!(r.migrations, 4);
+    // Jobs that have not run `min_runtime_s` in their placement stay: the gang is
+    // served when the protection of the running jobs (started at 0) ends.
+    let (r, log) = run(&jobs, Some(config(0.0, 500.0)));
+    assert_eq!(start_time(&log, 16), 500.0);
+    assert_eq!(r.migrations, 4);
+}
+
+#[test]
+fn non_preemptible_jobs_never_move() {
+    let mut jobs = fragmented();
+    for j in &mut jobs[..16] {
+        j.preemptible = false;
+    }
+    let (r, log) = run(&jobs, Some(config(0.0, 0.0)));
+    assert_eq!(r.migrations, 0);
+    assert!(start_time(&log, 16) >= LONG);
+    assert_eq!(r.completed, jobs.len() as u64);
+}
+
+#[test]
+fn moves_that_cannot_all_fit_are_not_made_at_all() {
+    // The long jobs need so much memory that a node holds only four of them: those on
+    // one node have nowhere to go, so nothing moves (no partial migration).
+    let mut jobs = fragmented();
+    for j in jobs[..16].iter_mut().filter(|j| j.id.0 % 2 == 0) {
+        j.memory_mib = 60_000;
+    }
+    let (r, log) = run(&jobs, Some(config(0.0, 0.0)));
+    assert_eq!(r.migrations, 0);
+    assert!(!log.iter().any(|e| e.what == LogKind::Migrate));
+    assert!(start_time(&log, 16) >= LONG);
+    assert_eq!(r.completed, jobs.len() as u64);
+
+    // Four moves are needed; three are allowed: nothing moves either.
+    let jobs = fragmented();
+    let (r, log) = run(
+        &jobs,
+        Some(RebalanceConfig {
+            max_moves: 3,
+            ..config(0.0, 0.0)
+        }),
+    );
+    assert_eq!(r.migrations, 0);
+    assert!(start_time(&log, 16) >= LONG);
+}
+
+#[test]
+fn a_larger_job_may_move_for_a_larger_gang_but_not_one_that_would_lose_too_much() {
+    // A 4-GPU job per node leaves 4 + 4 idle GPUs; the 8-GPU gang cannot fit. Moving
+    // one 4-GPU job (smaller than the gang) makes room.
+    let jobs = vec![
+        job(0, 4, 0.0, LONG),
+        job(1, 4, 0.0, 100.0),
+        job(2, 4, 0.0, LONG),
+        job(3, 4, 0.0, 100.0),
+        job(4, 8, 200.0, 1_000.0),
+    ];
+    let (r, log) = run(&jobs, Some(config(0.0, 0.0)));
+    assert_eq!(r.migrations, 1);
+    assert_eq!(start_time(&log, 4), 200.0);
+    // It has run 200 s since its last checkpoint: with `max_lost_s` below that it stays.
+    let (r, log) = run(
+        &jobs,
+        Some(RebalanceConfig {
+            max_lost_s: Some(150.0),
+            ..config(0.0, 0.0)
+        }),
+    );
+    assert_eq!(r.migrations, 0);
+    assert!(start_time(&log, 4) >= LONG);
+    // A job that checkpoints when stopped loses nothing, so it may move again.
+    let mut saving = jobs.clone();
+    for j in &mut saving {
+        j.checkpoint.on_preempt = true;
+    }
+    let (r, _) = run(
+        &saving,
+        Some(RebalanceConfig {
+            max_lost_s: Some(150.0),
+            ..config(0.0, 0.0)
+        }),
+    );
+    assert_eq!(r.migrations, 1);
+    assert_eq!(r.lost_gpu_s, 0.0);
+}
