@@ -291,6 +291,8 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
         "gate": {"margin_threshold": trained.gate.margin_threshold, "distance_limit": trained.gate.distance_limit},
         "validation": trained.validation,
         "train_seconds": seconds,
+        // The same settings as meta.json's `training`, expert iteration included.
+        "settings": training_summary(&opts, &trained, seconds),
     });
     std::fs::write(
         a.out.join("training.json"),

@@ -510,6 +510,19 @@ pub fn training_summary(
         opts.episodes_per_iteration as f64,
     );
     m.insert("hidden_size".into(), opts.hidden_size as f64);
+    m.insert("max_samples".into(), opts.max_samples as f64);
+    m.insert("expert_rounds".into(), opts.expert_rounds as f64);
+    if opts.expert_rounds > 0 {
+        let r = &opts.rollout;
+        m.insert("expert_epochs".into(), opts.expert_epochs as f64);
+        m.insert("expert_weight".into(), opts.expert_weight as f64);
+        m.insert("rollout_decisions".into(), r.decisions as f64);
+        m.insert("rollout_from_pct".into(), r.from_pct);
+        m.insert("rollout_to_pct".into(), r.to_pct);
+        m.insert("rollout_until_pct".into(), r.until_pct);
+        m.insert("rollout_horizon".into(), r.horizon as f64);
+        m.insert("rollout_futures".into(), r.futures as f64);
+    }
     m.insert("tolerance".into(), opts.tolerance);
     m.insert("train_seconds".into(), seconds);
     m.insert(

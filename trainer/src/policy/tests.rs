@@ -101,6 +101,12 @@ fn training_is_reproducible_and_the_gate_is_safe_on_validation() {
     assert!(a.curve.iter().any(|p| p.phase == "clone"));
     assert!(a.curve.iter().any(|p| p.phase == "reinforce"));
     assert_eq!(a.curve.iter().filter(|p| p.phase == "expert").count(), 2);
+    // The settings saved beside the artifact include expert iteration's.
+    let opts = options(3);
+    let summary = training_summary(&opts, &a, 1.0);
+    assert_eq!(summary["expert_rounds"], 2.0);
+    assert_eq!(summary["expert_weight"], opts.expert_weight as f64);
+    assert_eq!(summary["rollout_decisions"], opts.rollout.decisions as f64);
     // The stored gate is nowhere worse than the fallback beyond the tolerance.
     for row in &a.validation {
         assert!(
