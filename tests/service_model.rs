@@ -256,6 +256,13 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
                 r.path
             );
             assert!(r.confidence.is_some(), "the network scored {r:?}");
+            // Explain shows the network's scores for every candidate, as for the cycle.
+            let e = explain(&ch, r.decision_id).await;
+            assert!(e.score_note.starts_with("learned:"), "{}", e.score_note);
+            assert!(!e.scored_candidates.is_empty());
+            assert!(e.scored_candidates.iter().all(|c| c.probability.is_some()));
+            assert_eq!(e.scored_candidates.iter().filter(|c| c.chosen).count(), 1);
+            assert!(e.candidates.iter().any(|c| c.score.is_some()), "{e:?}");
         }
         // Heuristics: a scored placer's node scores, or "no score" said explicitly.
         let advice = advise(&ch, "best-fit").await;

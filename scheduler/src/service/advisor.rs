@@ -16,7 +16,9 @@ use crate::service::convert::{job_from_spec, node_group};
 use crate::service::error::ServiceError;
 use crate::service::model::DecisionPath;
 use crate::service::pb;
-use crate::service::records::{DecisionRecord, Verdict, WorkerRecord, candidates};
+use crate::service::records::{
+    DecisionRecord, Verdict, WorkerRecord, candidates, learned_score_note, scored_candidates,
+};
 
 pub const MAX_SNAPSHOT_NODES: usize = 20_000;
 pub const MAX_PENDING: usize = 10_000;
@@ -274,6 +276,15 @@ pub fn advise(
             },
             None => path.clone(),
         };
+        let scored = traces
+            .get(&job.id)
+            .map(|t| scored_candidates(t, placement.as_ref(), &topo))
+            .unwrap_or_default();
+        let score_note = if learned_policy {
+            learned_score_note(&mut list, &scored, &path.label)
+        } else {
+            crate::service::records::heuristic_score_note(&policy.name, heuristic_scored)
+        };
         recs.push(pb::Recommendation {
             job_id: p.id.clone(),
             verdict: crate::service::records::verdict_to_pb(verdict) as i32,
@@ -301,12 +312,8 @@ pub fn advise(
             candidates: list,
             model_version: None,
             gate_threshold: None,
-            score_note: if learned_policy {
-                "no score: Advise records the learned policy's path and confidence only".into()
-            } else {
-                crate::service::records::heuristic_score_note(&policy.name, heuristic_scored)
-            },
-            scored: Vec::new(),
+            score_note,
+            scored,
             // Advise decisions are not in the Parquet log (it logs the cycle's own).
             features: None,
         });

@@ -14,8 +14,8 @@ use crate::service::jobs::{JobRecord, JobState};
 use crate::service::model::DecisionPath;
 use crate::service::pb;
 use crate::service::records::{
-    CandidateRecord, DecisionRecord, ScoredCandidateRecord, Verdict, WorkerRecord, candidates,
-    heuristic_score_note, score_candidates,
+    DecisionRecord, Verdict, WorkerRecord, candidates, heuristic_score_note, learned_score_note,
+    score_candidates, scored_candidates,
 };
 
 fn stats(r: &JobRecord, now_s: f64) -> JobStats {
@@ -229,7 +229,9 @@ impl Inner {
             },
             None => path.clone(),
         };
-        let scored = trace.map(|t| self.scored(t, placement)).unwrap_or_default();
+        let scored = trace
+            .map(|t| scored_candidates(t, placement, &self.topo))
+            .unwrap_or_default();
         let score_note = if !learned {
             let scored = score_candidates(
                 self.policy.placer.as_ref(),
@@ -240,14 +242,8 @@ impl Inner {
                 now as f64 / 1e6,
             );
             heuristic_score_note(&self.policy.name, scored)
-        } else if scored.iter().any(|c| c.probability.is_some()) {
-            fill_node_scores(&mut list, &scored);
-            "learned: a node's score is the network's probability of the best candidate placement using it; scored_candidates has every candidate's logit and probability; confidence is the gate's margin between the two best".to_string()
         } else {
-            format!(
-                "no score: the network scored no candidate ({}); the fallback decided",
-                path.label
-            )
+            learned_score_note(&mut list, &scored, &path.label)
         };
         let record = DecisionRecord {
             id: decision,
@@ -279,34 +275,6 @@ impl Inner {
         self.dirty.decisions.push(record);
         self.metrics.decision(path.kind);
         decision
-    }
-
-    /// A traced decision's candidates as records.
-    fn scored(
-        &self,
-        t: &DecisionTrace,
-        placement: Option<&Placement>,
-    ) -> Vec<ScoredCandidateRecord> {
-        t.candidates
-            .iter()
-            .map(|c| ScoredCandidateRecord {
-                nodes: c
-                    .placement
-                    .as_ref()
-                    .map(|p| {
-                        p.workers
-                            .iter()
-                            .map(|w| self.topo.node(w.node).name.clone())
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                wait: c.placement.is_none(),
-                fallback_choice: c.fallback,
-                chosen: c.placement.is_some() && c.placement.as_ref() == placement,
-                logit: c.logit.map(f64::from),
-                probability: c.probability.map(f64::from),
-            })
-            .collect()
     }
 
     /// One scheduling cycle over the whole queue.
@@ -461,16 +429,5 @@ impl Inner {
         for (i, error) in decisions.errors {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
-    }
-}
-
-/// Gives each node the highest probability among the scored placements that use it.
-fn fill_node_scores(list: &mut [CandidateRecord], scored: &[ScoredCandidateRecord]) {
-    for c in list {
-        c.score = scored
-            .iter()
-            .filter(|s| s.nodes.contains(&c.node))
-            .filter_map(|s| s.probability)
-            .reduce(f64::max);
     }
 }

@@ -231,6 +231,57 @@ pub fn candidates(
     (feasible, list, fit)
 }
 
+/// A traced decision's candidates as records (node names from `topo`); `placement` is
+/// the one executed.
+pub fn scored_candidates(
+    t: &crate::policies::learned::DecisionTrace,
+    placement: Option<&Placement>,
+    topo: &Topology,
+) -> Vec<ScoredCandidateRecord> {
+    t.candidates
+        .iter()
+        .map(|c| ScoredCandidateRecord {
+            nodes: c
+                .placement
+                .as_ref()
+                .map(|p| {
+                    p.workers
+                        .iter()
+                        .map(|w| topo.node(w.node).name.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            wait: c.placement.is_none(),
+            fallback_choice: c.fallback,
+            chosen: c.placement.is_some() && c.placement.as_ref() == placement,
+            logit: c.logit.map(f64::from),
+            probability: c.probability.map(f64::from),
+        })
+        .collect()
+}
+
+/// The learned policy's score note; gives each node in `list` the highest probability
+/// among the scored placements that use it.
+pub fn learned_score_note(
+    list: &mut [CandidateRecord],
+    scored: &[ScoredCandidateRecord],
+    path_label: &str,
+) -> String {
+    if !scored.iter().any(|c| c.probability.is_some()) {
+        return format!(
+            "no score: the network scored no candidate ({path_label}); the fallback decided"
+        );
+    }
+    for c in list {
+        c.score = scored
+            .iter()
+            .filter(|s| s.nodes.contains(&c.node))
+            .filter_map(|s| s.probability)
+            .reduce(f64::max);
+    }
+    "learned: a node's score is the network's probability of the best candidate placement using it; scored_candidates has every candidate's logit and probability; confidence is the gate's margin between the two best".to_string()
+}
+
 impl DecisionRecord {
     pub fn to_pb(&self, catalog: &crate::domain::GpuCatalog) -> pb::Explanation {
         pb::Explanation {
