@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use marshal_model::{ArtifactInfo, PredictorConfig, Targets};
 use marshal_trainer::{
-    ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, Split, StepExample, StepHistory,
-    load_step_examples, mape, split_by_job, split_unseen_placements,
+    ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, MeasuredFold, MeasuredStep,
+    Split, StepExample, StepHistory, leave_one_class_out, leave_one_model_out, load_step_examples,
+    mape, measured_examples, split_by_job, split_unseen_placements,
 };
 
 #[derive(Debug, Args)]
@@ -16,8 +17,19 @@ pub struct PredictorEvalArgs {
     /// Telemetry directories with step profiles (`marshal telemetry record`); repeat the
     /// flag to pool several recordings of the same cluster (e.g. one per policy, so that
     /// jobs are seen on different placements).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "measured")]
     telemetry: Vec<PathBuf>,
+    /// Evaluate on measured step times instead of telemetry: trains and tests one
+    /// predictor per fold (leave one multi-GPU shape class out, then leave one model
+    /// out), with the prior's communication shares refitted to each fold's training side.
+    #[arg(long, value_enum, conflicts_with_all = ["telemetry", "model"])]
+    measured: Option<MeasuredSet>,
+    /// Which folds to run with --measured.
+    #[arg(long, value_enum, default_value = "all")]
+    folds: MeasuredFolds,
+    /// Epoch cap of each fold's training (with --measured).
+    #[arg(long, default_value_t = 200)]
+    max_epochs: usize,
     /// A trained predictor artifact. Without one, only the baselines are evaluated.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -26,6 +38,26 @@ pub struct PredictorEvalArgs {
     cluster: Option<String>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+/// Measured step-time sets `marshal eval predictor --measured` knows.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MeasuredSet {
+    /// Pollux's bundled placement profiles (OSDI '21, Apache-2.0): step times of six
+    /// models by per-GPU batch and placement on AWS g4dn.12xlarge nodes (4 T4 on PCIe,
+    /// 50 Gb/s between nodes), evaluated on the `pollux-64` cluster.
+    Pollux,
+}
+
+/// The folds of `--measured`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MeasuredFolds {
+    /// Leave one multi-GPU (span, GPU count) class out at a time.
+    Shapes,
+    /// Leave one model (all its batch sizes) out at a time.
+    Models,
+    /// Both.
+    All,
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +164,9 @@ fn usable(s: &NamedSplit) -> bool {
 }
 
 pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
+    if let Some(set) = a.measured {
+        return eval_measured(set, a.folds, a.seed, a.max_epochs);
+    }
     let examples = load(&a.telemetry)?;
     let splits = splits(&examples, a.seed);
     println!(
@@ -174,6 +209,158 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
          (σ × {:.2} on trained shapes, × {:.2} on novel ones)",
         c.seen_multiplier, c.novel_multiplier
     );
+    Ok(())
+}
+
+/// The examples of a measured set and the cluster they were measured on.
+fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static str)> {
+    match set {
+        MeasuredSet::Pollux => {
+            let (profiles, _) = marshal_datasets::pollux_placement_profiles()?;
+            let steps: Vec<MeasuredStep> = profiles
+                .profiles()
+                .iter()
+                .filter_map(|p| {
+                    Some(MeasuredStep {
+                        model: p.model.clone(),
+                        gpu_type: "T4".into(),
+                        placement: p.placement.clone()?,
+                        local_bsz: p.local_bsz,
+                        step_time_s: p.step_time_s,
+                    })
+                })
+                .collect();
+            let (examples, skipped) = measured_examples(&steps);
+            println!(
+                "{} measured step times of {} profiles (Pollux, AWS g4dn, T4); {skipped} skipped \
+                 (unequal GPUs per node)",
+                examples.len(),
+                profiles.profiles().len()
+            );
+            Ok((examples, "pollux-64"))
+        }
+    }
+}
+
+/// One fold's (or a group's pooled) step-time errors.
+#[derive(Clone, Debug, PartialEq)]
+struct MeasuredRow {
+    group: &'static str,
+    label: String,
+    train: usize,
+    test: usize,
+    learned: f64,
+    coverage: f64,
+    prior: f64,
+    lookup: f64,
+    linear: f64,
+}
+
+/// Trains and tests one predictor per fold: the prior's constants from the fold's
+/// training side ([`MeasuredFold::prior_catalog`]), then the history, the network, its
+/// interval calibration and the baselines as for telemetry. Rows per fold, then one
+/// pooled row per group (means weighted by test examples, i.e. the MAPE and coverage of
+/// all the group's held-out predictions together).
+fn measured_report(
+    base: &ClusterContext,
+    folds: &[MeasuredFold],
+    config: &PredictorConfig,
+) -> anyhow::Result<Vec<MeasuredRow>> {
+    let mut rows = Vec::new();
+    for f in folds {
+        let started = std::time::Instant::now();
+        let ctx = base.with_kinds(f.prior_catalog(base)?);
+        let mut epochs = 0;
+        let (predictor, history) = train_calibrated(&ctx, &f.split, config, &mut epochs)?;
+        let (learned, coverage) = model_errors(&predictor, &ctx, &history, &f.split.test)?;
+        let (prior, _) = prior_errors(&ctx, &history, &f.split.test);
+        let (lookup, linear) = baseline_errors(&f.split)?;
+        let row = MeasuredRow {
+            group: f.group,
+            label: f.label.clone(),
+            train: f.split.train.len(),
+            test: f.split.test.len(),
+            learned,
+            coverage,
+            prior,
+            lookup,
+            linear,
+        };
+        eprintln!(
+            "{} {}: {} / {} examples, learned {learned:.1} % ({coverage:.0} % inside), prior \
+             {prior:.1} %, lookup {lookup:.1} %, linear {linear:.1} %; {epochs} epochs, {:.1} s",
+            row.group,
+            row.label,
+            row.train,
+            row.test,
+            started.elapsed().as_secs_f64()
+        );
+        rows.push(row);
+    }
+    let groups: std::collections::BTreeSet<&'static str> = rows.iter().map(|r| r.group).collect();
+    let mut pooled = Vec::new();
+    for g in groups {
+        let members: Vec<&MeasuredRow> = rows.iter().filter(|r| r.group == g).collect();
+        let n: usize = members.iter().map(|r| r.test).sum();
+        let mean = |v: &dyn Fn(&MeasuredRow) -> f64| {
+            members.iter().map(|r| v(r) * r.test as f64).sum::<f64>() / n.max(1) as f64
+        };
+        pooled.push(MeasuredRow {
+            group: g,
+            label: format!("all {} folds", members.len()),
+            train: members.iter().map(|r| r.train).sum::<usize>() / members.len().max(1),
+            test: n,
+            learned: mean(&|r| r.learned),
+            coverage: mean(&|r| r.coverage),
+            prior: mean(&|r| r.prior),
+            lookup: mean(&|r| r.lookup),
+            linear: mean(&|r| r.linear),
+        });
+    }
+    rows.extend(pooled);
+    Ok(rows)
+}
+
+/// `marshal eval predictor --measured SET`: see [`measured_report`].
+fn eval_measured(
+    set: MeasuredSet,
+    which: MeasuredFolds,
+    seed: u64,
+    max_epochs: usize,
+) -> anyhow::Result<()> {
+    let (examples, cluster) = measured_set(set)?;
+    let base = context(cluster)?;
+    let mut folds = Vec::new();
+    if which != MeasuredFolds::Models {
+        folds.extend(leave_one_class_out(&examples, seed, 0.1));
+    }
+    if which != MeasuredFolds::Shapes {
+        folds.extend(leave_one_model_out(&examples, seed, 0.1));
+    }
+    let config = PredictorConfig::new()
+        .with_seed(seed)
+        .with_max_epochs(max_epochs);
+    let rows = measured_report(&base, &folds, &config)?;
+    println!(
+        "| held out | train / test | learned MAPE | 90 % interval holds | prior alone | lookup | linear | learned vs best baseline |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let best = r.lookup.min(r.linear);
+        println!(
+            "| {}: {} | {} / {} | {:.1} % | {:.0} % | {:.1} % | {:.1} % | {:.1} % | {:+.0} % |",
+            r.group,
+            r.label,
+            r.train,
+            r.test,
+            r.learned,
+            r.coverage,
+            r.prior,
+            r.lookup,
+            r.linear,
+            (r.learned / best - 1.0) * 100.0
+        );
+    }
     Ok(())
 }
 
@@ -462,6 +649,80 @@ mod tests {
             gpu_util_pct: f32::NAN,
         };
         (g, t)
+    }
+
+    #[test]
+    fn the_measured_report_has_a_row_per_fold_and_a_pooled_row_per_group() {
+        // Two models at two batches on uniform placements, step time = compute plus a
+        // communication cost that grows when spread.
+        let mut steps = Vec::new();
+        for (model, base) in [("bert", 0.2), ("cifar10", 0.05)] {
+            for bsz in [32, 64] {
+                for (placement, comm) in [
+                    ("1", 0.0),
+                    ("2", 0.01),
+                    ("4", 0.02),
+                    ("11", 0.05),
+                    ("22", 0.08),
+                    ("1111", 0.1),
+                    ("44", 0.12),
+                ] {
+                    steps.push(MeasuredStep {
+                        model: model.into(),
+                        gpu_type: "T4".into(),
+                        placement: placement.into(),
+                        local_bsz: bsz,
+                        step_time_s: base * f64::from(bsz) / 32.0 + comm,
+                    });
+                }
+            }
+        }
+        let (examples, _) = measured_examples(&steps);
+        let base = context("pollux-64").unwrap();
+        let mut folds = leave_one_class_out(&examples, 1, 0.25);
+        let shapes = folds.len();
+        folds.extend(leave_one_model_out(&examples, 1, 0.25));
+        assert!(
+            shapes >= 4 && folds.len() > shapes,
+            "{shapes} / {}",
+            folds.len()
+        );
+        let config = PredictorConfig::new()
+            .with_seed(1)
+            .with_max_epochs(2)
+            .with_patience(1);
+        let rows = measured_report(&base, &folds, &config).unwrap();
+        assert_eq!(rows.len(), folds.len() + 2);
+        for (row, fold) in rows.iter().zip(&folds) {
+            assert_eq!((row.group, &row.label), (fold.group, &fold.label));
+            assert_eq!(
+                (row.train, row.test),
+                (fold.split.train.len(), fold.split.test.len())
+            );
+        }
+        for r in &rows {
+            for v in [r.learned, r.prior, r.lookup, r.linear] {
+                assert!(v.is_finite() && v >= 0.0, "{r:?}");
+            }
+            assert!((0.0..=100.0).contains(&r.coverage), "{r:?}");
+        }
+        // The pooled rows hold every held-out example of their group once.
+        for (group, pooled) in [
+            ("unseen model", &rows[folds.len()]),
+            ("unseen shape", &rows[folds.len() + 1]),
+        ] {
+            assert_eq!(pooled.group, group);
+            let n: usize = folds
+                .iter()
+                .filter(|f| f.group == group)
+                .map(|f| f.split.test.len())
+                .sum();
+            assert_eq!(pooled.test, n);
+        }
+        assert_eq!(
+            rows[folds.len() + 1].test,
+            examples.iter().filter(|e| e.num_gpus > 1).count()
+        );
     }
 
     #[test]

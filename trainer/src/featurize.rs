@@ -84,7 +84,7 @@ impl PlacementSpeed {
 }
 
 /// Level a step profile's span names.
-fn parse_level(span: &str) -> Option<TopoLevel> {
+pub(crate) fn parse_level(span: &str) -> Option<TopoLevel> {
     Some(match span {
         "gpu" => TopoLevel::Gpu,
         "nvlink-island" => TopoLevel::NvlinkIsland,
@@ -157,6 +157,25 @@ impl ClusterContext {
             throughput,
             speed: SpeedModel::default(),
         }
+    }
+
+    /// The same cluster with another workload catalog, e.g. one whose communication
+    /// shares were fitted to a training split only (see [`crate::fit_comm_catalog`]).
+    pub fn with_kinds(&self, kinds: WorkloadCatalog) -> Self {
+        ClusterContext {
+            kinds,
+            ..self.clone()
+        }
+    }
+
+    /// Bandwidth of `level`, GB/s.
+    pub(crate) fn level_gbps(&self, level: TopoLevel) -> f64 {
+        self.level_gbps[level as usize]
+    }
+
+    /// Bandwidth the communication shares are stated at, GB/s.
+    pub(crate) fn reference_gbps(&self) -> f64 {
+        self.speed.reference_gbps
     }
 
     /// The example's communication share at the reference bandwidth: the kind's

@@ -5,6 +5,10 @@
 //! out whole placement shapes ([`split_by_job`], [`split_unseen_placements`]), and the
 //! two baselines a learned predictor must beat ([`LookupBaseline`], [`LinearBaseline`])
 //! with the error measure they are judged by ([`mape`]).
+//! Measured step times (e.g. Pollux's profiles) become examples too
+//! ([`measured_examples`]), with folds that hold a shape class or a model out of the
+//! prior's calibration and the training alike ([`leave_one_class_out`],
+//! [`leave_one_model_out`], [`MeasuredFold::prior_catalog`]).
 //!
 //! # Design decisions
 //!
@@ -22,6 +26,7 @@ mod error;
 mod examples;
 mod featurize;
 mod history;
+mod measured;
 pub mod policy;
 mod split;
 
@@ -30,4 +35,8 @@ pub use error::TrainerError;
 pub use examples::{StepExample, load_step_examples};
 pub use featurize::{ClusterContext, PlacementSpeed};
 pub use history::{HISTORY_FILE, HistoryEntry, Recalled, StepHistory};
+pub use measured::{
+    MeasuredFold, MeasuredStep, fit_comm_catalog, leave_one_class_out, leave_one_model_out,
+    measured_examples, measured_kind,
+};
 pub use split::{Split, split_by_job, split_unseen_placements};
