@@ -21,7 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use marshal_scheduler::domain::{CommPattern, TopoLevel, WorkloadCatalog, WorkloadKind};
 
 use crate::featurize::parse_level;
-use crate::{ClusterContext, Split, StepExample, TrainerError, split_by_job};
+use crate::split::split_holding_out;
+use crate::{ClusterContext, Split, StepExample, TrainerError};
 
 /// One measured step time: `model` training with `local_bsz` samples per GPU on
 /// `placement` (GPUs on each node, one digit per node, e.g. `"22"`) of `gpu_type`.
@@ -273,22 +274,10 @@ fn held_out(
     group: &'static str,
     label: String,
 ) -> MeasuredFold {
-    let test_jobs: BTreeSet<&str> = examples
-        .iter()
-        .filter(|e| is_held(e))
-        .map(|e| e.job_id.as_str())
-        .collect();
-    let rest: Vec<StepExample> = examples
-        .iter()
-        .filter(|e| !test_jobs.contains(e.job_id.as_str()))
-        .cloned()
-        .collect();
-    let mut split = split_by_job(&rest, seed, valid, 0.0);
-    split.test = examples.iter().filter(|e| is_held(e)).cloned().collect();
     MeasuredFold {
         label,
         group,
-        split,
+        split: split_holding_out(examples, is_held, seed, valid),
     }
 }
 

@@ -48,11 +48,26 @@ pub fn split_unseen_placements(
     seed: u64,
     valid: f64,
 ) -> Split {
-    let is_held = |e: &StepExample| {
-        held_out
-            .iter()
-            .any(|&(span, n)| e.span == span && e.num_gpus == n)
-    };
+    split_holding_out(
+        examples,
+        &|e| {
+            held_out
+                .iter()
+                .any(|&(span, n)| e.span == span && e.num_gpus == n)
+        },
+        seed,
+        valid,
+    )
+}
+
+/// Tests on every example `is_held` picks; its jobs' other examples are dropped from
+/// training, so no job leaks; the rest split by job as [`split_by_job`] for validation.
+pub fn split_holding_out(
+    examples: &[StepExample],
+    is_held: &dyn Fn(&StepExample) -> bool,
+    seed: u64,
+    valid: f64,
+) -> Split {
     let test_jobs: std::collections::BTreeSet<&str> = examples
         .iter()
         .filter(|e| is_held(e))
