@@ -1,34 +1,13 @@
 //! Rebalancing (`framework::rebalance`) in the replay simulator: running jobs migrate so
 //! that a gang blocked only by fragmentation starts, all or nothing.
 
-use std::sync::Arc;
+mod common;
 
-use marshal_scheduler::domain::{Checkpointing, ClusterSpec, GpuDemand, Job, JobId, Topology};
+use common::{cluster, job, start_time};
+use marshal_scheduler::domain::{Job, JobId};
 use marshal_scheduler::framework::RebalanceConfig;
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{LogEntry, LogKind, SimConfig, SimResult, run_replay};
-
-fn cluster(nodes: u32, gpus: u16) -> Arc<Topology> {
-    let spec = ClusterSpec::from_toml(&format!(
-        "name='t'\nnodes_per_rack=2\n[[nodes]]\ncount={nodes}\ngpu_model='V100M32'\ngpus={gpus}\n\
-         nvlink_domain={gpus}\ncpu_milli=64000\nmemory_mib=262144\n"
-    ))
-    .unwrap();
-    Arc::new(Topology::build(&spec).unwrap())
-}
-
-/// A job of `gpus` whole GPUs on one worker, no periodic checkpoints nor restart cost.
-fn job(id: u32, gpus: u16, submit: f64, work: f64) -> Job {
-    let mut j = Job::whole_gpus(JobId(id), 1, submit, work);
-    j.gpu = GpuDemand::Whole(gpus);
-    j.checkpoint = Checkpointing {
-        interval_s: 1e9,
-        cost_s: 0.0,
-        restart_s: 0.0,
-        on_preempt: false,
-    };
-    j
-}
 
 const LONG: f64 = 100_000.0;
 
@@ -56,13 +35,6 @@ fn config(after_wait_s: f64, min_runtime_s: f64) -> RebalanceConfig {
         min_runtime_s,
         max_lost_s: None,
     }
-}
-
-fn start_time(log: &[LogEntry], id: u32) -> f64 {
-    log.iter()
-        .find(|e| e.job == JobId(id) && matches!(e.what, LogKind::Start(_)))
-        .map(|e| e.time)
-        .expect("job started")
 }
 
 fn gang_node(log: &[LogEntry]) -> u32 {

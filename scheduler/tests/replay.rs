@@ -1,33 +1,14 @@
 //! Behaviour of the replay simulator on small, hand-checked scenarios.
 
+mod common;
+
+use common::{cluster, job, start_time};
 use std::sync::Arc;
 
-use marshal_scheduler::domain::{Checkpointing, ClusterSpec, GpuDemand, Job, JobId, Topology};
+use marshal_scheduler::domain::{Checkpointing, GpuDemand, Job, JobId, Topology};
 use marshal_scheduler::framework::ReservationConfig;
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{FailureModel, LogEntry, LogKind, SimConfig, SimResult, run_replay};
-
-fn cluster(nodes: u32, gpus: u16) -> Arc<Topology> {
-    let spec = ClusterSpec::from_toml(&format!(
-        "name='t'\nnodes_per_rack=2\n[[nodes]]\ncount={nodes}\ngpu_model='V100M32'\ngpus={gpus}\n\
-         nvlink_domain={gpus}\ncpu_milli=64000\nmemory_mib=262144\n"
-    ))
-    .unwrap();
-    Arc::new(Topology::build(&spec).unwrap())
-}
-
-/// A job of `gpus` whole GPUs on one worker, no checkpoint overheads.
-fn job(id: u32, gpus: u16, submit: f64, work: f64) -> Job {
-    let mut j = Job::whole_gpus(JobId(id), 1, submit, work);
-    j.gpu = GpuDemand::Whole(gpus);
-    j.checkpoint = Checkpointing {
-        interval_s: 1e9,
-        cost_s: 0.0,
-        restart_s: 0.0,
-        on_preempt: false,
-    };
-    j
-}
 
 fn run(
     policy: &str,
@@ -37,13 +18,6 @@ fn run(
 ) -> (SimResult, Vec<LogEntry>) {
     let p = policies::build(policy, jobs).unwrap();
     run_replay(&p, topo, jobs, "test", &config).unwrap()
-}
-
-fn start_time(log: &[LogEntry], id: u32) -> f64 {
-    log.iter()
-        .find(|e| e.job == JobId(id) && matches!(e.what, LogKind::Start(_)))
-        .map(|e| e.time)
-        .expect("job started")
 }
 
 #[test]
