@@ -111,15 +111,7 @@ pub fn run_cycle(
                     .as_ref()
                     .filter(|_| may_preempt)
                     .and_then(|p| {
-                        let index: Vec<usize> =
-                            (0..running.len()).filter(|k| !evicted[*k]).collect();
-                        let candidates: Vec<Candidate> = index
-                            .iter()
-                            .map(|&k| Candidate {
-                                running: running[k],
-                                rank: running_ranks[k],
-                            })
-                            .collect();
+                        let (index, candidates) = still_running(running, &running_ranks, &evicted);
                         p.select_victims(job, rank, &candidates, state, policy.placer.as_ref(), ctx)
                             .map(|(v, placement)| {
                                 (
@@ -222,14 +214,7 @@ fn rebalance(
     {
         return false;
     }
-    let index: Vec<usize> = (0..running.len()).filter(|k| !evicted[*k]).collect();
-    let candidates: Vec<Candidate> = index
-        .iter()
-        .map(|&k| Candidate {
-            running: running[k],
-            rank: running_ranks[k],
-        })
-        .collect();
+    let (index, candidates) = still_running(running, running_ranks, evicted);
     let Some((moves, placement)) = plan_moves(
         config,
         p.job,
@@ -283,6 +268,24 @@ fn rebalance(
 }
 
 /// When the longest-running job still on each node started (`None`: none runs there).
+/// The jobs not evicted in this cycle, as preemption and rebalancing candidates, with
+/// their indices in `running`.
+fn still_running<'a>(
+    running: &[Running<'a>],
+    ranks: &[Rank],
+    evicted: &[bool],
+) -> (Vec<usize>, Vec<Candidate<'a>>) {
+    let index: Vec<usize> = (0..running.len()).filter(|k| !evicted[*k]).collect();
+    let candidates = index
+        .iter()
+        .map(|&k| Candidate {
+            running: running[k],
+            rank: ranks[k],
+        })
+        .collect();
+    (index, candidates)
+}
+
 fn oldest_starts(
     state: &ClusterState,
     running: &[Running<'_>],
