@@ -22,6 +22,24 @@ fn openb_slice(dir: &Path, n: usize) -> String {
     path.display().to_string()
 }
 
+/// `marshal shadow` replaying `log` on `cluster` with `best-fit` as Marshal's policy, a
+/// JSON report and its files in `out`.
+fn best_fit_replay<'a>(log: &'a Path, cluster: &'a Path, out: &'a Path) -> [&'a str; 11] {
+    [
+        "shadow",
+        "--trace",
+        log.to_str().unwrap(),
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policy",
+        "best-fit",
+        "--format",
+        "json",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+}
+
 fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -150,19 +168,7 @@ fn recorded_nodes_without_room_delay_the_start_and_bad_rows_name_file_and_line()
     )
     .unwrap();
     let out = dir.path().join("out");
-    let cmd = common::marshal(&[
-        "shadow",
-        "--trace",
-        pods.to_str().unwrap(),
-        "--cluster",
-        nodes.to_str().unwrap(),
-        "--policy",
-        "best-fit",
-        "--format",
-        "json",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let cmd = common::marshal(&best_fit_replay(&pods, &nodes, &out));
     assert!(
         cmd.status.success(),
         "{}",
@@ -200,6 +206,68 @@ fn recorded_nodes_without_room_delay_the_start_and_bad_rows_name_file_and_line()
     );
     assert_eq!(rows[1]["start_delta_s"], -95.0);
     assert_eq!(rows[2]["incumbent_status"], "not_replayed");
+}
+
+#[test]
+fn dlrm_serving_log_replays_with_instances_running_at_the_start_and_cpu_only_roles() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        "name = \"tiny-dlrm\"\nnodes_per_rack = 2\nracks_per_spine = 1\n\
+         [[nodes]]\nname_prefix = \"hn\"\ngpu_model = \"A10\"\ngpus = 2\ncpu_milli = 16000\nmemory_mib = 1048576\n\
+         [[nodes]]\nname_prefix = \"cn\"\ncpu_milli = 64000\nmemory_mib = 1048576\n",
+    )
+    .unwrap();
+    let log = dir.path().join("dlrm.csv");
+    std::fs::write(
+        &log,
+        "instance_sn,role,app_name,cpu_request,cpu_limit,gpu_request,gpu_limit,rdma_request,\
+         rdma_limit,memory_request,memory_limit,disk_request,disk_limit,max_instance_per_node,\
+         creation_time,scheduled_time,deletion_time\n\
+         i0,HN,app_0,8,8,1,1,25,25,40.0,40.0,640.0,800.0,8,,,1000.0\n\
+         i1,HN,app_0,8,8,1,1,25,25,40.0,40.0,640.0,800.0,8,10.0,10.0,500.0\n\
+         i2,HN,app_0,8,8,1,1,25,25,40.0,40.0,640.0,800.0,8,20.0,600.0,900.0\n\
+         i3,CN,app_1,48,48,0,0,1,1,240.0,240.0,255.0,300.0,-1,30.0,40.0,200.0\n\
+         i4,CN,app_1,48,48,0,0,1,1,240.0,240.0,255.0,300.0,-1,50.0,60.0,300.0\n\
+         i5,CN,app_1,48,48,0,0,1,1,240.0,240.0,255.0,300.0,-1,70.0,,400.0\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let stdout = stdout_of(&best_fit_replay(&log, &cluster, &out));
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["jobs_in_log"], 6);
+    assert_eq!(report["not_replayed"], 1, "i5 was never scheduled");
+    // i4's recorded start (60 s) finds i3's 48 cores still held in this cluster model:
+    // it waits until i3 ends at 200 s.
+    assert_eq!(report["incumbent_recorded_start_delayed"], 1, "{report}");
+    assert_eq!(report["incumbent_delay_max_s"], 140.0);
+    let rows = records(&out.join("records.jsonl"));
+    let row = |name: &str| rows.iter().find(|r| r["name"] == name).unwrap().clone();
+    // Running when the trace began: created and started at 0 on both sides.
+    let i0 = row("i0");
+    assert_eq!(
+        (i0["created_s"].as_f64(), i0["recorded_start_s"].as_f64()),
+        (Some(0.0), Some(0.0))
+    );
+    assert_eq!(i0["marshal_start_s"], 0.0);
+    // i2 waited 580 s under the incumbent although a GPU was free from 500 s, when
+    // i1 ended: Marshal starts it then and runs it its recorded 300 s.
+    let i2 = row("i2");
+    assert_eq!(i2["incumbent_start_s"], 600.0);
+    assert_eq!(i2["marshal_start_s"], 500.0);
+    assert_eq!(i2["start_delta_s"], -100.0);
+    assert_eq!(i2["marshal_finish_s"], 800.0);
+    // The GPU node's 16 cores are taken by i0 and i1: CPU-only instances go to the CPU
+    // node.
+    let i3 = row("i3");
+    assert_eq!(i3["marshal_start_s"], 30.0);
+    assert_eq!(i3["marshal_status"], "completed");
+    assert!(
+        i3["marshal_placement"].as_str().unwrap().starts_with("cn"),
+        "{i3}"
+    );
+    assert_eq!(row("i5")["marshal_status"], "not_replayed");
 }
 
 struct Reap(Child);

@@ -6,7 +6,7 @@ use marshal_scheduler::domain::{Checkpointing, CommPattern, GpuDemand, GpuModelS
 
 use crate::jobs::{read_unique_rows, rebase_and_number};
 use crate::table::{Bad, Col, Row, Table};
-use crate::{DatasetError, ParseReport};
+use crate::{DatasetError, ParseReport, RecordedRun};
 
 const HEADER: &str = "instance_sn,role,app_name,cpu_request,cpu_limit,gpu_request,gpu_limit,\
                       rdma_request,rdma_limit,memory_request,memory_limit,disk_request,\
@@ -33,6 +33,7 @@ struct Instance {
     job: Job,
     /// `creation_time`, if published.
     creation: Option<f64>,
+    scheduled: Option<f64>,
     deletion: Option<f64>,
     /// The latest time the row mentions.
     latest: f64,
@@ -60,6 +61,73 @@ struct Instance {
 /// contradicts the GPU request, a limit below its request, creation, scheduling and
 /// deletion times out of order, a repeated `instance_sn`.
 pub fn parse_dlrm(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), DatasetError> {
+    let (instances, report, end) = read_instances(name, text)?;
+    let jobs = instances
+        .into_iter()
+        .map(|i| {
+            let mut job = i.job;
+            job.submit_time = i.creation.unwrap_or(0.0);
+            job.total_work = i.deletion.unwrap_or(end) - job.submit_time;
+            job
+        })
+        .collect();
+    let jobs = rebase_and_number(jobs, &report)?;
+    Ok((jobs, report))
+}
+
+/// Parses the DLRM trace as [`parse_dlrm`] does, keeping with each instance what
+/// Alibaba's scheduler did with it, for shadow mode. Unlike [`parse_dlrm`], jobs stay in
+/// file order (ids 0.. in that order) and times stay in the file's clock.
+///
+/// - An instance with a `creation_time` was created then and started at its
+///   `scheduled_time` (`None`: never scheduled; not in this trace, but a log may have
+///   such rows).
+/// - An instance with neither time was already running when the trace began: created and
+///   started at 0, the trace's start.
+/// - It ended at its `deletion_time`, or, never deleted, at the trace's end (the latest
+///   time in the file), as in [`parse_dlrm`].
+///
+/// The trace names no node, so [`RecordedRun::node`] is `None`.
+pub fn parse_dlrm_recorded(
+    name: &str,
+    text: &str,
+) -> Result<(Vec<(Job, RecordedRun)>, ParseReport), DatasetError> {
+    let (instances, report, end) = read_instances(name, text)?;
+    if instances.is_empty() {
+        return Err(report.no_valid_rows());
+    }
+    let rows = instances
+        .into_iter()
+        .enumerate()
+        .map(|(i, instance)| {
+            let created = instance.creation.unwrap_or(0.0);
+            let scheduled = match instance.creation {
+                Some(_) => instance.scheduled,
+                None => Some(instance.scheduled.unwrap_or(0.0)),
+            };
+            let deleted = instance.deletion.unwrap_or(end);
+            let mut job = instance.job;
+            job.id = JobId(i as u32);
+            job.submit_time = created;
+            job.total_work = deleted - created;
+            let run = RecordedRun {
+                created,
+                scheduled,
+                deleted,
+                node: None,
+            };
+            (job, run)
+        })
+        .collect();
+    Ok((rows, report))
+}
+
+/// Every valid row of the trace, in file order, and the trace's end (the latest time in
+/// the file).
+fn read_instances(
+    name: &str,
+    text: &str,
+) -> Result<(Vec<Instance>, ParseReport, f64), DatasetError> {
     let table = Table::open(name, text, HEADER)?;
     let col = |n: &'static str| table.column(n, HEADER);
     let cols = Cols {
@@ -78,17 +146,7 @@ pub fn parse_dlrm(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), Dat
     };
     let (instances, report) = read_unique_rows(name, table, cols.sn, |row| parse_row(row, &cols));
     let end = instances.iter().map(|i| i.latest).fold(0.0, f64::max);
-    let jobs = instances
-        .into_iter()
-        .map(|i| {
-            let mut job = i.job;
-            job.submit_time = i.creation.unwrap_or(0.0);
-            job.total_work = i.deletion.unwrap_or(end) - job.submit_time;
-            job
-        })
-        .collect();
-    let jobs = rebase_and_number(jobs, &report)?;
-    Ok((jobs, report))
+    Ok((instances, report, end))
 }
 
 fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Instance, Bad> {
@@ -182,6 +240,7 @@ fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Instance, Bad> {
     Ok(Instance {
         job,
         creation,
+        scheduled,
         deletion,
         latest,
     })
@@ -269,6 +328,43 @@ instance_3,HN,app_0,12,12,1,1,25,25,120.0,120.0,640.0,800.0,8,,,2000.0
                 && !j.preemptible
                 && j.validate().is_ok())
         );
+    }
+
+    #[test]
+    fn recorded_runs_keep_file_order_and_the_files_clock() {
+        let never = "instance_4,CN,app_9,48,48,0,0,1,1,200.0,200.0,255.0,300.0,-1,700.0,,900.0\n";
+        let text = format!("{TRACE}{never}");
+        let (rows, report) = parse_dlrm_recorded("dlrm.csv", &text).unwrap();
+        assert_eq!((report.rows_read, report.rows_skipped), (5, 0));
+        let got: Vec<_> = rows
+            .iter()
+            .map(|(j, r)| {
+                (
+                    j.id.0,
+                    j.name.as_str(),
+                    j.submit_time,
+                    r.created,
+                    r.scheduled,
+                    r.deleted,
+                )
+            })
+            .collect();
+        // Running when the trace began: created and started at 0. Never deleted: ends at
+        // the trace's end, 91,730 s. Created but never scheduled: no start.
+        assert_eq!(
+            got,
+            vec![
+                (0, "instance_0", 0.0, 0.0, Some(0.0), 91_730.0),
+                (1, "instance_1", 475.5, 475.5, Some(623.0), 91_730.0),
+                (2, "instance_2", 610.0, 610.0, Some(683.0), 91_730.0),
+                (3, "instance_3", 0.0, 0.0, Some(0.0), 2000.0),
+                (4, "instance_4", 700.0, 700.0, None, 900.0),
+            ]
+        );
+        assert!(rows.iter().all(|(_, r)| r.node.is_none()));
+        assert_eq!(rows[2].0.total_work, 91_730.0 - 610.0);
+        let err = parse_dlrm_recorded("n.csv", &format!("{HEADER}\n")).unwrap_err();
+        assert!(matches!(err, DatasetError::NoValidRows { .. }), "{err}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ pub use calibrate::{
     CommFit, CommFitPoint, fit_data_parallel_share, gavel_gpu_classes, predicted_ratio,
 };
 pub use chronus::{ScalingEfficiency, chronus_model_info, parse_chronus, parse_chronus_model_info};
-pub use dlrm::parse_dlrm;
+pub use dlrm::{parse_dlrm, parse_dlrm_recorded};
 pub use error::DatasetError;
 pub use gavel::{JobShape, gavel_philly_distribution, parse_gavel_distribution};
 pub use gavel_throughputs::{

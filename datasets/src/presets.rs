@@ -13,6 +13,7 @@ pub const CLUSTER_PRESETS: &[&str] = &[
     "philly",
     "pollux-64",
     "elasticflow-128",
+    "dlrm-peak",
 ];
 
 /// A named cluster:
@@ -25,7 +26,13 @@ pub const CLUSTER_PRESETS: &[&str] = &[
 ///   192 GiB) in racks of 4, for the Pollux/Sia workloads;
 /// - `elasticflow-128`: ElasticFlow's testbed (pkusys/ElasticFlow README), 16 nodes of
 ///   8 A100 (NVSwitch), 96 cores and 900 GB, one HDR InfiniBand HCA per GPU (Azure
-///   ND96asr A100 v4), in racks of 8, for the ITP traces (`itp-195job` is its testbed trace).
+///   ND96asr A100 v4), in racks of 8, for the ITP traces (`itp-195job` is its testbed trace);
+/// - `dlrm-peak`: a cluster for Alibaba's DLRM serving trace, whose real size is not
+///   published: 450 GPU nodes (`HN`: 8 A10 on PCIe, 128 cores, 1 TiB) and 2,150 CPU
+///   nodes (`CN`: 192 cores, 1 TiB), about 5 % above the trace's peak concurrent
+///   demand as its recorded starts and deletions give it (3,412 GPUs and 28,962 cores
+///   on `HN` instances; 393,616 cores and 1,950 TiB on `CN` instances). The trace does
+///   not name the GPU model; A10 is an assumption (serving DLRMs needs no NVLink).
 pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
     match name {
         "openb" => openb(OPENB_GPU_NODES, "openb"),
@@ -34,6 +41,7 @@ pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
         "philly" => philly_cluster(),
         "pollux-64" => Ok(pollux_64()),
         "elasticflow-128" => Ok(elasticflow_128()),
+        "dlrm-peak" => Ok(dlrm_peak()),
         _ => Err(DatasetError::UnknownCluster {
             name: name.to_string(),
             known: CLUSTER_PRESETS.iter().map(ToString::to_string).collect(),
@@ -115,4 +123,34 @@ fn elasticflow_128() -> ClusterSpec {
             memory_mib: 900 * 1024,
         },
     )
+}
+
+fn dlrm_peak() -> ClusterSpec {
+    let group = |count, prefix: &str, gpu_model: Option<&str>, gpus, cpu_milli| NodeGroupSpec {
+        count,
+        name_prefix: Some(prefix.to_string()),
+        names: Vec::new(),
+        gpu_model: gpu_model.map(String::from),
+        gpus,
+        nvlink_domain: 0,
+        cpu_milli,
+        memory_mib: 1024 * 1024,
+    };
+    ClusterSpec {
+        name: "dlrm-peak".to_string(),
+        nodes_per_rack: 16,
+        racks_per_spine: 8,
+        // No NVLink (islands of 0); the rate is required but never used.
+        links: LinkSpec {
+            nvlink_gbps: 300.0,
+            pcie_gbps: 32.0,
+            rack_gbps: 25.0,
+            spine_gbps: 12.5,
+        },
+        gpu_models: Vec::new(),
+        node_groups: vec![
+            group(450, "hn", Some("A10"), 8, 128_000),
+            group(2150, "cn", None, 0, 192_000),
+        ],
+    }
 }

@@ -12,9 +12,9 @@ use crate::gzip::gunzip;
 use crate::table::{Table, malformed};
 use crate::{
     BatchTimeSample, CLUSTER_PRESETS, DatasetError, OccupancySeries, ParseReport, RecordedRun,
-    cluster_preset, parse_chronus, parse_dlrm, parse_itp, parse_occupancy, parse_openb_nodes,
-    parse_openb_pods, parse_openb_recorded, parse_pai_batch_times, parse_philly, parse_pollux,
-    parse_sia, philly_window,
+    cluster_preset, parse_chronus, parse_dlrm, parse_dlrm_recorded, parse_itp, parse_occupancy,
+    parse_openb_nodes, parse_openb_pods, parse_openb_recorded, parse_pai_batch_times, parse_philly,
+    parse_pollux, parse_sia, philly_window,
 };
 
 /// Bundled traces [`load_trace`] knows by name:
@@ -298,8 +298,10 @@ pub fn load_trace(
 
 /// Loads a recorded log of another scheduler's decisions: an 11-column openb pod list
 /// with its `scheduled_time` (and an optional `node` column) by name (`openb`,
-/// `openb-default`, `openb-<variant>` from the traces directory) or by path. Other
-/// traces record no scheduling times and are an error saying so.
+/// `openb-default`, `openb-<variant>` from the traces directory) or by path, or Alibaba's
+/// DLRM serving trace (`dlrm` from the traces directory, or a path whose header starts
+/// with `instance_sn,`; [`parse_dlrm_recorded`]). Other traces record no scheduling
+/// times and are an error saying so.
 pub fn load_recorded_trace(
     arg: &str,
     catalog: &GpuCatalog,
@@ -314,6 +316,7 @@ pub fn load_recorded_trace(
                 Some(variant) if is_variant_name(variant) => {
                     find_openb_variant(arg, variant, &trace_dirs())?
                 }
+                _ if arg == "dlrm" => find_in_trace_dirs(arg, DLRM_TRACE, &trace_dirs())?,
                 _ if looks_like_path(arg) => PathBuf::from(arg),
                 _ => {
                     return Err(DatasetError::Malformed {
@@ -321,7 +324,8 @@ pub fn load_recorded_trace(
                         line: 1,
                         field: "trace".into(),
                         reason: "not a recorded log: give an openb pod list with \
-                                 scheduled_time (openb-default, openb-<variant> or a path)"
+                                 scheduled_time (openb-default, openb-<variant> or a path) \
+                                 or the DLRM trace (dlrm or a path)"
                             .into(),
                     });
                 }
@@ -329,8 +333,15 @@ pub fn load_recorded_trace(
             (path.display().to_string(), read(&path)?)
         }
     };
+    let header = text.trim_start_matches('\u{feff}').trim_start();
+    if header.starts_with("instance_sn,") {
+        return parse_dlrm_recorded(&name, &text);
+    }
     parse_openb_recorded(&name, &text, catalog)
 }
+
+/// The DLRM trace's path inside the traces directory.
+const DLRM_TRACE: &str = "alibaba-dlrm-v2025/disaggregated_DLRM_trace.csv";
 
 /// Loads a cluster: a name in [`CLUSTER_PRESETS`], or a path to a `.toml` cluster spec or
 /// an openb-style node-list `.csv` (rows the parser skips are dropped; call
@@ -470,10 +481,7 @@ fn job_source(name: &str) -> Option<JobSource> {
         "chronus-mix1" => ("chronus-philly/trace_job_Philly_MIX1.csv", parse_chronus),
         "chronus-mix2" => ("chronus-philly/trace_job_Philly_MIX2.csv", parse_chronus),
         "chronus-slo" => ("chronus-philly/trace_job_Philly_SLO.csv", parse_chronus),
-        "dlrm" => (
-            "alibaba-dlrm-v2025/disaggregated_DLRM_trace.csv",
-            parse_dlrm,
-        ),
+        "dlrm" => (DLRM_TRACE, parse_dlrm),
         _ => return None,
     };
     Some(JobSource::TracesDir(rel.to_string(), parse))

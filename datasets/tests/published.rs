@@ -268,3 +268,21 @@ fn elasticflow_128_is_sixteen_a100_nodes_on_nvswitch() {
     assert_eq!(topo.max_gpus_within(TopoLevel::NvlinkIsland), 8);
     assert_eq!(topo.racks().len(), 2);
 }
+
+#[test]
+fn dlrm_peak_holds_the_dlrm_traces_peak_demand_with_headroom() {
+    let spec = cluster_preset("dlrm-peak").unwrap();
+    let topo = Topology::build(&spec).unwrap();
+    assert_eq!((topo.gpu_count(), topo.nodes().len()), (3600, 2600));
+    let a10 = topo.catalog.id("A10").unwrap();
+    assert!(topo.gpus().iter().all(|g| g.model == a10));
+    let cores: u64 = spec
+        .node_groups
+        .iter()
+        .map(|g| u64::from(g.count) * u64::from(g.cpu_milli) / 1000)
+        .sum();
+    // Peaks of the recorded schedule (README, Shadow mode): 3,412 GPUs and
+    // 28,962 + 393,616 cores at once.
+    assert!(topo.gpu_count() as f64 >= 1.05 * 3412.0);
+    assert!(cores as f64 >= 1.05 * (28_962.0 + 393_616.0), "{cores}");
+}

@@ -62,7 +62,7 @@ fn unknown_trace_lists_the_known_names() {
 #[test]
 fn unknown_cluster_lists_the_presets() {
     let err = load_cluster("dgx-h100-65").unwrap_err();
-    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 6));
+    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 7));
     let text = err.to_string();
     for preset in [
         "openb",
@@ -71,6 +71,7 @@ fn unknown_cluster_lists_the_presets() {
         "philly",
         "pollux-64",
         "elasticflow-128",
+        "dlrm-peak",
     ] {
         assert!(text.contains(preset), "{text}");
     }
@@ -229,4 +230,30 @@ fn openb_variants_are_read_from_the_traces_directory() {
     }
     let err = load_trace("openb-nosuchvariant", &catalog).unwrap_err();
     assert!(matches!(err, DatasetError::TraceNotFound { .. }), "{err}");
+}
+
+#[test]
+fn recorded_logs_are_recognised_by_header() {
+    let catalog = GpuCatalog::default();
+    let dlrm = temp_file(
+        "recorded.csv",
+        "instance_sn,role,app_name,cpu_request,cpu_limit,gpu_request,gpu_limit,rdma_request,\
+         rdma_limit,memory_request,memory_limit,disk_request,disk_limit,\
+         max_instance_per_node,creation_time,scheduled_time,deletion_time\n\
+         i0,HN,app_0,12,12,1,1,25,25,120.0,120.0,640.0,800.0,8,100.0,130.0,400.0\n",
+    );
+    let (rows, report) = marshal_datasets::load_recorded_trace(dlrm.arg(), &catalog).unwrap();
+    assert_eq!(report.rows_read, 1);
+    assert_eq!(rows[0].0.gpu, GpuDemand::Whole(1));
+    assert_eq!(
+        (rows[0].1.created, rows[0].1.scheduled, rows[0].1.deleted),
+        (100.0, Some(130.0), 400.0)
+    );
+    // A trace that records no scheduling decisions is refused, saying what is accepted.
+    let err = marshal_datasets::load_recorded_trace("philly", &catalog).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("not a recorded log") && text.contains("DLRM"),
+        "{text}"
+    );
 }

@@ -22,10 +22,11 @@ use crate::cli::sim::{ModeArg, default_cluster_for};
 pub struct ShadowArgs {
     /// Replay mode: the recorded log, an openb pod list with `scheduled_time`
     /// (`openb-default`, `openb-<variant>` or a path; an optional `node` column is
-    /// honoured).
+    /// honoured) or Alibaba's DLRM serving trace (`dlrm` or a path).
     #[arg(long, conflicts_with_all = ["listen", "report_log"])]
     pub trace: Option<String>,
-    /// Cluster (preset, TOML or node CSV); defaults to the trace's own (`openb`).
+    /// Cluster (preset, TOML or node CSV); defaults to the trace's own (`openb`, `dlrm-peak`
+    /// for `dlrm`).
     #[arg(long)]
     pub cluster: Option<String>,
     /// Marshal's policy (see `marshal list`); in live mode the default for calls that

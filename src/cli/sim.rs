@@ -422,6 +422,8 @@ pub fn default_cluster_for(trace: &str) -> &'static str {
         "elasticflow-128"
     } else if trace.starts_with("philly") {
         "philly"
+    } else if trace == "dlrm" {
+        "dlrm-peak"
     } else {
         "openb"
     }
