@@ -2,7 +2,8 @@
 //! library's `run_connected`, fed by the real sampling loop) against `marshal serve`'s
 //! library server. Mixed jobs all complete without two workers on one GPU; a scheduler
 //! restart mid-run starts no job twice; a silent agent's node goes unreachable and its
-//! jobs move after the grace; `--exec` reports exit statuses and kills on cancel.
+//! jobs move after the grace; `--exec` reports exit statuses and kills on cancel, and
+//! its workers outlive an agent restart (or die with it under `--stop-workers-on-exit`).
 
 mod common;
 
@@ -123,18 +124,35 @@ fn start_agent(
     mode: Mode,
     out: &Path,
 ) -> Agent {
-    start_agent_sampling(rt, addr, i, mode, out, true)
+    start_agent_with(rt, addr, i, mode, out, AgentOptions::default())
 }
 
-/// `sampling: false` is a node whose source yields no GPU rows: nothing reaches the
-/// backlog, so only Heartbeat calls keep it alive.
-fn start_agent_sampling(
+/// How a test agent differs from a plain one.
+#[derive(Clone, Copy, Debug)]
+struct AgentOptions {
+    /// `false`: a node whose source yields no GPU rows: nothing reaches the backlog, so
+    /// only Heartbeat calls keep it alive.
+    sampling: bool,
+    /// `--stop-workers-on-exit`.
+    stop_workers_on_exit: bool,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            sampling: true,
+            stop_workers_on_exit: false,
+        }
+    }
+}
+
+fn start_agent_with(
     rt: &tokio::runtime::Handle,
     addr: SocketAddr,
     i: usize,
     mode: Mode,
     out: &Path,
-    sampling: bool,
+    options: AgentOptions,
 ) -> Agent {
     let node = format!("n-{i}");
     let out = out.join(&node);
@@ -142,7 +160,7 @@ fn start_agent_sampling(
     let backlog = Backlog::new(&node, 10_000);
     let counters = Arc::new(Counters::default());
     let stop_sampling = Arc::new(AtomicBool::new(false));
-    let sampler = sampling.then(|| {
+    let sampler = options.sampling.then(|| {
         let (stop, backlog, node, out) = (
             stop_sampling.clone(),
             backlog.clone(),
@@ -179,6 +197,7 @@ fn start_agent_sampling(
         backoff_max: Duration::from_millis(300),
         journal: Some(journal.clone()),
         mig: Vec::new(),
+        stop_workers_on_exit: options.stop_workers_on_exit,
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let task = {
@@ -633,13 +652,16 @@ fn an_agent_without_telemetry_stays_reachable_through_heartbeats() {
     rt.block_on(async {
         let server = serve_with_liveness(dir.path(), 400, 400).await;
         let addr = server.addr;
-        let agent = start_agent_sampling(
+        let agent = start_agent_with(
             rt.handle(),
             addr,
             0,
             Mode::Simulated { speedup: 1.0 },
             dir.path(),
-            false,
+            AgentOptions {
+                sampling: false,
+                ..Default::default()
+            },
         );
         // Five timeouts long: without Heartbeat calls the node would turn unreachable.
         let t = Instant::now();
@@ -669,6 +691,8 @@ fn an_agent_without_telemetry_stays_reachable_through_heartbeats() {
     });
 }
 
+// `--exec` needs /proc to supervise its workers: Linux only.
+#[cfg(target_os = "linux")]
 #[test]
 fn exec_reports_exit_status_sets_the_environment_and_kills_on_cancel() {
     let dir = tempfile::tempdir().unwrap();
@@ -791,6 +815,206 @@ fn exec_reports_exit_status_sets_the_environment_and_kills_on_cancel() {
             .unwrap();
         assert_eq!(j.state, pb::JobState::Cancelled as i32);
         agent.stop().await;
+        server.shutdown().await.unwrap();
+    });
+}
+
+/// The job `id`, as the scheduler lists it.
+#[cfg(target_os = "linux")]
+async fn job_state(addr: SocketAddr, id: u64) -> pb::Job {
+    list(addr)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|j| j.id == id)
+        .unwrap()
+}
+
+/// Waits until every job in `ids` is RUNNING on `attempt` (panics after 10 s).
+#[cfg(target_os = "linux")]
+async fn wait_running(addr: SocketAddr, ids: &[u64], attempt: u32) {
+    let t = Instant::now();
+    for &id in ids {
+        loop {
+            let j = job_state(addr, id).await;
+            if j.state == pb::JobState::Running as i32 && j.attempts == attempt {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "job {id} not running on attempt {attempt}: {j:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Whether a process with this pid runs (a zombie does not).
+#[cfg(target_os = "linux")]
+fn process_runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s[s.rfind(')')? + 1..]
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn exec_workers_outlive_an_agent_restart_and_are_reported_once_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let config = ServiceConfig {
+            max_attempts: 1,
+            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
+        };
+        let server = serve(config).await;
+        let addr = server.addr;
+        let seen = dir.path().join("seen");
+        std::fs::create_dir_all(&seen).unwrap();
+        // Each run leaves a line: a worker started twice would leave two.
+        let cmd = format!(
+            "echo run >> '{}'/$MARSHAL_JOB_ID.runs; sleep 3; \
+             case \"$MARSHAL_JOB_NAME\" in fail) exit 3;; esac",
+            seen.display()
+        );
+        let first = start_agent(rt.handle(), addr, 0, Mode::Exec(cmd.clone()), dir.path());
+        let ids = submit(
+            addr,
+            &[job("ok", 1, whole(2), 0.0), job("fail", 1, whole(1), 0.0)],
+        )
+        .await;
+        wait_running(addr, &ids, 1).await;
+        let first_journal = first.journal.clone();
+        first.stop().await;
+        // The agent is gone; its workers are not, and the jobs stay where they are.
+        for &id in &ids {
+            let j = job_state(addr, id).await;
+            assert_eq!(j.state, pb::JobState::Running as i32, "{j:?}");
+        }
+        let state_dir = dir.path().join("n-0/jobs/state");
+        assert_eq!(std::fs::read_dir(&state_dir).unwrap().count(), 2);
+        let second = start_agent(rt.handle(), addr, 0, Mode::Exec(cmd), dir.path());
+        let jobs = wait_final(addr, Duration::from_secs(20)).await;
+        let by_id = |id: u64| jobs.iter().find(|j| j.id == id).unwrap();
+        let ok = by_id(ids[0]);
+        assert_eq!(ok.state, pb::JobState::Completed as i32, "{}", ok.reason);
+        let failed = by_id(ids[1]);
+        assert_eq!(
+            failed.state,
+            pb::JobState::Failed as i32,
+            "{}",
+            failed.reason
+        );
+        assert!(
+            failed.reason.contains("exit status: 3"),
+            "{}",
+            failed.reason
+        );
+        // Placed once, started once, and the second agent started nothing.
+        for j in [ok, failed] {
+            assert_eq!(j.attempts, 1, "job {} placed again", j.id);
+            let runs = std::fs::read_to_string(seen.join(format!("{}.runs", j.id))).unwrap();
+            assert_eq!(runs, "run\n", "job {}", j.id);
+        }
+        let starts = |journal: &Journal, adopted: bool| -> Vec<u64> {
+            let mut jobs: Vec<u64> = journal
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e.started && e.adopted == adopted)
+                .map(|e| e.incarnation.job)
+                .collect();
+            jobs.sort_unstable();
+            jobs
+        };
+        assert_eq!(starts(&first_journal, false), ids);
+        assert_eq!(starts(&second.journal, false), Vec::<u64>::new());
+        assert_eq!(starts(&second.journal, true), ids);
+        // One end each, seen by the second agent; with the reports taken, the state
+        // records are gone.
+        let ends = second
+            .journal
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| !e.started)
+            .count();
+        assert_eq!(ends, 2);
+        let t = Instant::now();
+        while std::fs::read_dir(&state_dir).unwrap().count() > 0 {
+            assert!(t.elapsed() < Duration::from_secs(5), "state records left");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        second.stop().await;
+        server.shutdown().await.unwrap();
+    });
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
+        let addr = server.addr;
+        let pids = dir.path().join("pids");
+        std::fs::create_dir_all(&pids).unwrap();
+        let cmd = format!(
+            "echo $$ > '{}'/$MARSHAL_JOB_ID.$MARSHAL_ATTEMPT; exec sleep 30",
+            pids.display()
+        );
+        let options = AgentOptions {
+            stop_workers_on_exit: true,
+            ..Default::default()
+        };
+        let first = start_agent_with(
+            rt.handle(),
+            addr,
+            0,
+            Mode::Exec(cmd.clone()),
+            dir.path(),
+            options,
+        );
+        let id = submit(addr, &[job("long", 1, whole(1), 0.0)]).await[0];
+        wait_running(addr, &[id], 1).await;
+        let pid: u32 = std::fs::read_to_string(pids.join(format!("{id}.1")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(process_runs(pid));
+        first.stop().await;
+        assert!(
+            !process_runs(pid),
+            "the worker outlived --stop-workers-on-exit"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("n-0/jobs/state"))
+                .unwrap()
+                .count(),
+            0
+        );
+        // The next agent has nothing to adopt: the scheduler places the job again.
+        let second = start_agent_with(rt.handle(), addr, 0, Mode::Exec(cmd), dir.path(), options);
+        wait_running(addr, &[id], 2).await;
+        assert!(second.journal.lock().unwrap().iter().all(|e| !e.adopted));
+        jobs_client(addr)
+            .await
+            .cancel(pb::CancelRequest {
+                job_id: id,
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+        second.stop().await;
         server.shutdown().await.unwrap();
     });
 }

@@ -138,11 +138,17 @@ pub struct ConnectArgs {
     /// Name to check the scheduler's certificate against (default: the URL's host).
     #[arg(long, requires = "ca")]
     tls_domain: Option<String>,
-    /// Runs each assigned worker as `sh -c CMD` in the job's environment and reports
-    /// its exit status. Without it the agent writes `OUT/assignments/<job>.<worker>.env`
+    /// Runs each assigned worker as `sh -c CMD` in the job's environment, in a session
+    /// of its own under a shell that records its exit status in `OUT/jobs/state/`, and
+    /// reports that status. Without it the agent writes `OUT/assignments/<job>.<worker>.env`
     /// (and, with the simulated source, completes jobs after their expected run time).
     #[arg(long, requires = "scheduler")]
     exec: Option<String>,
+    /// Kill the `--exec` workers when the agent stops (SIGINT/SIGTERM); the scheduler
+    /// then requeues them. By default they keep running, and the next agent started
+    /// on the same `--out` adopts them and reports how they end.
+    #[arg(long, requires = "exec")]
+    stop_workers_on_exit: bool,
     /// Telemetry rows held for the scheduler while it is unreachable (the most recent
     /// are kept; every row is in Parquet regardless).
     #[arg(long, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
@@ -481,6 +487,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         backoff_max: a.connect.max_backoff,
         journal: None,
         mig,
+        stop_workers_on_exit: a.connect.stop_workers_on_exit,
     };
     let backlog = Backlog::new(&info.name, a.connect.backlog);
     let counters = Arc::new(Counters::default());

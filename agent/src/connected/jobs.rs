@@ -13,10 +13,15 @@
 //!   with a report owed are listed at registration as still running here.
 //! - A job's workers on this node report once for the job: FAILED as soon as one fails,
 //!   COMPLETED when all have exited with status 0.
+//! - **`--exec` workers outlive the agent.** Each runs under a supervising shell that
+//!   records its exit status (`supervisor`), with a state record on disk (`records`)
+//!   from its start until the scheduler has no further use for it: its STOP, or the
+//!   delivery (or refusal) of its job's final report. A restarted agent adopts them
+//!   ([`Runner::adopt_survivors`]); a shutdown leaves them running
+//!   ([`Runner::shut_down`]) unless told to stop them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +32,12 @@ use tokio::task::JoinHandle;
 use crate::connected::Backlog;
 use crate::connected::env::{env_file_text, expected_runtime_s, job_env};
 use crate::connected::mig::MigPool;
+use crate::connected::procfs;
+use crate::connected::records::{HeldGpu, RecordStore, WorkerRecord};
+use crate::connected::supervisor;
+
+mod adopt;
+pub use adopt::Adoption;
 
 /// One placement of one worker of a job.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,8 +64,9 @@ impl Incarnation {
 /// What the agent does with a START.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Mode {
-    /// Runs the command with `sh -c` in the job's environment; reports RUNNING, then
-    /// COMPLETED (exit status 0) or FAILED (anything else, or a failed spawn).
+    /// Runs the command with `sh -c` in the job's environment, under a supervising
+    /// shell that outlives the agent (`supervisor`); reports RUNNING, then COMPLETED
+    /// (exit status 0) or FAILED (anything else, or a failed spawn). Linux only.
     Exec(String),
     /// Simulated source without a command: reports RUNNING, then COMPLETED once the job's
     /// expected run time (`MARSHAL_EXPECTED_RUNTIME_S`) divided by `speedup` has passed.
@@ -74,6 +86,8 @@ pub struct Applied {
     pub gpus: Vec<pb::GpuSlot>,
     /// `true`: started; `false`: ended (exited, stopped, or superseded).
     pub started: bool,
+    /// With `started`: not started here but adopted, running, from an earlier agent.
+    pub adopted: bool,
 }
 
 /// A shared log of [`Applied`] changes.
@@ -90,6 +104,7 @@ pub struct Exit {
 #[derive(Debug)]
 struct Live {
     gpus: Vec<pb::GpuSlot>,
+    /// Sending kills the worker; dropping it leaves an `--exec` worker running.
     kill: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -114,6 +129,12 @@ pub struct Runner {
     backlog: Arc<Backlog>,
     journal: Option<Journal>,
     mig: MigPool,
+    /// `--exec` only: the workers' state records and exit statuses (`OUT/jobs/state`).
+    records: Option<RecordStore>,
+    /// This boot's id, stored in each record.
+    boot_id: String,
+    /// Ended `--exec` workers whose record is kept until their job's report settles.
+    awaiting_report: BTreeSet<Incarnation>,
     pub starts: u64,
 }
 
@@ -130,9 +151,14 @@ impl Runner {
         let assignments_dir = out.join("assignments");
         let logs_dir = out.join("jobs");
         std::fs::create_dir_all(&assignments_dir)?;
-        if matches!(mode, Mode::Exec(_)) {
-            std::fs::create_dir_all(&logs_dir)?;
-        }
+        let (records, boot_id) = if matches!(mode, Mode::Exec(_)) {
+            // Without /proc (not Linux) a worker cannot be told from a stranger that
+            // reuses its pid: `--exec` is refused rather than run unsupervisable.
+            let boot_id = procfs::boot_id().map_err(std::io::Error::other)?;
+            (Some(RecordStore::open(logs_dir.join("state"))?), boot_id)
+        } else {
+            (None, String::new())
+        };
         Ok(Runner {
             node: node.to_string(),
             mode,
@@ -147,6 +173,9 @@ impl Runner {
             backlog,
             journal,
             mig: MigPool::new(mig),
+            records,
+            boot_id,
+            awaiting_report: BTreeSet::new(),
             starts: 0,
         })
     }
@@ -170,6 +199,16 @@ impl Runner {
     }
 
     fn journal(&self, incarnation: Incarnation, gpus: &[pb::GpuSlot], started: bool) {
+        self.journal_entry(incarnation, gpus, started, false);
+    }
+
+    fn journal_entry(
+        &self,
+        incarnation: Incarnation,
+        gpus: &[pb::GpuSlot],
+        started: bool,
+        adopted: bool,
+    ) {
         if let Some(j) = &self.journal {
             j.lock().unwrap_or_else(|p| p.into_inner()).push(Applied {
                 at: Instant::now(),
@@ -177,6 +216,7 @@ impl Runner {
                 incarnation,
                 gpus: gpus.to_vec(),
                 started,
+                adopted,
             });
         }
     }
@@ -220,11 +260,13 @@ impl Runner {
             return; // an older placement than one already seen
         }
         let mut env = job_env(a, &self.node);
+        let mut mig_uuids = Vec::new();
         match self.claim_mig(inc, &a.gpus) {
             Ok(uuids) if !uuids.is_empty() => {
                 let list = uuids.join(",");
                 env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
                 env.insert("MARSHAL_MIG_UUID".into(), list);
+                mig_uuids = uuids;
             }
             Ok(_) => {}
             Err(why) => {
@@ -273,32 +315,73 @@ impl Runner {
                     }));
                 }
             }
-            Mode::Exec(cmd) => {
-                let log = self
-                    .logs_dir
-                    .join(format!("{}.{}.log", inc.file_stem(), inc.attempt));
-                match spawn(&cmd, &env, &log) {
-                    Ok(child) => {
-                        self.owe(inc, pb::JobState::Running, format!("running: {cmd}"));
-                        let (kill_tx, kill_rx) = oneshot::channel();
-                        live.kill = Some(kill_tx);
-                        live.task = Some(tokio::spawn(watch_child(
-                            child,
-                            inc,
-                            kill_rx,
-                            self.exits.clone(),
-                        )));
-                    }
-                    Err(e) => {
-                        let _ = self.exits.send(Exit {
-                            incarnation: inc,
-                            outcome: Err(format!("could not start `{cmd}`: {e}")),
-                        });
-                    }
+            Mode::Exec(cmd) => match self.launch(inc, &cmd, &env, &a.gpus, mig_uuids).await {
+                Ok((kill, task)) => {
+                    self.owe(inc, pb::JobState::Running, format!("running: {cmd}"));
+                    live.kill = Some(kill);
+                    live.task = Some(task);
                 }
-            }
+                Err(why) => {
+                    let _ = self.exits.send(Exit {
+                        incarnation: inc,
+                        outcome: Err(why),
+                    });
+                }
+            },
         }
         self.live.insert(inc, live);
+    }
+
+    /// Starts an `--exec` worker under its supervising shell, records it, and watches
+    /// it. An error is the reason the start failed.
+    async fn launch(
+        &self,
+        inc: Incarnation,
+        cmd: &str,
+        env: &BTreeMap<String, String>,
+        gpus: &[pb::GpuSlot],
+        mig_uuids: Vec<String>,
+    ) -> Result<(oneshot::Sender<()>, JoinHandle<()>), String> {
+        let Some(store) = self.records.clone() else {
+            return Err("no worker state directory (not in `--exec` mode)".into());
+        };
+        // An exit status left by an earlier run of this incarnation would end it at once.
+        store.remove(&inc);
+        let log = self
+            .logs_dir
+            .join(format!("{}.{}.log", inc.file_stem(), inc.attempt));
+        let launched = supervisor::launch(cmd, env, &log, &store.exit_path(&inc))
+            .await
+            .map_err(|e| format!("could not start `{cmd}`: {e}"))?;
+        let record = WorkerRecord {
+            job: inc.job,
+            worker: inc.worker,
+            attempt: inc.attempt,
+            gpus: gpus.iter().map(HeldGpu::from).collect(),
+            mig_uuids,
+            pid: launched.identity.pid,
+            start_ticks: launched.identity.start_ticks,
+            boot_id: self.boot_id.clone(),
+            command: cmd.to_string(),
+        };
+        let (kill, control) = oneshot::channel();
+        let task = tokio::spawn(supervisor::watch_launched(
+            launched,
+            inc,
+            store.clone(),
+            control,
+            self.exits.clone(),
+        ));
+        if let Err(e) = store.write(&record) {
+            // Unrecorded, it would be left running unsupervised by the next shutdown.
+            let _ = kill.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+            store.remove(&inc);
+            return Err(format!(
+                "could not record the worker, so it was stopped: {e}"
+            ));
+        }
+        Ok((kill, task))
     }
 
     /// Records a report owed, unless a final one is owed already.
@@ -331,6 +414,9 @@ impl Runner {
             }
         }
         self.ended_cleanup(inc, &live.gpus);
+        if let Some(store) = &self.records {
+            store.remove(&inc);
+        }
         // A report owed about this incarnation is moot: the scheduler moved on.
         if !self
             .live
@@ -338,6 +424,37 @@ impl Runner {
             .any(|i| i.job == inc.job && i.attempt == inc.attempt)
         {
             self.reports.remove(&(inc.job, inc.attempt));
+            self.forget_finished(inc.job, inc.attempt);
+        }
+    }
+
+    /// Removes the state of ended workers of `job` at `attempt` (0: any attempt): the
+    /// scheduler has heard all it will about them.
+    fn forget_finished(&mut self, job: u64, attempt: u32) {
+        let done: Vec<Incarnation> = self
+            .awaiting_report
+            .iter()
+            .filter(|i| i.job == job && (attempt == 0 || i.attempt == attempt))
+            .copied()
+            .collect();
+        for i in done {
+            self.awaiting_report.remove(&i);
+            if let Some(store) = &self.records {
+                store.remove(&i);
+            }
+        }
+    }
+
+    /// The scheduler took (or refused for good) the report `state` about `job` at
+    /// `attempt`: it is dropped unless a newer one replaced it meanwhile, and after a
+    /// final one the ended workers' records go.
+    pub fn settle_report(&mut self, job: u64, attempt: u32, state: pb::JobState) {
+        if self.reports.get(&(job, attempt)).map(|r| r.0) != Some(state) {
+            return;
+        }
+        self.reports.remove(&(job, attempt));
+        if state != pb::JobState::Running {
+            self.forget_finished(job, attempt);
         }
     }
 
@@ -389,6 +506,7 @@ impl Runner {
         } else {
             self.reports.remove(&(job, attempt));
         }
+        self.forget_finished(job, attempt);
     }
 
     /// Applies a STOP assignment.
@@ -440,13 +558,48 @@ impl Runner {
                 }
             }
         }
+        if self.records.is_some() {
+            // Its exit status must outlive an agent restart until the report is taken.
+            self.awaiting_report.insert(inc);
+            let others = self
+                .live
+                .keys()
+                .any(|i| i.job == inc.job && i.attempt == inc.attempt);
+            if !others && !self.reports.contains_key(&(inc.job, inc.attempt)) {
+                // Nothing left to tell (its job's failure was reported already).
+                self.forget_finished(inc.job, inc.attempt);
+            }
+        }
     }
 
-    /// Stops everything (the agent is shutting down).
+    /// Stops everything.
     pub async fn stop_all(&mut self) {
         let all: Vec<Incarnation> = self.live.keys().copied().collect();
         for i in all {
             self.stop(i).await;
+        }
+    }
+
+    /// The agent is exiting: `--exec` workers are left running for the next agent to
+    /// adopt (their records stay), unless `stop_workers`; simulated and env-only
+    /// workers end with the agent, since nothing of theirs outlives it.
+    pub async fn shut_down(&mut self, stop_workers: bool) {
+        if stop_workers || self.records.is_none() {
+            self.stop_all().await;
+            return;
+        }
+        for (inc, live) in std::mem::take(&mut self.live) {
+            // A dropped control sender ends the watch and leaves the worker alone.
+            drop(live.kill);
+            if let Some(task) = live.task {
+                let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+            }
+            tracing::info!(
+                job = inc.job,
+                worker = inc.worker,
+                attempt = inc.attempt,
+                "worker left running for the next agent to adopt"
+            );
         }
     }
 }
@@ -457,77 +610,11 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-fn spawn(
-    cmd: &str,
-    env: &BTreeMap<String, String>,
-    log: &Path,
-) -> std::io::Result<tokio::process::Child> {
-    let out = std::fs::File::create(log)?;
-    let err = out.try_clone()?;
-    let mut c = tokio::process::Command::new("sh");
-    c.arg("-c")
-        .arg(cmd)
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .kill_on_drop(true);
-    // Its own process group, so that stopping the job reaches what `sh` started.
-    #[cfg(unix)]
-    c.process_group(0);
-    c.spawn()
-}
-
-/// Waits for the process to exit (reported) or for a kill (not reported).
-async fn watch_child(
-    mut child: tokio::process::Child,
-    inc: Incarnation,
-    kill: oneshot::Receiver<()>,
-    exits: mpsc::UnboundedSender<Exit>,
-) {
-    let status = tokio::select! {
-        s = child.wait() => Some(s),
-        _ = kill => None,
-    };
-    match status {
-        Some(Ok(s)) if s.success() => {
-            let _ = exits.send(Exit {
-                incarnation: inc,
-                outcome: Ok(()),
-            });
-        }
-        Some(Ok(s)) => {
-            let _ = exits.send(Exit {
-                incarnation: inc,
-                outcome: Err(format!("exited with {s}")),
-            });
-        }
-        Some(Err(e)) => {
-            let _ = exits.send(Exit {
-                incarnation: inc,
-                outcome: Err(format!("waiting for the process: {e}")),
-            });
-        }
-        None => {
-            if let Some(pid) = child.id() {
-                // The whole group: `sh -c` may have started more than one process.
-                let _ = tokio::process::Command::new("kill")
-                    .args(["-KILL", "--", &format!("-{pid}")])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .await;
-            }
-            let _ = child.kill().await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn start(job: u64, attempt: u32, gpus: &[u32]) -> pb::Assignment {
+    pub(super) fn start(job: u64, attempt: u32, gpus: &[u32]) -> pb::Assignment {
         pb::Assignment {
             job_id: job,
             action: pb::AssignmentAction::Start as i32,
@@ -562,7 +649,7 @@ mod tests {
     }
 
     /// A START of one 1c/1m MIG slice on GPU 3.
-    fn mig_start(job: u64) -> pb::Assignment {
+    pub(super) fn mig_start(job: u64) -> pb::Assignment {
         let mut a = start(job, 1, &[3]);
         a.gpus[0].milli = 142;
         a.gpus[0].mig_compute = 1;
@@ -629,6 +716,7 @@ mod tests {
         assert!(!dir.path().join("assignments/1.0.env").exists());
     }
 
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn exec_reports_failure_by_exit_status_and_a_stop_kills() {
         let (mut r, mut rx, _dir) = runner(Mode::Exec("exit $MARSHAL_ATTEMPT".into()));

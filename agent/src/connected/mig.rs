@@ -81,6 +81,25 @@ impl MigPool {
         Ok(Some(m))
     }
 
+    /// Marks `uuid` held by `worker` again: an adopted worker keeps the instance it was
+    /// started with. An instance no longer in the inventory (MIG re-partitioned) cannot
+    /// be handed out anyway; one claimed by another worker means two records claim it.
+    pub fn restore(&mut self, worker: Incarnation, uuid: &str) -> Result<(), String> {
+        if !self.instances.iter().any(|m| m.uuid == uuid) {
+            return Err(format!("MIG instance {uuid} is not on this node any more"));
+        }
+        match self.held.get(uuid) {
+            Some(other) if *other != worker => Err(format!(
+                "MIG instance {uuid} is held by job {} worker {} already",
+                other.job, other.worker
+            )),
+            _ => {
+                self.held.insert(uuid.to_string(), worker);
+                Ok(())
+            }
+        }
+    }
+
     /// Frees whatever `worker` holds.
     pub fn release(&mut self, worker: Incarnation) {
         self.held.retain(|_, w| *w != worker);
@@ -153,6 +172,28 @@ mod tests {
         );
         let err = pool.claim(worker(4), 2, 1, 1).unwrap_err();
         assert!(err.contains("MIG is off"), "{err}");
+    }
+
+    #[test]
+    fn a_restored_claim_is_not_handed_out_again() {
+        let mut pool = MigPool::new(vec![inst(0, 0, 1, 1), inst(0, 1, 1, 1)]);
+        pool.restore(worker(1), "MIG-0-0").unwrap();
+        assert_eq!(
+            pool.claim(worker(2), 0, 1, 1).unwrap().unwrap().uuid,
+            "MIG-0-1"
+        );
+        assert!(pool.claim(worker(3), 0, 1, 1).is_err());
+        assert!(
+            pool.restore(worker(3), "MIG-0-0")
+                .unwrap_err()
+                .contains("job 1")
+        );
+        assert!(pool.restore(worker(3), "MIG-9-9").is_err());
+        pool.release(worker(1));
+        assert_eq!(
+            pool.claim(worker(3), 0, 1, 1).unwrap().unwrap().uuid,
+            "MIG-0-0"
+        );
     }
 
     #[test]

@@ -21,6 +21,9 @@ mod backlog;
 pub mod env;
 mod jobs;
 mod mig;
+mod procfs;
+mod records;
+mod supervisor;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -34,7 +37,7 @@ use marshal_scheduler::service::tonic::Code;
 use tokio::sync::mpsc;
 
 pub use backlog::{Backlog, BacklogStats, DEFAULT_BACKLOG, TelemetryTap, to_pb};
-pub use jobs::{Applied, Exit, Incarnation, Journal, Mode, Runner};
+pub use jobs::{Adoption, Applied, Exit, Incarnation, Journal, Mode, Runner};
 
 use crate::AgentError;
 
@@ -48,7 +51,8 @@ pub struct ConnectedConfig {
     pub node: pb::NodeInfo,
     pub mode: Mode,
     /// The agent's directory: `assignments/<job>.<worker>.env` (one file per worker
-    /// running here, removed when it ends) and, with `--exec`, `jobs/<job>.<worker>.<attempt>.log`.
+    /// running here, removed when it ends) and, with `--exec`,
+    /// `jobs/<job>.<worker>.<attempt>.log` and the workers' state in `jobs/state/`.
     pub out: PathBuf,
     /// How often held telemetry is sent (the heartbeat period).
     pub flush_interval: Duration,
@@ -58,6 +62,9 @@ pub struct ConnectedConfig {
     pub journal: Option<Journal>,
     /// The node's MIG instances (NVML source; empty: none to hand out).
     pub mig: Vec<marshal_telemetry::MigInstance>,
+    /// At shutdown, kill the `--exec` workers (the scheduler then requeues them) instead
+    /// of leaving them running for the next agent on this out directory to adopt.
+    pub stop_workers_on_exit: bool,
 }
 
 /// Counters of a connected agent, readable while it runs.
@@ -90,10 +97,14 @@ impl Counters {
     }
 }
 
-/// Runs the connected agent until `shutdown` resolves, then stops the node's jobs
-/// (their processes die with the agent; the scheduler requeues them at the next
-/// registration or after the heartbeat grace) and tries once, for at most a second, to
-/// deliver the reports still owed and the telemetry still held.
+/// Runs the connected agent until `shutdown` resolves, then tries once, for at most a
+/// second, to deliver the reports still owed and the telemetry still held.
+///
+/// It first adopts the `--exec` workers an earlier agent on the same out directory left
+/// running ([`Runner::adopt_survivors`]), so the first registration lists them. At
+/// shutdown it leaves `--exec` workers running for the next agent to adopt, unless
+/// `stop_workers_on_exit`; simulated jobs end with it (the scheduler requeues them at
+/// the next registration or after the heartbeat grace).
 pub async fn run_connected(
     config: ConnectedConfig,
     backlog: Arc<Backlog>,
@@ -121,6 +132,16 @@ pub async fn run_connected(
         config.mig.clone(),
     )
     .map_err(|e| AgentError::Config(format!("{}: {e}", config.out.display())))?;
+    let adopted = runner.adopt_survivors();
+    if adopted != Adoption::default() {
+        tracing::info!(
+            running = adopted.running,
+            finished = adopted.finished,
+            lost = adopted.lost,
+            unreadable = adopted.unreadable,
+            "workers left by an earlier agent"
+        );
+    }
     let mut backoff = Backoff::new(config.backoff_max);
     let mut client_slot: Option<AgentClient> = None;
     tokio::pin!(shutdown);
@@ -149,7 +170,11 @@ pub async fn run_connected(
             }
         }
     }
-    runner.stop_all().await;
+    // Exits first, so that the workers that ended are reported, not just dropped.
+    while let Ok(e) = exits.try_recv() {
+        runner.exited(e);
+    }
+    runner.shut_down(config.stop_workers_on_exit).await;
     while let Ok(e) = exits.try_recv() {
         runner.exited(e);
     }
@@ -208,10 +233,7 @@ async fn flush_reports(
             }
             Err(e) => return Err(e),
         };
-        // Drop it unless a newer report replaced it meanwhile.
-        if runner.reports.get(&(job, attempt)).map(|r| r.0) == Some(state) {
-            runner.reports.remove(&(job, attempt));
-        }
+        runner.settle_report(job, attempt, state);
     }
     Ok(())
 }

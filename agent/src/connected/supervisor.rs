@@ -1,0 +1,351 @@
+//! `--exec` workers that outlive the agent.
+//!
+//! A worker runs as `setsid sh -c SUPERVISOR marshal-worker CMD EXIT_FILE`: a small shell
+//! that runs `sh -c CMD`, waits for it, writes its exit status to `EXIT_FILE` (to
+//! `EXIT_FILE.tmp`, then renamed, so a reader sees all of it or nothing) and exits with
+//! the same status. The command and the path travel as positional parameters, never
+//! spliced into the script, so no quote in them can change what runs.
+//!
+//! `setsid` makes the shell the leader of a new session and process group, with no
+//! controlling terminal: a hangup or Ctrl-C at the agent's terminal never reaches it,
+//! and, orphaned from birth, the group is not sent SIGHUP when the agent exits (what
+//! the kernel does to a process group that *becomes* orphaned with a stopped member).
+//! `setsid` does not fork here (it forks only when already a group leader, and the
+//! agent's children are not), so the pid the agent holds is the shell's, and the group
+//! id equals it. A STOP kills the whole group, so nothing the command started survives.
+//!
+//! The agent learns of the end from the exit file in both cases it can be in:
+//! - **Launched** by this agent ([`watch_launched`]): it is the shell's parent and waits
+//!   for it; the wait status is the fallback when no exit file was written.
+//! - **Adopted** after a restart ([`watch_adopted`]): the shell is not its child, so it
+//!   cannot `waitpid`; it polls for the exit file and for the process (same pid *and*
+//!   start time, not a zombie).
+//!
+//! Either watch kills the group when its control sender sends, and simply stops
+//! watching — leaving the worker running — when the sender is dropped (the agent is
+//! exiting, or its runner was dropped).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::connected::jobs::{Exit, Incarnation};
+use crate::connected::procfs::{self, ProcError, ProcessIdentity};
+use crate::connected::records::RecordStore;
+
+/// `$1`: the command, `$2`: the exit file.
+const SUPERVISOR: &str = "sh -c \"$1\"
+status=$?
+printf '%s\\n' \"$status\" > \"$2.tmp\" && mv -f \"$2.tmp\" \"$2\"
+exit \"$status\"";
+
+/// How often an adopted worker is looked at.
+pub const ADOPTED_POLL: Duration = Duration::from_millis(200);
+
+/// Longest wait for a killed worker's processes to disappear.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("creating the log {path}: {source}")]
+    Log {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("starting `setsid sh` (util-linux): {0}")]
+    Spawn(std::io::Error),
+    #[error("the worker started but cannot be identified: {0}")]
+    Identify(ProcError),
+}
+
+/// A worker just started: its supervising shell and who it is.
+#[derive(Debug)]
+pub struct Launched {
+    pub child: tokio::process::Child,
+    pub identity: ProcessIdentity,
+}
+
+/// Starts `cmd` under a supervising shell in a new session, output to `log`, its exit
+/// status to `exit_file`.
+pub async fn launch(
+    cmd: &str,
+    env: &BTreeMap<String, String>,
+    log: &Path,
+    exit_file: &Path,
+) -> Result<Launched, LaunchError> {
+    let out = std::fs::File::create(log).map_err(|source| LaunchError::Log {
+        path: log.display().to_string(),
+        source,
+    })?;
+    let err = out.try_clone().map_err(|source| LaunchError::Log {
+        path: log.display().to_string(),
+        source,
+    })?;
+    let mut child = tokio::process::Command::new("setsid")
+        .arg("sh")
+        .arg("-c")
+        .arg(SUPERVISOR)
+        .arg("marshal-worker")
+        .arg(cmd)
+        .arg(exit_file)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        // Dropping the handle must not kill: that is how the agent leaves it running.
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(LaunchError::Spawn)?;
+    let identified = child
+        .id()
+        .ok_or_else(|| ProcError::Malformed {
+            path: "the spawned worker has no pid".into(),
+        })
+        .and_then(procfs::identify);
+    match identified {
+        Ok(identity) => Ok(Launched { child, identity }),
+        Err(e) => {
+            // Unidentified, it could never be adopted or safely killed later: end it now.
+            if let Some(pid) = child.id() {
+                kill_group(pid).await;
+            }
+            let _ = child.kill().await;
+            Err(LaunchError::Identify(e))
+        }
+    }
+}
+
+/// SIGKILL to the worker's process group, and to the pid itself in case `setsid` has
+/// not yet made it a group leader (a STOP right after the start).
+async fn kill_group(pid: u32) {
+    let _ = tokio::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}"), &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+}
+
+/// The outcome of a recorded exit status (`sh` gives 128 + N for a command killed by
+/// signal N).
+pub fn outcome_of(status: i32) -> Result<(), String> {
+    match status {
+        0 => Ok(()),
+        129..=192 => Err(format!(
+            "exited with exit status: {status} (signal {})",
+            status - 128
+        )),
+        s => Err(format!("exited with exit status: {s}")),
+    }
+}
+
+/// What a look at a worker found.
+#[derive(Debug, PartialEq)]
+pub enum Seen {
+    /// It recorded an exit status (or an unreadable one: a failure).
+    Finished(Result<(), String>),
+    Running,
+    /// Gone without recording an exit status.
+    Vanished,
+}
+
+/// Looks at a worker the agent is not the parent of. The exit file is read again after
+/// finding the process gone: the shell writes it just before exiting.
+pub fn look_at(
+    identity: ProcessIdentity,
+    inc: &Incarnation,
+    store: &RecordStore,
+) -> Result<Seen, ProcError> {
+    let recorded = || match store.exit_status(inc) {
+        Ok(Some(status)) => Some(Seen::Finished(outcome_of(status))),
+        Ok(None) => None,
+        Err(e) => Some(Seen::Finished(Err(format!(
+            "its exit status is unreadable: {e}"
+        )))),
+    };
+    if let Some(seen) = recorded() {
+        return Ok(seen);
+    }
+    if procfs::is_running(identity)? {
+        return Ok(Seen::Running);
+    }
+    Ok(recorded().unwrap_or(Seen::Vanished))
+}
+
+/// Watches a worker this agent launched: waits for it (reports its end) or for a kill
+/// (reports nothing); a dropped control sender leaves it running.
+pub async fn watch_launched(
+    mut launched: Launched,
+    inc: Incarnation,
+    store: RecordStore,
+    control: oneshot::Receiver<()>,
+    exits: mpsc::UnboundedSender<Exit>,
+) {
+    let status = tokio::select! {
+        s = launched.child.wait() => s,
+        stop = control => {
+            if stop.is_ok() {
+                kill_group(launched.identity.pid).await;
+                let _ = launched.child.kill().await;
+            }
+            return;
+        }
+    };
+    let outcome = match store.exit_status(&inc) {
+        Ok(Some(code)) => outcome_of(code),
+        Ok(None) => match status {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(format!("exited with {s} (no exit status recorded)")),
+            Err(e) => Err(format!("waiting for the process: {e}")),
+        },
+        Err(e) => Err(format!("its exit status is unreadable: {e}")),
+    };
+    let _ = exits.send(Exit {
+        incarnation: inc,
+        outcome,
+    });
+}
+
+/// Watches a worker adopted from an earlier agent, by polling: reports its end, or
+/// kills it on request (and waits until it is gone, so its GPUs are free when the
+/// scheduler's next START for them arrives).
+pub async fn watch_adopted(
+    identity: ProcessIdentity,
+    inc: Incarnation,
+    store: RecordStore,
+    mut control: oneshot::Receiver<()>,
+    exits: mpsc::UnboundedSender<Exit>,
+) {
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            stop = &mut control => {
+                if stop.is_ok() {
+                    kill_adopted(identity).await;
+                }
+                return;
+            }
+            _ = tokio::time::sleep(ADOPTED_POLL) => {}
+        }
+        let outcome = match look_at(identity, &inc, &store) {
+            Ok(Seen::Running) => continue,
+            Ok(Seen::Finished(outcome)) => outcome,
+            Ok(Seen::Vanished) => Err(format!(
+                "process {} ended without recording an exit status (its supervising shell was killed)",
+                identity.pid
+            )),
+            Err(e) => {
+                // Not knowing is not an end: keep the worker, say so once.
+                if !warned {
+                    warned = true;
+                    tracing::warn!(job = inc.job, worker = inc.worker, error = %e, "cannot look at an adopted worker");
+                }
+                continue;
+            }
+        };
+        let _ = exits.send(Exit {
+            incarnation: inc,
+            outcome,
+        });
+        return;
+    }
+}
+
+/// Kills an adopted worker's group, unless its pid now names another process (the
+/// group id cannot be reused while the group has members, so a pid that names no
+/// process may still lead our group's survivors and is killed as a group).
+async fn kill_adopted(identity: ProcessIdentity) {
+    match procfs::stat(identity.pid) {
+        Ok(Some(s)) if s.start_ticks != identity.start_ticks => return,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(pid = identity.pid, error = %e, "cannot confirm an adopted worker before killing it; left alone");
+            return;
+        }
+    }
+    kill_group(identity.pid).await;
+    let deadline = tokio::time::Instant::now() + KILL_WAIT;
+    while procfs::is_running(identity).unwrap_or(false) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn inc() -> Incarnation {
+        Incarnation {
+            job: 1,
+            worker: 0,
+            attempt: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn quotes_in_the_command_reach_sh_intact_and_the_status_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(dir.path().join("state")).unwrap();
+        let log = dir.path().join("w.log");
+        let cmd = r#"echo "it's \"quoted\" $MARSHAL_X"; exit 3"#;
+        let env = BTreeMap::from([("MARSHAL_X".to_string(), "x'y".to_string())]);
+        let launched = launch(cmd, &env, &log, &store.exit_path(&inc()))
+            .await
+            .unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (_keep, control) = oneshot::channel();
+        tokio::spawn(watch_launched(launched, inc(), store.clone(), control, tx));
+        let exit = rx.recv().await.unwrap();
+        assert_eq!(exit.outcome, Err("exited with exit status: 3".into()));
+        assert_eq!(store.exit_status(&inc()).unwrap(), Some(3));
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "it's \"quoted\" x'y\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_control_leaves_the_worker_running_and_a_kill_ends_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(dir.path().join("state")).unwrap();
+        let log = dir.path().join("w.log");
+        // The command's own child (`sleep`) must die with the group too.
+        let child_pid = dir.path().join("child");
+        let cmd = format!("sleep 30 & echo $! > '{}'; wait", child_pid.display());
+        let launched = launch(&cmd, &BTreeMap::new(), &log, &store.exit_path(&inc()))
+            .await
+            .unwrap();
+        let identity = launched.identity;
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (control_tx, control) = oneshot::channel();
+        let watch = tokio::spawn(watch_launched(launched, inc(), store.clone(), control, tx));
+        drop(control_tx);
+        watch.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(look_at(identity, &inc(), &store).unwrap(), Seen::Running);
+        // Adopted now, as a restarted agent would: a kill ends the whole group.
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (control_tx, control) = oneshot::channel();
+        let watch = tokio::spawn(watch_adopted(identity, inc(), store.clone(), control, tx));
+        control_tx.send(()).unwrap();
+        watch.await.unwrap();
+        assert!(!procfs::is_running(identity).unwrap());
+        assert_eq!(store.exit_status(&inc()).unwrap(), None);
+        let sleep: u32 = std::fs::read_to_string(&child_pid)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while procfs::stat(sleep).unwrap().is_some_and(|s| s.state != 'Z') {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the command's child survived"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
