@@ -155,3 +155,99 @@ fn a_missing_corrupt_or_mismatched_model_is_reported_and_the_fallback_decides() 
     let (runs, _) = eval_json(&missing, &["--fallback", "best-fit"]);
     assert_eq!(runs[1]["mean"]["fallback_rate"].as_f64(), Some(1.0));
 }
+
+#[test]
+fn a_gate_is_chosen_per_fallback_and_a_model_is_promoted_only_if_it_wins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    train(&a, "5");
+    let a_s = a.display().to_string();
+    // The tiny model was gated for FGD: with best fit nobody chose a threshold, so it
+    // says so and every decision falls back.
+    let (runs, stderr) = eval_json(&a, &["--fallback", "best-fit"]);
+    assert!(
+        stderr.contains("no gate threshold for fallback best-fit"),
+        "{stderr}"
+    );
+    assert_eq!(runs[1]["mean"]["fallback_rate"].as_f64(), Some(1.0));
+
+    // `marshal train gate` chooses one on validation episodes and records it.
+    let openb = format!(
+        "{}@{}:inflation",
+        fixture("openb-300.csv"),
+        fixture("small-cluster.toml")
+    );
+    let out = stdout_of(&[
+        "train",
+        "gate",
+        "--model",
+        &a_s,
+        "--fallback",
+        "best-fit",
+        "--valid-traces",
+        &openb,
+        "--seeds",
+        "2000,2001",
+    ]);
+    assert!(out.contains("gate for fallback best-fit"), "{out}");
+    let meta: Value = serde_json::from_slice(&std::fs::read(a.join("meta.json")).unwrap()).unwrap();
+    let gate = &meta["gates"]["best-fit"];
+    assert!(gate["margin_threshold"].as_f64().is_some(), "{meta}");
+    assert_eq!(gate["episodes"].as_array().unwrap().len(), 2);
+    assert!(
+        gate["scores"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.ends_with("seed_2001/gated")),
+        "{gate}"
+    );
+    let (_, stderr) = eval_json(&a, &["--fallback", "best-fit"]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    // Promotion: the same model against itself wins nowhere, so nothing is installed.
+    let current = tmp.path().join("current");
+    std::fs::create_dir_all(&current).unwrap();
+    for e in std::fs::read_dir(&a).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), current.join(e.file_name())).unwrap();
+    }
+    let cur_s = current.display().to_string();
+    let before = std::fs::read(current.join("meta.json")).unwrap();
+    let out = stdout_of(&[
+        "model",
+        "promote",
+        "--candidate",
+        &a_s,
+        "--current",
+        &cur_s,
+        "--valid-traces",
+        &openb,
+    ]);
+    assert!(
+        out.contains("not promoted") && out.contains("is unchanged"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(current.join("meta.json")).unwrap(), before);
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("current.promotion.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["promoted"], Value::Bool(false));
+    assert_eq!(record["traces"].as_array().unwrap().len(), 1);
+    // A corrupt candidate is refused with the reason, and current stays as it was.
+    std::fs::write(a.join("weights.bpk"), b"truncated").unwrap();
+    common::fails_with(
+        &[
+            "model",
+            "promote",
+            "--candidate",
+            &a_s,
+            "--current",
+            &cur_s,
+            "--valid-traces",
+            &openb,
+        ],
+        "checksum",
+    );
+    assert_eq!(std::fs::read(current.join("meta.json")).unwrap(), before);
+}

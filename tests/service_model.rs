@@ -588,3 +588,50 @@ async fn advise(ch: &Channel, policy: &str) -> pb::AdviseResponse {
         .unwrap()
         .into_inner()
 }
+
+#[test]
+fn a_promoted_artifact_is_swapped_in_atomically_and_picked_up_by_the_poll() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("model"), tmp.path().join("candidate"));
+    copy_dir(&shipped_model(), &current);
+    copy_dir(&shipped_model(), &candidate);
+    set_margin_threshold(&candidate, 0.0);
+    let config = config(tmp.path(), &current, tmp.path().join("decision-log"));
+    let slot = model_slot(&config, &current);
+    let spec = common::three_nodes();
+
+    runtime().block_on(async move {
+        let handle = service::start(config, spec, slot).await.unwrap();
+        let ch = connect(handle.addr).await;
+        let mut admin = AdminServiceClient::new(ch.clone());
+        let first = info(&mut admin).await;
+        assert!(first.loaded, "{}", first.detail);
+
+        // What `marshal model promote` does once the candidate has won.
+        let prev = marshal_trainer::promote::install(&candidate, &current).unwrap();
+        assert_eq!(prev, Some(tmp.path().join("model.prev")));
+        let want = marshal_trainer::promote::artifact_hash(&candidate).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = info(&mut admin).await;
+            if now.version == want {
+                // One reload, and no poll ever saw a missing or partial directory.
+                assert_eq!((now.reloads, now.rejected_reloads), (1, 0), "{now:?}");
+                assert!(
+                    now.detail.contains("margin is below 0.000"),
+                    "{}",
+                    now.detail
+                );
+                break;
+            }
+            assert_eq!(now.rejected_reloads, 0, "{now:?}");
+            assert!(
+                Instant::now() < deadline,
+                "not reloaded by the poll: {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_ne!(want, first.version);
+        handle.shutdown().await.unwrap();
+    });
+}

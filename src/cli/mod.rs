@@ -3,6 +3,7 @@
 mod datasets;
 mod demo;
 mod eval;
+mod model;
 mod output;
 mod policy;
 mod policy_log;
@@ -42,6 +43,11 @@ enum Command {
         #[command(subcommand)]
         what: TrainWhat,
     },
+    /// Manage policy artifacts: promote a candidate only if it wins.
+    Model {
+        #[command(subcommand)]
+        what: ModelWhat,
+    },
     /// Record, inspect and compact Parquet telemetry.
     Telemetry(telemetry::TelemetryArgs),
     /// The node agent: samples telemetry (NVML or simulated) into local Parquet.
@@ -64,6 +70,16 @@ enum TrainWhat {
     /// Retrain a policy artifact from `marshal serve`'s Parquet decision log
     /// (advantage-weighted cloning of the decisions whose placements completed).
     PolicyFromLog(policy_log::TrainFromLogArgs),
+    /// Choose the confidence gate's threshold of a policy artifact for another fallback
+    /// heuristic (the training's selection, on validation episodes) and record it.
+    Gate(policy::TrainGateArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelWhat {
+    /// Evaluate a candidate policy artifact against the current one on validation traces
+    /// and install it atomically only if it wins (see the README for the rule).
+    Promote(model::PromoteArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -80,6 +96,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train {
             what: TrainWhat::PolicyFromLog(args),
         } => policy_log::train(args),
+        Command::Train {
+            what: TrainWhat::Gate(args),
+        } => policy::gate(args),
+        Command::Model {
+            what: ModelWhat::Promote(args),
+        } => model::run_promote(args),
         Command::Datasets(args) => datasets::run(args),
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),

@@ -12,7 +12,8 @@ use marshal_scheduler::domain::Job;
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::learned::{self, GateStats};
 use marshal_trainer::policy::{
-    EpisodeSpec, RolloutOptions, TrainOptions, train_policy, training_summary,
+    EpisodeSpec, ProgressEvent, RolloutOptions, TrainOptions, ValidationRow, regate, train_policy,
+    training_summary, validation_scores,
 };
 
 use crate::cli::sim::{Experiment, ModeArg, SimArgs};
@@ -42,6 +43,9 @@ pub fn load_setup(model: Option<&Path>, fallback: Option<&str>, mode: ModeArg) -
     let setup = LearnedSetup::load(&dir, fallback, objective);
     if let Err(why) = &setup.model.scorer {
         eprintln!("warning: learned policy: {why}; every decision falls back to the heuristic");
+    }
+    if let Some(why) = &setup.gate_warning {
+        eprintln!("warning: learned policy: {why}");
     }
     setup
 }
@@ -126,7 +130,16 @@ pub struct TrainPolicyArgs {
     fallback_inflation: String,
 }
 
-fn parse_episode(spec: &str, a: &TrainPolicyArgs, seeds: &[u64]) -> anyhow::Result<EpisodeSpec> {
+/// An episode spec `TRACE[@CLUSTER][:replay|:inflation]` on `seeds`, with the fallback
+/// for its mode (`fallbacks`: replay, inflation).
+pub fn parse_episode(
+    spec: &str,
+    fallbacks: (&str, &str),
+    seeds: &[u64],
+) -> anyhow::Result<EpisodeSpec> {
+    if seeds.is_empty() {
+        bail!("episode {spec}: at least one seed is needed");
+    }
     let (rest, mode) = match spec.rsplit_once(':') {
         Some((r, "replay")) => (r, Some(ModeArg::Replay)),
         Some((r, "inflation")) => (r, Some(ModeArg::Inflation)),
@@ -151,8 +164,8 @@ fn parse_episode(spec: &str, a: &TrainPolicyArgs, seeds: &[u64]) -> anyhow::Resu
         .map(|&s| Ok((s, e.jobs_for(s)?.into_owned())))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let fallback = match mode {
-        ModeArg::Replay => a.fallback_replay.clone(),
-        ModeArg::Inflation => a.fallback_inflation.clone(),
+        ModeArg::Replay => fallbacks.0.to_string(),
+        ModeArg::Inflation => fallbacks.1.to_string(),
     };
     check_name(&fallback)?;
     Ok(EpisodeSpec {
@@ -194,12 +207,12 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
     let train: Vec<EpisodeSpec> = a
         .traces
         .iter()
-        .map(|t| parse_episode(t, &a, &train_seeds))
+        .map(|t| parse_episode(t, (&a.fallback_replay, &a.fallback_inflation), &train_seeds))
         .collect::<anyhow::Result<_>>()?;
     let valid: Vec<EpisodeSpec> = a
         .valid_traces
         .iter()
-        .map(|t| parse_episode(t, &a, &valid_seeds))
+        .map(|t| parse_episode(t, (&a.fallback_replay, &a.fallback_inflation), &valid_seeds))
         .collect::<anyhow::Result<_>>()?;
     let opts = TrainOptions {
         seed: a.seed,
@@ -222,26 +235,9 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
         eval_every: a.eval_every,
         ..TrainOptions::default()
     };
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} {prefix:>9} [{bar:30}] {pos}/{len} {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    let trained = train_policy(&train, &valid, &opts, &mut |e| {
-        if bar.prefix() != e.phase {
-            bar.set_prefix(e.phase);
-            bar.set_length(e.total as u64);
-        }
-        bar.set_position(e.done as u64);
-        bar.println(format!(
-            "{:>9} {}/{}: {}",
-            e.phase, e.done, e.total, e.message
-        ));
-    })
-    .map_err(|e| anyhow::anyhow!(e))?;
+    let bar = progress_bar();
+    let trained = train_policy(&train, &valid, &opts, &mut |e| report(&bar, e))
+        .map_err(|e| anyhow::anyhow!(e))?;
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
 
@@ -251,16 +247,7 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
     meta.fallback
         .insert("inflation".into(), a.fallback_inflation.clone());
     meta.training_data_hash = data_hash(&train);
-    for row in &trained.validation {
-        let key = row.episode.replace(' ', "_");
-        meta.eval_scores
-            .insert(format!("{key}/fallback"), row.fallback);
-        meta.eval_scores.insert(format!("{key}/gated"), row.gated);
-        meta.eval_scores
-            .insert(format!("{key}/ungated"), row.ungated);
-        meta.eval_scores
-            .insert(format!("{key}/fallback_rate"), row.fallback_rate);
-    }
+    meta.eval_scores = validation_scores(&trained.validation);
     meta.training = training_summary(&opts, &trained, seconds);
     save_policy(
         &a.out,
@@ -302,11 +289,44 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
         "trained in {seconds:.0} s; kept {}; gate margin ≥ {:.2}, distance ≤ {:.2}",
         trained.kept, trained.gate.margin_threshold, trained.gate.distance_limit
     );
+    print_validation(&trained.validation);
+    println!(
+        "artifact, curves.csv and training.json in {}",
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn progress_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} {prefix:>9} [{bar:30}] {pos}/{len} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+fn report(bar: &indicatif::ProgressBar, e: ProgressEvent) {
+    if bar.prefix() != e.phase {
+        bar.set_prefix(e.phase);
+        bar.set_length(e.total as u64);
+    }
+    bar.set_position(e.done as u64);
+    bar.println(format!(
+        "{:>9} {}/{}: {}",
+        e.phase, e.done, e.total, e.message
+    ));
+}
+
+fn print_validation(rows: &[ValidationRow]) {
     println!(
         "{:<40} {:>12} {:>12} {:>12} {:>10}",
         "validation episode", "fallback", "gated", "ungated", "fallback %"
     );
-    for r in &trained.validation {
+    for r in rows {
         println!(
             "{:<40} {:>12.2} {:>12.2} {:>12.2} {:>10.1}",
             r.episode,
@@ -316,9 +336,79 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
             100.0 * r.fallback_rate
         );
     }
+}
+
+#[derive(Debug, Args)]
+pub struct TrainGateArgs {
+    /// The policy artifact to gate (its `meta.json` is rewritten atomically; the weights
+    /// and the trained threshold are kept).
+    #[arg(long)]
+    model: PathBuf,
+    /// The fallback heuristic the threshold is chosen for.
+    #[arg(long)]
+    fallback: String,
+    /// Validation episodes, as for `train policy`; every one runs with `--fallback`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    valid_traces: Vec<String>,
+    /// Validation seeds (training validates on 2000 + its seed; evaluation uses 42 …,
+    /// so keep these apart from it).
+    #[arg(long, value_delimiter = ',', default_value = "2000")]
+    seeds: Vec<u64>,
+    /// Largest relative worsening against the fallback allowed on any episode.
+    #[arg(long, default_value_t = 0.01)]
+    tolerance: f64,
+    /// Margin thresholds tried (training's list by default).
+    #[arg(long, value_delimiter = ',')]
+    margins: Option<Vec<f32>>,
+}
+
+/// `marshal train gate`: the trainer's threshold selection again, for another fallback.
+pub fn gate(a: TrainGateArgs) -> anyhow::Result<()> {
+    check_name(&a.fallback)?;
+    let valid: Vec<EpisodeSpec> = a
+        .valid_traces
+        .iter()
+        .map(|t| parse_episode(t, (&a.fallback, &a.fallback), &a.seeds))
+        .collect::<anyhow::Result<_>>()?;
+    let margins = a
+        .margins
+        .clone()
+        .unwrap_or_else(|| TrainOptions::default().margins);
+    let started = Instant::now();
+    let bar = progress_bar();
+    let (choice, _) = regate(
+        &a.model,
+        &a.fallback,
+        &valid,
+        &margins,
+        a.tolerance,
+        &mut |e| report(&bar, e),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    bar.finish_and_clear();
+    if choice.within_tolerance {
+        println!(
+            "gate for fallback {}: margin ≥ {:.2} (best mean gain within {:.1} % of {} on every episode; {:.0} s)",
+            a.fallback,
+            choice.gate.margin_threshold,
+            100.0 * a.tolerance,
+            a.fallback,
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        println!(
+            "gate for fallback {}: closed (no margin threshold stayed within {:.1} % of {}; every decision falls back; {:.0} s)",
+            a.fallback,
+            100.0 * a.tolerance,
+            a.fallback,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    print_validation(&choice.validation);
     println!(
-        "artifact, curves.csv and training.json in {}",
-        a.out.display()
+        "recorded in {} (gates.{})",
+        a.model.join("meta.json").display(),
+        a.fallback
     );
     Ok(())
 }

@@ -9,6 +9,8 @@
 //! ([`measured_examples`]), with folds that hold a shape class or a model out of the
 //! prior's calibration and the training alike ([`leave_one_class_out`],
 //! [`leave_one_model_out`], [`MeasuredFold::prior_catalog`]).
+//! The placement policy's training, its per-fallback gate thresholds ([`policy`]) and
+//! the promotion of a policy artifact only if it wins on validation traces ([`promote`]).
 //!
 //! # Design decisions
 //!
@@ -28,7 +30,10 @@ mod featurize;
 mod history;
 mod measured;
 pub mod policy;
+pub mod promote;
 mod split;
+#[cfg(test)]
+mod testkit;
 
 pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;

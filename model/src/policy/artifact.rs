@@ -4,15 +4,22 @@
 //! <dir>/weights.bpk          burn's burnpack weights of the PolicyNetwork
 //! <dir>/config.json          PolicyConfig
 //! <dir>/normalization.json   FeatureStats (standardisation + distance percentile)
-//! <dir>/meta.json            PolicyMeta: schema version, feature layout, gate thresholds,
-//!                            fallback heuristics, data hash, evaluation scores, checksum
+//! <dir>/meta.json            PolicyMeta: schema version, feature layout, gate thresholds
+//!                            (the trained one and any per-fallback ones), fallback
+//!                            heuristics, data hash, evaluation scores, checksum
 //! ```
 //! [`load_policy`] trusts nothing: every file must exist and parse, the schema version and
 //! the feature layout must match this build, and the weights must match their checksum.
+//!
+//! Per-fallback thresholds (`gates`, written by [`write_fallback_gate`]) were added without
+//! a schema bump: the field is optional, so an artifact without it loads and means what
+//! it always meant (its one threshold serves the fallbacks it was trained with), and an
+//! older build ignores the field.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 
 use burn::config::Config;
 use burn::module::Module;
@@ -59,6 +66,25 @@ pub struct PolicyMeta {
     pub training: BTreeMap<String, f64>,
     /// FNV-1a 64 of `weights.bpk`, hex.
     pub weights_fnv1a64: String,
+    /// Margin thresholds chosen afterwards for other fallback heuristics (`marshal train
+    /// gate`), by heuristic name. Takes precedence over `margin_threshold`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gates: BTreeMap<String, FallbackGate>,
+}
+
+/// A margin threshold chosen on validation episodes for one fallback heuristic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FallbackGate {
+    /// The gate's margin threshold with this fallback (above 1: always fall back, since
+    /// no threshold was within the tolerance).
+    pub margin_threshold: f32,
+    /// Largest relative worsening against the fallback that was allowed per episode.
+    pub tolerance: f64,
+    /// The validation episodes (`TRACE seed N`) it was chosen on.
+    pub episodes: Vec<String>,
+    /// Their scores with the chosen threshold: `<episode>/fallback`, `/gated`, `/ungated`,
+    /// `/fallback_rate`, as in `eval_scores`.
+    pub scores: BTreeMap<String, f64>,
 }
 
 /// A loaded policy.
@@ -111,7 +137,21 @@ impl PolicyMeta {
             eval_scores: BTreeMap::new(),
             training: BTreeMap::new(),
             weights_fnv1a64: String::new(),
+            gates: BTreeMap::new(),
         }
+    }
+
+    /// The margin threshold chosen for `fallback`: its own entry in `gates`, else the
+    /// trained threshold when `fallback` is one the artifact was trained with (a value of
+    /// `fallback`), else `None` — nobody chose a threshold for that heuristic.
+    pub fn margin_threshold_for(&self, fallback: &str) -> Option<f32> {
+        if let Some(g) = self.gates.get(fallback) {
+            return Some(g.margin_threshold);
+        }
+        self.fallback
+            .values()
+            .any(|f| f == fallback)
+            .then_some(self.margin_threshold)
     }
 }
 
@@ -153,6 +193,16 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
             "gate thresholds must be finite and positive",
         ));
     }
+    if let Some((name, _)) = meta
+        .gates
+        .iter()
+        .find(|(_, g)| !g.margin_threshold.is_finite())
+    {
+        return Err(corrupt(
+            &meta_path,
+            format!("the gate threshold for fallback {name} is not finite"),
+        ));
+    }
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
     let config = PolicyConfig::load_binary(&config_bytes).map_err(|e| corrupt(&config_path, e))?;
     config.validate().map_err(|e| corrupt(&config_path, e))?;
@@ -178,6 +228,79 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
         config,
         meta,
     })
+}
+
+/// Records `gate` as the threshold for `fallback` in the artifact in `dir`, replacing any
+/// earlier one for that heuristic. The artifact is checked first ([`load_policy`]), and
+/// `meta.json` is replaced atomically (written to a hidden sibling, synced, renamed), so
+/// a reader — `marshal serve` polling the directory — sees the old or the new file,
+/// never a half-written one. Returns the new metadata.
+pub fn write_fallback_gate(dir: &Path, fallback: &str, gate: FallbackGate) -> Result<PolicyMeta> {
+    if !gate.margin_threshold.is_finite() {
+        return Err(ModelError::InvalidInput {
+            field: format!("gates.{fallback}.margin_threshold"),
+            reason: "must be finite".into(),
+        });
+    }
+    let mut meta = load_policy(dir)?.meta;
+    meta.gates.insert(fallback.to_string(), gate);
+    let text = serde_json::to_string_pretty(&meta)
+        .map_err(|e| ModelError::Backend(format!("serialising meta.json: {e}")))?;
+    replace_file(&dir.join(META_FILE), text.as_bytes())?;
+    Ok(meta)
+}
+
+/// Writes `bytes` to `path` through a hidden temporary file in the same directory and a
+/// rename (atomic on one file system). Hidden, so a directory fingerprint taken meanwhile
+/// ignores it.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp: PathBuf = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(&tmp)(e));
+    }
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_err(path)(e)
+    })
+}
+
+/// FNV-1a 64 over the names, sizes and contents of the regular, non-hidden files in
+/// `dir` (an artifact is a few small files); `None` when it cannot be read. This is the
+/// artifact's version: `marshal serve` reloads when it changes and reports it, and
+/// `marshal model promote` records it.
+pub fn artifact_fingerprint(dir: &Path) -> Option<u64> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for f in files {
+        let bytes = fs::read(&f).ok()?;
+        eat(f.file_name()?.to_string_lossy().as_bytes());
+        eat(&(bytes.len() as u64).to_le_bytes());
+        eat(&bytes);
+    }
+    Some(h)
 }
 
 /// The weights of the policy in `dir` on `device` (an autodiff device to go on training).
@@ -250,11 +373,76 @@ mod tests {
         fs::write(&m, text.replace("fgd_score", "something_else")).unwrap();
         let err = load_policy(&dir).unwrap_err().to_string();
         assert!(err.contains("fgd_score"), "{err}");
+        fs::write(&m, &text).unwrap();
+        // A non-finite per-fallback threshold.
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["gates"] = serde_json::json!({"tiresias": {"margin_threshold": null,
+            "tolerance": 0.01, "episodes": [], "scores": {}}});
+        fs::write(&m, v.to_string()).unwrap();
+        assert!(load_policy(&dir).is_err());
         // Garbage metadata.
         fs::write(&m, "{not json").unwrap();
         assert!(matches!(
             load_policy(&dir).unwrap_err(),
             ModelError::CorruptFile { .. }
         ));
+    }
+
+    #[test]
+    fn a_meta_without_per_fallback_gates_loads_and_keeps_its_meaning() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        let text = fs::read_to_string(dir.join(META_FILE)).unwrap();
+        // What an artifact written before per-fallback gates looks like.
+        assert!(!text.contains("\"gates\""), "{text}");
+        let meta = load_policy(&dir).unwrap().meta;
+        assert!(meta.gates.is_empty());
+        assert_eq!(meta.margin_threshold_for("topo-pack"), Some(0.2));
+        assert_eq!(meta.margin_threshold_for("tiresias"), None);
+    }
+
+    #[test]
+    fn a_per_fallback_gate_is_added_atomically_and_takes_precedence() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        let before = load_policy(&dir).unwrap();
+        let weights = fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+        let gate = |m: f32| FallbackGate {
+            margin_threshold: m,
+            tolerance: 0.01,
+            episodes: vec!["t seed 2000".into()],
+            scores: BTreeMap::from([("t_seed_2000/gated".to_string(), 1.0)]),
+        };
+        let meta = write_fallback_gate(&dir, "tiresias", gate(0.6)).unwrap();
+        let after = load_policy(&dir).unwrap();
+        assert_eq!(after.meta, meta);
+        assert_eq!(after.scorer, before.scorer);
+        assert_eq!(fs::read(dir.join(WEIGHTS_FILE)).unwrap(), weights);
+        assert_eq!(after.meta.margin_threshold_for("tiresias"), Some(0.6));
+        // The trained threshold still serves the trained fallback.
+        assert_eq!(after.meta.margin_threshold_for("topo-pack"), Some(0.2));
+        // An entry for a trained fallback replaces its threshold; the rest is kept.
+        write_fallback_gate(&dir, "topo-pack", gate(0.4)).unwrap();
+        let m = load_policy(&dir).unwrap().meta;
+        assert_eq!(m.margin_threshold_for("topo-pack"), Some(0.4));
+        assert_eq!(m.margin_threshold_for("tiresias"), Some(0.6));
+        assert_eq!(m.gates["tiresias"].episodes, ["t seed 2000"]);
+        // No temporary file is left behind, and nothing is written to a damaged artifact.
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+        let w = dir.join(WEIGHTS_FILE);
+        fs::write(&w, &weights[..weights.len() / 2]).unwrap();
+        let meta_before = fs::read(dir.join(META_FILE)).unwrap();
+        assert!(write_fallback_gate(&dir, "fifo", gate(0.1)).is_err());
+        assert_eq!(fs::read(dir.join(META_FILE)).unwrap(), meta_before);
+        // A non-finite threshold is refused before anything is written.
+        fs::write(&w, &weights).unwrap();
+        assert!(write_fallback_gate(&dir, "fifo", gate(f32::NAN)).is_err());
+        assert_eq!(fs::read(dir.join(META_FILE)).unwrap(), meta_before);
     }
 }

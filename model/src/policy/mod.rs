@@ -29,7 +29,10 @@ mod network;
 mod scorer;
 mod train;
 
-pub use artifact::{POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta, load_policy, save_policy};
+pub use artifact::{
+    FallbackGate, POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta, artifact_fingerprint,
+    load_policy, replace_file, save_policy, write_fallback_gate,
+};
 pub use config::PolicyConfig;
 pub use features::{
     CANDIDATE_FEATURE_NAMES, CANDIDATE_FEATURES, DecisionFeatures, INPUT_FEATURES,

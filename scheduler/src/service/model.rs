@@ -62,7 +62,7 @@ impl ModelUpdate {
             .model
             .scorer
             .is_ok()
-            .then_some(f64::from(self.setup.model.gate.margin_threshold))
+            .then_some(f64::from(self.setup.gate.margin_threshold))
     }
 }
 
@@ -115,32 +115,9 @@ impl ModelSlot for NoModel {
     }
 }
 
-/// FNV-1a 64 over the names, sizes and contents of the regular, non-hidden files in
-/// `dir` (an artifact is a few small files); `None` when it cannot be read.
-pub fn artifact_fingerprint(dir: &Path) -> Option<u64> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for f in files {
-        let bytes = std::fs::read(&f).ok()?;
-        eat(f.file_name()?.to_string_lossy().as_bytes());
-        eat(&(bytes.len() as u64).to_le_bytes());
-        eat(&bytes);
-    }
-    Some(h)
-}
+/// The artifact's content hash (see [`marshal_model::policy::artifact_fingerprint`]:
+/// `marshal model promote` records the same value).
+pub use marshal_model::policy::artifact_fingerprint;
 
 #[derive(Debug)]
 struct Current {
@@ -187,6 +164,9 @@ impl LearnedSlot {
             }
         };
         let setup = LearnedSetup::with_model(model, fallback, OBJECTIVE);
+        if let Some(w) = &setup.gate_warning {
+            tracing::warn!(model = %dir.display(), "learned policy: {w}");
+        }
         LearnedSlot {
             fallback: fallback.map(String::from),
             current: Mutex::new(Current {
@@ -234,6 +214,9 @@ impl LearnedSlot {
                     trace: None,
                     ..LearnedSetup::with_model(model, self.fallback.as_deref(), OBJECTIVE)
                 };
+                if let Some(w) = &c.setup.gate_warning {
+                    tracing::warn!(model = %dir.display(), "learned policy: {w}");
+                }
                 c.generation += 1;
                 c.dir = dir.to_path_buf();
                 c.watched = dir.to_path_buf();
@@ -269,7 +252,7 @@ impl ModelSlot for LearnedSlot {
     fn status(&self, policy: &str) -> ModelStatus {
         let c = self.lock();
         let loaded = c.setup.model.scorer.is_ok();
-        let gate = c.setup.model.gate;
+        let gate = c.setup.gate;
         let detail = if loaded {
             let mut d = format!(
                 "policy {policy}: model {} ({}) ranks placements; the fallback {} decides when the margin is below {:.3} or the input distance above {:.2}",
@@ -279,6 +262,9 @@ impl ModelSlot for LearnedSlot {
                 gate.margin_threshold,
                 gate.distance_limit
             );
+            if let Some(w) = &c.setup.gate_warning {
+                d.push_str(&format!("; {w}"));
+            }
             if let Some(e) = &c.last_error {
                 d.push_str(&format!("; last reload rejected ({e}), this model is kept"));
             }

@@ -223,6 +223,8 @@ pub fn retrain_from_log(
         epochs.push(step);
     }
     let old = init_artifact.meta;
+    // Per-fallback gates (`old.gates`) are not carried over: they were chosen for the old
+    // weights; `marshal train gate` chooses them again for the new ones.
     let mut meta = PolicyMeta::new(old.margin_threshold, old.distance_limit);
     meta.fallback = old.fallback;
     meta.training_data_hash = format!(

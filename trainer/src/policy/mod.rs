@@ -9,10 +9,12 @@
 //!    placer sampling from the network's softmax, turns every decision into a sample whose
 //!    return is measured against the fallback's run on the same seed ([`pg_samples`]), and
 //!    takes policy-gradient steps with the value head as a further baseline.
-//! 3. **Model selection and the gate**, on validation episodes: the network (after cloning
-//!    or after any evaluated RL iteration) with the best greedy result is kept; then the
-//!    smallest margin threshold whose gated policy is nowhere worse than the fallback by
-//!    more than `tolerance` (the one with the best mean gain among those) is stored.
+//! 3. **Model selection and the gate**, on validation episodes (every seed of every
+//!    validation spec): the network (after cloning or after any evaluated RL iteration)
+//!    with the best greedy result is kept; then the margin threshold with the best mean
+//!    gain among those whose gated policy is nowhere worse than the fallback by more than
+//!    `tolerance` is stored ([`select_gate`]; [`regate`] runs the same selection later for
+//!    another fallback heuristic).
 //!
 //! Reward: mean JCT (replay) or unallocated GPUs at 100 % arrived load (inflation), each
 //! as the improvement over the fallback on the same seed; an episode set that mixes both
@@ -21,18 +23,24 @@
 
 mod episodes;
 mod from_log;
+mod gate;
 mod rollout;
 
 pub use episodes::{
     Driver, EpisodeSpec, Objective, Outcome, allocated_milli, pg_samples, run_episode, score_of,
 };
 pub use from_log::{LogSampleReport, LogTrainOptions, LogTrained, log_samples, retrain_from_log};
+pub use gate::{
+    GateChoice, ValidationRef, fallback_references, regate, select_gate, validation_scores,
+};
 pub use rollout::{
     Labelled, RolloutOptions, best_of, label_run, roll_out, rollout_failures, rollout_labels,
 };
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use gate::validate;
 
 use marshal_model::policy::{
     DecisionFeatures, FeatureStats, PolicyConfig, PolicyLearner, PolicyNetwork, PolicyScorer,
@@ -148,7 +156,7 @@ fn subsample(samples: &mut Vec<Sample>, max: usize, rng: &mut ChaCha8Rng) {
     }
 }
 
-fn gain(fallback: f64, ours: f64) -> f64 {
+pub(crate) fn gain(fallback: f64, ours: f64) -> f64 {
     if fallback > 0.0 && ours.is_finite() {
         (fallback - ours) / fallback
     } else if ours <= fallback {
@@ -158,39 +166,13 @@ fn gain(fallback: f64, ours: f64) -> f64 {
     }
 }
 
-/// Per validation episode: (fallback score, learned score, fallback rate).
-type ValidationRun = Vec<(f64, f64, f64)>;
-
-/// Greedy runs of `scorer` behind `gate` on every validation episode.
-fn validate(
-    valid: &[(EpisodeSpec, Outcome)],
-    scorer: &Arc<PolicyScorer>,
-    gate: Gate,
-) -> Result<ValidationRun, String> {
-    valid
-        .iter()
-        .map(|(spec, fb)| {
-            let o = run_episode(
-                spec,
-                0,
-                &Driver::Learned {
-                    scorer: Some(scorer.clone()),
-                    act: Act::Greedy,
-                    gate,
-                },
-            )?;
-            Ok((fb.score, o.score, o.counts.fallback_rate()))
-        })
-        .collect()
-}
-
-fn mean(v: impl Iterator<Item = f64>) -> f64 {
+pub(crate) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
     if n == 0 { 0.0 } else { s / n as f64 }
 }
 
-/// Trains on `train` episodes and chooses the gate on `valid` (each validation spec's
-/// first seed). `progress` receives a message per episode and pass.
+/// Trains on `train` episodes and chooses the gate on `valid` (every seed of each
+/// validation spec). `progress` receives a message per episode and pass.
 pub fn train_policy(
     train: &[EpisodeSpec],
     valid: &[EpisodeSpec],
@@ -275,11 +257,8 @@ pub fn train_policy(
         });
     }
 
-    // Validation references: the fallback on each validation spec's first seed.
-    let mut valid_refs = Vec::new();
-    for spec in valid {
-        valid_refs.push((spec.clone(), run_episode(spec, 0, &Driver::Fallback)?));
-    }
+    // Validation references: the fallback on every validation episode.
+    let valid_refs = fallback_references(valid)?;
     let distance_limit = stats.distance_p999 * opts.distance_factor;
     let eval_gate = Gate {
         margin_threshold: 0.0,
@@ -431,59 +410,16 @@ pub fn train_policy(
 
     // 3. The gate.
     let scorer = Arc::new(PolicyScorer::new(&network, stats.clone()).map_err(|e| e.to_string())?);
-    let mut chosen: Option<(f64, Gate, ValidationRun)> = None;
-    let ungated = validate(&valid_refs, &scorer, eval_gate)?;
-    for (k, &m) in opts.margins.iter().enumerate() {
-        let gate = Gate {
-            margin_threshold: m,
-            distance_limit,
-        };
-        let rows = validate(&valid_refs, &scorer, gate)?;
-        let worst = rows
-            .iter()
-            .map(|(fb, ours, _)| gain(*fb, *ours))
-            .fold(f64::INFINITY, f64::min);
-        let g = mean(rows.iter().map(|(fb, ours, _)| gain(*fb, *ours)));
-        progress(ProgressEvent {
-            phase: "gate",
-            done: k + 1,
-            total: opts.margins.len(),
-            message: format!(
-                "margin {m}: mean {:+.2} %, worst {:+.2} %",
-                100.0 * g,
-                100.0 * worst
-            ),
-        });
-        if worst >= -opts.tolerance && chosen.as_ref().is_none_or(|(b, _, _)| g > *b) {
-            chosen = Some((g, gate, rows));
-        }
-    }
-    let (gate, rows) = match chosen {
-        Some((_, gate, rows)) => (gate, rows),
-        None => {
-            // No threshold is safe on validation: the shipped gate always falls back
-            // (margins never exceed 1).
-            let gate = Gate {
-                margin_threshold: 1.5,
-                distance_limit,
-            };
-            let rows = validate(&valid_refs, &scorer, gate)?;
-            (gate, rows)
-        }
-    };
-    let validation = valid_refs
-        .iter()
-        .zip(rows.iter().zip(&ungated))
-        .map(
-            |((spec, _), ((fb, gated, rate), (_, ug, _)))| ValidationRow {
-                episode: format!("{} seed {}", spec.name, spec.jobs_by_seed[0].0),
-                fallback: *fb,
-                gated: *gated,
-                ungated: *ug,
-                fallback_rate: *rate,
-            },
-        )
-        .collect();
+    let GateChoice {
+        gate, validation, ..
+    } = select_gate(
+        &valid_refs,
+        &scorer,
+        distance_limit,
+        &opts.margins,
+        opts.tolerance,
+        progress,
+    )?;
     Ok(TrainedPolicy {
         network,
         config,

@@ -261,3 +261,90 @@ fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
         );
     }
 }
+
+#[test]
+fn the_gate_is_chosen_again_for_another_fallback_and_recorded() {
+    use marshal_model::policy::load_policy;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("p");
+    // An untrained network with an open trained gate, for best fit.
+    crate::testkit::tiny_artifact(&dir, "best-fit", 7, 0.0);
+    let spec = crate::testkit::inflation_spec();
+    let margins = [0.0, 0.3, 1.1];
+    let mut regated = Vec::new();
+    for fallback in ["fgd", "random"] {
+        let (choice, meta) = regate(
+            &dir,
+            fallback,
+            std::slice::from_ref(&spec),
+            &margins,
+            0.01,
+            &mut |_| {},
+        )
+        .unwrap();
+        // The references are that heuristic's own runs, on every seed …
+        let theirs = fallback_references(&[EpisodeSpec {
+            fallback: fallback.into(),
+            ..spec.clone()
+        }])
+        .unwrap();
+        assert_eq!(choice.validation.len(), 2);
+        for (row, r) in choice.validation.iter().zip(&theirs) {
+            assert_eq!(row.fallback, r.fallback.score, "{fallback}");
+            assert_eq!(row.episode, r.episode());
+            // … and the chosen gate keeps within the tolerance of it.
+            assert!(
+                row.gated <= row.fallback * 1.01 + 1e-9,
+                "{fallback}: {row:?}"
+            );
+        }
+        assert!(margins.contains(&choice.gate.margin_threshold));
+        // Recorded for that fallback, with its scores; the trained gate is untouched.
+        let g = &meta.gates[fallback];
+        assert_eq!(g.margin_threshold, choice.gate.margin_threshold);
+        assert_eq!(g.scores, validation_scores(&choice.validation));
+        assert_eq!(
+            meta.margin_threshold_for(fallback),
+            Some(g.margin_threshold)
+        );
+        assert_eq!(meta.margin_threshold_for("best-fit"), Some(0.0));
+        assert_eq!(load_policy(&dir).unwrap().meta, meta);
+        regated.push(choice);
+    }
+    // Two heuristics, two selections on their own references.
+    let references = |c: &GateChoice| c.validation.iter().map(|r| r.fallback).collect::<Vec<_>>();
+    assert_ne!(references(&regated[0]), references(&regated[1]));
+    // Bad settings and a missing artifact are refused before anything is written.
+    assert!(
+        regate(
+            &dir,
+            "fgd",
+            std::slice::from_ref(&spec),
+            &[],
+            0.01,
+            &mut |_| {}
+        )
+        .is_err()
+    );
+    assert!(
+        regate(
+            &dir,
+            "fgd",
+            std::slice::from_ref(&spec),
+            &[0.0],
+            f64::NAN,
+            &mut |_| {}
+        )
+        .is_err()
+    );
+    let err = regate(
+        &tmp.path().join("nope"),
+        "fgd",
+        &[spec],
+        &[0.0],
+        0.01,
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(err.contains("nope"), "{err}");
+}

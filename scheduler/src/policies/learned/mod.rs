@@ -481,14 +481,22 @@ impl Placer for LearnedPlacer {
     }
 }
 
-/// A loaded learned model and the gate it was shipped with.
+/// A loaded learned model and its gates.
 #[derive(Debug, Clone)]
 pub struct LearnedModel {
     pub scorer: Result<Arc<PolicyScorer>, String>,
+    /// The gate chosen in training, for the artifact's own fallbacks.
     pub gate: Gate,
     /// Fallback heuristic per objective (`replay`, `inflation`) from the artifact.
     pub fallback: std::collections::BTreeMap<String, String>,
+    /// Margin threshold per fallback heuristic that one was chosen for: the trained one
+    /// for the artifact's fallbacks, overridden by `marshal train gate`'s entries.
+    pub thresholds: std::collections::BTreeMap<String, f32>,
 }
+
+/// A margin threshold no margin reaches (margins lie in [0, 1]): the gate always falls
+/// back. The trainer stores it when no threshold is safe on validation.
+pub const CLOSED_MARGIN: f32 = 1.5;
 
 impl LearnedModel {
     /// Loads `dir`; a missing, corrupt or mismatched artifact becomes a model-less value
@@ -502,6 +510,18 @@ impl LearnedModel {
     /// Loads `dir`, or says why it cannot be used (without naming `dir`).
     pub fn try_load(dir: &Path) -> Result<LearnedModel, String> {
         let a = load_policy(dir).map_err(|e| e.to_string())?;
+        let mut thresholds: std::collections::BTreeMap<String, f32> = a
+            .meta
+            .fallback
+            .values()
+            .map(|f| (f.clone(), a.meta.margin_threshold))
+            .collect();
+        thresholds.extend(
+            a.meta
+                .gates
+                .iter()
+                .map(|(f, g)| (f.clone(), g.margin_threshold)),
+        );
         Ok(LearnedModel {
             scorer: Ok(Arc::new(a.scorer)),
             gate: Gate {
@@ -509,6 +529,7 @@ impl LearnedModel {
                 distance_limit: a.meta.distance_limit,
             },
             fallback: a.meta.fallback,
+            thresholds,
         })
     }
 
@@ -520,6 +541,7 @@ impl LearnedModel {
                 distance_limit: 0.0,
             },
             fallback: Default::default(),
+            thresholds: Default::default(),
         }
     }
 
@@ -534,6 +556,47 @@ impl LearnedModel {
             }
             .to_string()
         })
+    }
+
+    /// The gate to use with `fallback`, and a warning when the artifact has no threshold
+    /// for it. Then the gate is closed ([`CLOSED_MARGIN`]: every decision falls back):
+    /// a threshold chosen for another heuristic says nothing about this one (the shipped
+    /// model's, used with Tiresias on ITP cluster03, was 9 % worse than Tiresias), and a
+    /// closed gate schedules exactly as the fallback does, so it can never be worse.
+    pub fn gate_for(&self, fallback: &str) -> (Gate, Option<String>) {
+        if self.scorer.is_err() {
+            // No model: every decision falls back anyway, and the load error says why.
+            return (self.gate, None);
+        }
+        match self.thresholds.get(fallback) {
+            Some(&margin_threshold) => (
+                Gate {
+                    margin_threshold,
+                    distance_limit: self.gate.distance_limit,
+                },
+                None,
+            ),
+            None => (
+                Gate {
+                    margin_threshold: CLOSED_MARGIN,
+                    distance_limit: self.gate.distance_limit,
+                },
+                Some(format!(
+                    "the model has no gate threshold for fallback {fallback} (it has {}); \
+                     every decision falls back to {fallback} (choose one with `marshal train \
+                     gate --fallback {fallback}`)",
+                    if self.thresholds.is_empty() {
+                        "none".to_string()
+                    } else {
+                        self.thresholds
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                )),
+            ),
+        }
     }
 }
 
@@ -561,15 +624,17 @@ pub fn learned_policy(
     ))
 }
 
-/// Builds `learned` for serving and evaluation: greedy, gated, on `model` (which may be
-/// missing, then the fallback decides everything). Returns the policy and its counters.
+/// Builds `learned` for serving and evaluation: greedy, gated with `model`'s gate for
+/// `fallback` ([`LearnedModel::gate_for`]), on `model` (which may be missing, then the
+/// fallback decides everything). Returns the policy and its counters.
 pub fn build_learned(
     model: &LearnedModel,
     fallback: &str,
     workload: &[Job],
 ) -> Result<(Policy, Arc<GateStats>), UnknownPolicy> {
+    let (gate, _) = model.gate_for(fallback);
     learned_policy(fallback, workload, |placer| {
-        LearnedPlacer::new(placer, workload, model.scorer.clone(), model.gate)
+        LearnedPlacer::new(placer, workload, model.scorer.clone(), gate)
     })
 }
 

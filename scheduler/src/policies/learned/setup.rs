@@ -8,7 +8,7 @@ use crate::domain::Job;
 use crate::framework::Policy;
 use crate::policies::{self, UnknownPolicy};
 
-use super::{GateStats, LEARNED, LearnedModel, LearnedPlacer, TraceSink, learned_policy};
+use super::{Gate, GateStats, LEARNED, LearnedModel, LearnedPlacer, TraceSink, learned_policy};
 
 /// The learned policy's model and fallback, resolved once per experiment or server.
 #[derive(Debug, Clone)]
@@ -16,6 +16,11 @@ pub struct LearnedSetup {
     pub model: LearnedModel,
     /// The heuristic that decides when the gate does not trust the model.
     pub fallback: String,
+    /// The gate for that fallback ([`LearnedModel::gate_for`]).
+    pub gate: Gate,
+    /// Why the gate is closed although a model loaded: the artifact has no threshold
+    /// for this fallback (callers print it).
+    pub gate_warning: Option<String>,
     /// Where the placer reports each decision's path and scores (the service sets it;
     /// simulations leave it `None`).
     pub trace: Option<TraceSink>,
@@ -33,9 +38,12 @@ impl LearnedSetup {
     /// As [`LearnedSetup::load`] with a model already loaded.
     pub fn with_model(model: LearnedModel, fallback: Option<&str>, objective: &str) -> Self {
         let fallback = fallback.map_or_else(|| model.fallback_for(objective), String::from);
+        let (gate, gate_warning) = model.gate_for(&fallback);
         LearnedSetup {
             model,
             fallback,
+            gate,
+            gate_warning,
             trace: None,
         }
     }
@@ -78,7 +86,7 @@ pub fn build_policy(
     }
     let setup = learned.ok_or(PolicyError::NoSetup)?;
     let (policy, stats) = learned_policy(&setup.fallback, jobs, |placer| {
-        let placer = LearnedPlacer::new(placer, jobs, setup.model.scorer.clone(), setup.model.gate);
+        let placer = LearnedPlacer::new(placer, jobs, setup.model.scorer.clone(), setup.gate);
         match &setup.trace {
             Some(sink) => placer.with_trace(sink.clone()),
             None => placer,

@@ -74,6 +74,54 @@ fn without_a_model_it_says_why_and_schedules_exactly_like_its_fallback() {
 }
 
 #[test]
+fn a_fallback_without_a_threshold_closes_the_gate_and_says_so() {
+    use std::collections::BTreeMap;
+    let w = workload();
+    let model = LearnedModel {
+        scorer: Ok(random_scorer(2)),
+        gate: open_gate(),
+        fallback: BTreeMap::from([("inflation".to_string(), "fgd".to_string())]),
+        thresholds: BTreeMap::from([("fgd".to_string(), 0.0)]),
+    };
+    let run = |setup: &LearnedSetup| {
+        let (policy, stats) = build_policy(LEARNED, &w, Some(setup)).unwrap();
+        let (_, curve) =
+            run_inflation(&policy, cluster(), &w, "t", &SimConfig::inflation(3)).unwrap();
+        (curve, stats.unwrap().snapshot())
+    };
+    // Its own fallback: the threshold chosen for it, no warning, the network decides.
+    let own = LearnedSetup::with_model(model.clone(), None, "inflation");
+    assert_eq!((own.fallback.as_str(), own.gate), ("fgd", open_gate()));
+    assert!(own.gate_warning.is_none());
+    assert!(run(&own).1.learned > 0);
+    // A heuristic nobody chose a threshold for: warned, closed, and exactly that
+    // heuristic's schedule.
+    let other = LearnedSetup::with_model(model.clone(), Some("best-fit"), "inflation");
+    let warning = other.gate_warning.as_deref().expect("a warning");
+    assert!(
+        warning.contains("no gate threshold for fallback best-fit") && warning.contains("fgd"),
+        "{warning}"
+    );
+    assert_eq!(other.gate.margin_threshold, CLOSED_MARGIN);
+    let (curve, counts) = run(&other);
+    let best_fit = crate::policies::build("best-fit", &w).unwrap();
+    let (_, theirs) =
+        run_inflation(&best_fit, cluster(), &w, "t", &SimConfig::inflation(3)).unwrap();
+    assert_eq!(curve, theirs);
+    assert_eq!(
+        (counts.learned, counts.fallback_rate()),
+        (0, 1.0),
+        "{counts:?}"
+    );
+    // A per-fallback threshold opens it.
+    let mut regated = model;
+    regated.thresholds.insert("best-fit".into(), 0.0);
+    let setup = LearnedSetup::with_model(regated, Some("best-fit"), "inflation");
+    assert!(setup.gate_warning.is_none());
+    assert!(run(&setup).1.learned > 0);
+}
+
+#[test]
 fn learned_placements_are_valid_seeded_and_counted() {
     let w = workload();
     let run = |seed| {

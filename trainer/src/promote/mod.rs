@@ -1,0 +1,299 @@
+//! Promotion: a candidate policy artifact replaces the current one only if it wins.
+//!
+//! [`compare`] runs both artifacts — each greedy behind its own gate, with its own
+//! fallback for the trace's objective, exactly as `marshal eval` and `marshal serve` would
+//! run them — on the same validation episodes and seeds ([`super::policy::run_episode`],
+//! the trainer's one episode runner), and scores each trace by its objective: mean JCT in
+//! replay, unallocated GPUs at 100 % arrived load in inflation (lower is better), averaged
+//! over the seeds. [`decide`] applies the rule:
+//!
+//! > promote iff on **every** trace the candidate is worse than the current by at most
+//! > `max_regression` (relative), and on **at least one** trace it is strictly better.
+//!
+//! A tie everywhere is not promoted (nothing to gain, and every swap costs a reload). A
+//! current artifact that does not load is judged as what a server with it does: its
+//! fallback decides everything. [`install`] then swaps the candidate in atomically
+//! ([`install`]'s docs), and [`PromotionRecord`] is what `promotion.json` holds.
+
+mod install;
+
+pub use install::{PREV_SUFFIX, install, record_path, write_record};
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use marshal_model::policy::{artifact_fingerprint, load_policy};
+use marshal_scheduler::policies::learned::{Act, LearnedModel};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{Driver, EpisodeSpec, run_episode};
+
+/// Why a promotion could not be decided or carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    #[error("candidate {path}: {reason}; nothing was installed")]
+    Candidate { path: PathBuf, reason: String },
+    #[error("invalid promotion settings: {0}")]
+    Settings(String),
+    #[error("evaluating {what}: {reason}")]
+    Evaluation { what: String, reason: String },
+    #[error("installing into {path}: {reason}")]
+    Install { path: PathBuf, reason: String },
+}
+
+/// The rule's setting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromoteOptions {
+    /// Largest relative worsening against the current artifact allowed on any trace
+    /// (0.02: 2 %).
+    pub max_regression: f64,
+}
+
+impl Default for PromoteOptions {
+    fn default() -> Self {
+        PromoteOptions {
+            max_regression: 0.02,
+        }
+    }
+}
+
+impl PromoteOptions {
+    pub fn validate(&self) -> Result<(), PromoteError> {
+        if self.max_regression.is_finite() && self.max_regression >= 0.0 {
+            Ok(())
+        } else {
+            Err(PromoteError::Settings(format!(
+                "max_regression must be finite and ≥ 0 (got {})",
+                self.max_regression
+            )))
+        }
+    }
+}
+
+/// One trace, both artifacts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceRow {
+    pub trace: String,
+    /// `replay` (mean JCT, s) or `inflation` (unallocated GPUs).
+    pub objective: String,
+    pub seeds: Vec<u64>,
+    /// Mean over the seeds (lower is better).
+    pub current: f64,
+    pub candidate: f64,
+    pub current_fallback: String,
+    pub candidate_fallback: String,
+    pub current_fallback_rate: f64,
+    pub candidate_fallback_rate: f64,
+    /// (candidate − current) / current: negative is better.
+    pub change: f64,
+}
+
+/// What `promotion.json` holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromotionRecord {
+    pub promoted: bool,
+    /// The rule's verdict in words.
+    pub reason: String,
+    pub max_regression: f64,
+    pub candidate: String,
+    pub current: String,
+    /// Content hashes (the version `marshal serve` reports); `current_hash` is absent
+    /// when there was no loadable current artifact.
+    pub candidate_hash: String,
+    pub current_hash: Option<String>,
+    pub traces: Vec<TraceRow>,
+    /// Where the replaced artifact was kept (promoted over an existing one).
+    pub previous: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub decided_at_unix_s: f64,
+}
+
+/// A directory's content hash as `marshal serve` reports it (16 hex digits).
+pub fn artifact_hash(dir: &Path) -> Option<String> {
+    artifact_fingerprint(dir).map(|h| format!("{h:016x}"))
+}
+
+/// The candidate must load (every check of [`load_policy`]); the error names why not.
+pub fn check_candidate(dir: &Path) -> Result<LearnedModel, PromoteError> {
+    let refuse = |reason: String| PromoteError::Candidate {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    load_policy(dir).map_err(|e| refuse(e.to_string()))?;
+    LearnedModel::try_load(dir).map_err(refuse)
+}
+
+/// Mean score and fallback rate of `model` on every seed of `spec` (gated greedy, with
+/// the model's fallback for the spec's objective and the gate for that fallback).
+fn score(model: &LearnedModel, spec: &EpisodeSpec) -> Result<(f64, f64, String), String> {
+    let fallback = model.fallback_for(spec.objective().name());
+    let (gate, _) = model.gate_for(&fallback);
+    let spec = EpisodeSpec {
+        fallback: fallback.clone(),
+        ..spec.clone()
+    };
+    let driver = Driver::Learned {
+        scorer: model.scorer.as_ref().ok().map(Arc::clone),
+        act: Act::Greedy,
+        gate,
+    };
+    let n = spec.jobs_by_seed.len();
+    let (mut total, mut rate) = (0.0, 0.0);
+    for i in 0..n {
+        let o = run_episode(&spec, i, &driver)?;
+        total += o.score;
+        rate += o.counts.fallback_rate();
+    }
+    Ok((total / n as f64, rate / n as f64, fallback))
+}
+
+/// Both artifacts on every spec (every seed). `current` that does not load is run as
+/// its fallback, as a server holding it would.
+pub fn compare(
+    candidate: &LearnedModel,
+    current: &LearnedModel,
+    specs: &[EpisodeSpec],
+    progress: &mut dyn FnMut(&TraceRow),
+) -> Result<Vec<TraceRow>, PromoteError> {
+    if specs.is_empty() || specs.iter().any(|s| s.jobs_by_seed.is_empty()) {
+        return Err(PromoteError::Settings(
+            "promotion needs at least one validation trace with at least one seed".into(),
+        ));
+    }
+    let mut rows = Vec::new();
+    for spec in specs {
+        let eval = |what: &str, m: &LearnedModel| {
+            score(m, spec).map_err(|reason| PromoteError::Evaluation {
+                what: format!("the {what} on {}", spec.name),
+                reason,
+            })
+        };
+        let (cur, cur_rate, cur_fb) = eval("current artifact", current)?;
+        let (cand, cand_rate, cand_fb) = eval("candidate", candidate)?;
+        let row = TraceRow {
+            trace: spec.name.clone(),
+            objective: spec.objective().name().to_string(),
+            seeds: spec.jobs_by_seed.iter().map(|(s, _)| *s).collect(),
+            current: cur,
+            candidate: cand,
+            current_fallback: cur_fb,
+            candidate_fallback: cand_fb,
+            current_fallback_rate: cur_rate,
+            candidate_fallback_rate: cand_rate,
+            change: relative_change(cur, cand),
+        };
+        progress(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// (candidate − current) / current; a non-finite candidate score (a replay without a
+/// finished job) counts as infinitely worse unless the current one is non-finite too.
+fn relative_change(current: f64, candidate: f64) -> f64 {
+    match (current.is_finite(), candidate.is_finite()) {
+        (_, false) if !current.is_finite() => 0.0,
+        (_, false) => f64::INFINITY,
+        (false, true) => f64::NEG_INFINITY,
+        (true, true) if current > 0.0 => (candidate - current) / current,
+        (true, true) => (candidate - current).signum() * f64::from(candidate != current),
+    }
+}
+
+/// The rule (module docs): `(promote, why)`.
+pub fn decide(rows: &[TraceRow], opts: &PromoteOptions) -> (bool, String) {
+    let pct = |x: f64| format!("{:+.2} %", 100.0 * x);
+    if let Some(r) = rows
+        .iter()
+        .filter(|r| r.change > opts.max_regression)
+        .max_by(|a, b| a.change.total_cmp(&b.change))
+    {
+        return (
+            false,
+            format!(
+                "not promoted: the candidate is worse on {} by {} (allowed {})",
+                r.trace,
+                pct(r.change),
+                pct(opts.max_regression)
+            ),
+        );
+    }
+    match rows
+        .iter()
+        .filter(|r| r.candidate < r.current || r.change < 0.0)
+        .min_by(|a, b| a.change.total_cmp(&b.change))
+    {
+        Some(r) => (
+            true,
+            format!(
+                "promoted: within {} of the current artifact on every trace, better on {} ({})",
+                pct(opts.max_regression),
+                r.trace,
+                pct(r.change)
+            ),
+        ),
+        None => (
+            false,
+            "not promoted: the candidate is better on no trace".to_string(),
+        ),
+    }
+}
+
+/// Checks the candidate, compares it with `current` on `specs`, applies the rule and,
+/// if it wins, installs it at `current` ([`install`]); the decision is written to
+/// `<current>.promotion.json` either way. A candidate that does not load is refused
+/// before anything runs or is written; `current` is never modified unless promoted.
+pub fn promote(
+    candidate: &Path,
+    current: &Path,
+    specs: &[EpisodeSpec],
+    opts: &PromoteOptions,
+    progress: &mut dyn FnMut(&TraceRow),
+) -> Result<PromotionRecord, PromoteError> {
+    opts.validate()?;
+    if candidate == current {
+        return Err(PromoteError::Settings(
+            "the candidate and the current artifact are the same directory".into(),
+        ));
+    }
+    let cand = check_candidate(candidate)?;
+    let candidate_hash = artifact_hash(candidate).ok_or_else(|| PromoteError::Candidate {
+        path: candidate.to_path_buf(),
+        reason: "cannot be read".into(),
+    })?;
+    // Hashed before loading, as the server does: the record names what was compared.
+    let current_hash = artifact_hash(current);
+    let (cur, current_hash) = match LearnedModel::try_load(current) {
+        Ok(m) => (m, current_hash),
+        Err(why) => (
+            LearnedModel::missing(format!("current artifact {}: {why}", current.display())),
+            None,
+        ),
+    };
+    let traces = compare(&cand, &cur, specs, progress)?;
+    let (promoted, reason) = decide(&traces, opts);
+    let previous = if promoted {
+        install(candidate, current)?
+    } else {
+        None
+    };
+    let record = PromotionRecord {
+        promoted,
+        reason,
+        max_regression: opts.max_regression,
+        candidate: candidate.display().to_string(),
+        current: current.display().to_string(),
+        candidate_hash,
+        current_hash,
+        traces,
+        previous: previous.map(|p| p.display().to_string()),
+        decided_at_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    };
+    write_record(current, &record)?;
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,218 @@
+use std::collections::BTreeMap;
+use std::fs;
+
+use super::*;
+use crate::testkit::{inflation_spec, tiny_artifact};
+
+fn artifact(dir: &Path, inflation_fallback: &str, seed: u64) {
+    // A closed gate: the artifact schedules exactly as its inflation fallback.
+    tiny_artifact(dir, inflation_fallback, seed, 1.5);
+}
+
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_losing_candidate_is_not_installed_and_current_is_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "fgd", 1);
+    artifact(&candidate, "random", 2);
+    let before = snapshot(&current);
+    let mut seen = 0;
+    let record = promote(
+        &candidate,
+        &current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| seen += 1,
+    )
+    .unwrap();
+    assert_eq!(seen, 1);
+    let row = &record.traces[0];
+    assert!(row.candidate > row.current * 1.02, "{row:?}");
+    assert_eq!(row.seeds, [2000, 2001]);
+    assert_eq!(
+        (
+            row.current_fallback.as_str(),
+            row.candidate_fallback.as_str()
+        ),
+        ("fgd", "random")
+    );
+    assert!(
+        !record.promoted && record.reason.contains("worse"),
+        "{record:?}"
+    );
+    assert_eq!(snapshot(&current), before, "current is byte-identical");
+    assert!(!tmp.path().join("current.prev").exists());
+    // The decision is recorded beside it, with both hashes.
+    let saved: PromotionRecord =
+        serde_json::from_slice(&fs::read(tmp.path().join("current.promotion.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved, record);
+    assert_eq!(saved.current_hash, artifact_hash(&current));
+    assert_eq!(Some(saved.candidate_hash), artifact_hash(&candidate));
+}
+
+#[test]
+fn a_tie_is_not_promoted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "fgd", 1);
+    artifact(&candidate, "fgd", 2);
+    let before = snapshot(&current);
+    let record = promote(
+        &candidate,
+        &current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(record.traces[0].change, 0.0);
+    assert!(!record.promoted && record.reason.contains("better on no trace"));
+    assert_eq!(snapshot(&current), before);
+}
+
+#[test]
+fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "random", 1);
+    artifact(&candidate, "fgd", 2);
+    let old = snapshot(&current);
+    let old_hash = artifact_hash(&current);
+    let record = promote(
+        &candidate,
+        &current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(record.promoted, "{record:?}");
+    assert!(record.traces[0].change < 0.0);
+    // The installed artifact is the candidate's files exactly, so its version (the hash
+    // `marshal serve`'s poll compares) changed to the candidate's, and it loads.
+    assert_eq!(snapshot(&current), snapshot(&candidate));
+    assert_eq!(artifact_hash(&current), Some(record.candidate_hash.clone()));
+    assert_ne!(artifact_hash(&current), old_hash);
+    let loaded = LearnedModel::try_load(&current).unwrap();
+    assert_eq!(loaded.fallback_for("inflation"), "fgd");
+    // The replaced artifact is kept for rollback, and no staging directory is left.
+    let prev = tmp.path().join("current.prev");
+    assert_eq!(record.previous.as_deref(), Some(prev.to_str().unwrap()));
+    assert_eq!(snapshot(&prev), old);
+    let hidden: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "{hidden:?}");
+    // Promoting again over it replaces the older `.prev`.
+    artifact(&candidate, "random", 3);
+    let record = promote(
+        &candidate,
+        &current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(!record.promoted);
+}
+
+#[test]
+fn a_first_install_needs_no_current_artifact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&candidate, "fgd", 2);
+    // No current artifact: a server would run its default fallback (FGD) everywhere, so
+    // the candidate is judged against FGD; one that schedules as FGD is no better.
+    let record = promote(
+        &candidate,
+        &current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(record.current_hash, None);
+    assert_eq!(record.traces[0].current_fallback, "fgd");
+    assert!(!record.promoted);
+    assert!(!current.exists());
+    // Installing into an empty place is a plain rename.
+    assert_eq!(install(&candidate, &current).unwrap(), None);
+    assert_eq!(snapshot(&current), snapshot(&candidate));
+}
+
+#[test]
+fn a_corrupt_candidate_is_refused_and_nothing_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "random", 1);
+    artifact(&candidate, "fgd", 2);
+    let w = candidate.join("weights.bpk");
+    let bytes = fs::read(&w).unwrap();
+    fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+    let before = snapshot(&current);
+    let err = promote(
+        &candidate,
+        &current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, PromoteError::Candidate { .. })
+            && text.contains("checksum")
+            && text.contains("nothing was installed"),
+        "{text}"
+    );
+    assert_eq!(snapshot(&current), before);
+    assert!(!tmp.path().join("current.promotion.json").exists());
+    // Installing it directly is refused too, and leaves no staging directory.
+    assert!(install(&candidate, &current).is_err());
+    assert_eq!(snapshot(&current), before);
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 2);
+    // Bad settings are refused.
+    let bad = PromoteOptions {
+        max_regression: -0.1,
+    };
+    assert!(matches!(bad.validate(), Err(PromoteError::Settings(_))));
+}
+
+#[test]
+fn the_rule_needs_no_regression_beyond_the_limit_and_one_gain() {
+    let row = |current: f64, candidate: f64| TraceRow {
+        trace: format!("t{current}"),
+        objective: "replay".into(),
+        seeds: vec![1],
+        current,
+        candidate,
+        current_fallback: "topo-pack".into(),
+        candidate_fallback: "topo-pack".into(),
+        current_fallback_rate: 0.0,
+        candidate_fallback_rate: 0.0,
+        change: relative_change(current, candidate),
+    };
+    let opts = PromoteOptions::default();
+    assert!(decide(&[row(100.0, 99.0), row(200.0, 203.9)], &opts).0);
+    assert!(!decide(&[row(100.0, 99.0), row(200.0, 204.1)], &opts).0);
+    assert!(!decide(&[row(100.0, 100.0), row(200.0, 200.0)], &opts).0);
+    assert!(!decide(&[row(100.0, f64::NAN)], &opts).0);
+    assert!(decide(&[row(0.0, 0.0), row(10.0, 9.0)], &opts).0);
+    assert!(!decide(&[row(0.0, 1.0), row(10.0, 9.0)], &opts).0);
+}
