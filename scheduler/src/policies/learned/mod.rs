@@ -556,6 +556,7 @@ pub fn learned_policy(
             blocking: base.blocking,
             reservation: base.reservation,
             rebalance: base.rebalance,
+            consolidate: base.consolidate,
         },
         stats,
     ))
