@@ -1,11 +1,13 @@
 //! Rebalancing (`framework::rebalance`) in the replay simulator: running jobs migrate so
-//! that a gang blocked only by fragmentation starts, all or nothing.
+//! that a gang blocked only by fragmentation starts, all or nothing. Consolidation
+//! (`framework::consolidate`): a running gang moves onto a tighter placement when the
+//! predicted gain exceeds the cost.
 
 mod common;
 
 use common::{cluster, job, start_time};
-use marshal_scheduler::domain::{Job, JobId};
-use marshal_scheduler::framework::RebalanceConfig;
+use marshal_scheduler::domain::{Checkpointing, Job, JobId};
+use marshal_scheduler::framework::{ConsolidateConfig, RebalanceConfig, RemainingEstimate};
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{LogEntry, LogKind, SimConfig, SimResult, run_replay};
 
@@ -183,4 +185,173 @@ fn a_larger_job_may_move_for_a_larger_gang_but_not_one_that_would_lose_too_much(
     );
     assert_eq!(r.migrations, 1);
     assert_eq!(r.lost_gpu_s, 0.0);
+}
+
+/// Two 8-GPU nodes in one rack: a 6-GPU job on each (the one on node 0 ends at 5,000 s,
+/// the other runs long), and a data-parallel gang of four one-GPU workers arriving at
+/// 1 s that can only be spread, two GPUs per node (rack level). From 5,000 s node 0 could
+/// hold it. The gang checkpoints when stopped (a move loses no work) and pays `restart_s`
+/// on each start.
+fn spread_gang(work: f64, restart_s: f64) -> Vec<Job> {
+    let mut gang = Job::whole_gpus(JobId(2), 4, 1.0, work);
+    gang.checkpoint = Checkpointing {
+        interval_s: 1e9,
+        cost_s: 0.0,
+        restart_s,
+        on_preempt: true,
+    };
+    vec![job(0, 6, 0.0, 5_000.0), job(1, 6, 0.0, LONG), gang]
+}
+
+fn consolidating(protect_s: f64) -> ConsolidateConfig {
+    ConsolidateConfig {
+        interval_s: 600.0,
+        safety_factor: 2.0,
+        max_moves: 2,
+        protect_s,
+        remaining: RemainingEstimate::Elapsed,
+    }
+}
+
+fn run_consolidating(
+    jobs: &[Job],
+    consolidate: Option<ConsolidateConfig>,
+) -> (SimResult, Vec<LogEntry>) {
+    let mut policy = policies::build("best-fit", jobs).unwrap();
+    policy.consolidate = consolidate;
+    run_replay(&policy, cluster(2, 8), jobs, "test", &SimConfig::replay(7)).unwrap()
+}
+
+/// The gang's placements, in order, as (time, nodes it spans).
+fn gang_starts(log: &[LogEntry]) -> Vec<(f64, Vec<u32>)> {
+    log.iter()
+        .filter(|e| e.job == JobId(2))
+        .filter_map(|e| match &e.what {
+            LogKind::Start(p) => {
+                let mut nodes: Vec<u32> = p.workers.iter().map(|w| w.node.0).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                Some((e.time, nodes))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn finish_time(log: &[LogEntry], id: u32) -> f64 {
+    log.iter()
+        .find(|e| e.job == JobId(id) && e.what == LogKind::Finish)
+        .map(|e| e.time)
+        .expect("finished")
+}
+
+#[test]
+fn a_spread_gang_moves_onto_the_node_that_frees_up_and_finishes_sooner() {
+    let jobs = spread_gang(100_000.0, 60.0);
+    let (r, log) = run_consolidating(&jobs, None);
+    assert_eq!(r.migrations, 0);
+    assert_eq!(
+        gang_starts(&log),
+        vec![(1.0, vec![0, 1])],
+        "spread over both nodes"
+    );
+    let spread_finish = finish_time(&log, 2);
+
+    let (r, log) = run_consolidating(&jobs, Some(consolidating(1_000.0)));
+    // When the 6-GPU job on node 0 ends, the gang (run 4,999 s: the estimate of what
+    // is left; rack → NVLink speeds it up by 13 %, ~640 s > 2 × 60 s) moves there,
+    // once: it is then as tight as the cluster allows.
+    assert_eq!(
+        gang_starts(&log),
+        vec![(1.0, vec![0, 1]), (5_000.0, vec![0])]
+    );
+    assert_eq!(r.migrations, 1);
+    assert_eq!(r.preemptions, 0);
+    assert_eq!(r.lost_gpu_s, 0.0, "it checkpoints when stopped");
+    assert_eq!(r.completed, jobs.len() as u64);
+    let moved = log
+        .iter()
+        .find(|e| e.what == LogKind::Migrate)
+        .expect("a migration is logged");
+    assert_eq!((moved.job, moved.time), (JobId(2), 5_000.0));
+    let tight_finish = finish_time(&log, 2);
+    assert!(
+        tight_finish < spread_finish - 10_000.0,
+        "{tight_finish} vs {spread_finish}"
+    );
+    // Same seed, same schedule.
+    let (_, again) = run_consolidating(&jobs, Some(consolidating(1_000.0)));
+    assert_eq!(log, again);
+}
+
+#[test]
+fn a_gang_with_too_little_time_left_stays_spread() {
+    // Restarting costs 400 s, so the move needs a predicted gain above 800 s: the gang
+    // must have run ~6,240 s for the elapsed-time estimate to promise it. This one
+    // finishes at ~6,140 s, before that: it is never moved.
+    let jobs = spread_gang(5_000.0, 400.0);
+    let (r, log) = run_consolidating(&jobs, Some(consolidating(1_000.0)));
+    assert_eq!(r.migrations, 0);
+    assert_eq!(gang_starts(&log).len(), 1);
+    assert!(finish_time(&log, 2) < 6_240.0, "{}", finish_time(&log, 2));
+
+    // A long one is moved as soon as a periodic pass finds the gain large enough:
+    // not when node 0 frees up (641 s < 800 s), but at a later wake-up with no other
+    // event, after it has run ~6,240 s.
+    let jobs = spread_gang(100_000.0, 400.0);
+    let (r, log) = run_consolidating(&jobs, Some(consolidating(1_000.0)));
+    assert_eq!(r.migrations, 1);
+    let starts = gang_starts(&log);
+    assert_eq!(starts.len(), 2);
+    assert!(
+        starts[1].0 > 6_240.0 && starts[1].0 < 6_240.0 + 600.0,
+        "{:?}",
+        starts
+    );
+    assert_eq!(starts[1].1, vec![0]);
+
+    // The oracle knows the true remaining work: a gang with about 2,000 s left at
+    // 5,000 s (250–290 s to gain) is not moved for a 400 s restart (800 s with the
+    // safety factor), and is for a 60 s one (120 s).
+    let oracle = ConsolidateConfig {
+        remaining: RemainingEstimate::Oracle,
+        ..consolidating(1_000.0)
+    };
+    let (r, _) = run_consolidating(&spread_gang(6_000.0, 400.0), Some(oracle));
+    assert_eq!(r.migrations, 0);
+    let (r, log) = run_consolidating(&spread_gang(6_000.0, 60.0), Some(oracle));
+    assert_eq!(r.migrations, 1);
+    assert_eq!(gang_starts(&log)[1].0, 5_000.0);
+}
+
+#[test]
+fn a_gang_is_not_moved_within_its_protection_window() {
+    // Started at 1 s and protected for 10,000 s: node 0 frees up at 5,000 s, but the
+    // gang moves only when its protection ends (a wake-up with no other event).
+    let jobs = spread_gang(100_000.0, 60.0);
+    let (r, log) = run_consolidating(&jobs, Some(consolidating(10_000.0)));
+    assert_eq!(r.migrations, 1);
+    assert_eq!(
+        gang_starts(&log),
+        vec![(1.0, vec![0, 1]), (10_001.0, vec![0])]
+    );
+    // A move is a restart: the window starts again, and the gang (already as tight as
+    // possible) is never moved a second time, however many passes run.
+    let (r, _) = run_consolidating(
+        &jobs,
+        Some(ConsolidateConfig {
+            interval_s: 1.0,
+            ..consolidating(0.0)
+        }),
+    );
+    assert_eq!(r.migrations, 1);
+}
+
+#[test]
+fn non_preemptible_gangs_are_not_consolidated() {
+    let mut jobs = spread_gang(100_000.0, 60.0);
+    jobs[2].preemptible = false;
+    let (r, log) = run_consolidating(&jobs, Some(consolidating(1_000.0)));
+    assert_eq!(r.migrations, 0);
+    assert_eq!(gang_starts(&log).len(), 1);
 }

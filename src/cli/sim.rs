@@ -6,7 +6,9 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use marshal_datasets::WorkloadLibrary;
 use marshal_scheduler::domain::{Job, Topology};
-use marshal_scheduler::framework::{RebalanceConfig, ReservationConfig};
+use marshal_scheduler::framework::{
+    ConsolidateConfig, RebalanceConfig, RemainingEstimate, ReservationConfig,
+};
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult, SpeedModel};
 
@@ -101,6 +103,33 @@ pub struct SimArgs {
     /// Jobs that would lose more than this many seconds of work are not moved.
     #[arg(long, value_name = "SECONDS", requires = "rebalance_after")]
     pub rebalance_max_lost: Option<f64>,
+    /// Move running gangs onto a tighter placement when the predicted gain (speed-up ×
+    /// estimated remaining time) exceeds the move's cost × the safety factor
+    /// (consolidation; off when absent).
+    #[arg(long)]
+    pub consolidate: bool,
+    /// Seconds between consolidation passes while a gang runs looser than it could.
+    #[arg(long, default_value_t = 600.0, requires = "consolidate")]
+    pub consolidate_interval: f64,
+    /// The predicted gain must exceed the move's cost times this.
+    #[arg(long, default_value_t = 2.0, requires = "consolidate")]
+    pub consolidate_safety: f64,
+    /// Gangs moved per cycle at most.
+    #[arg(long, default_value_t = 2, requires = "consolidate")]
+    pub consolidate_max_moves: u32,
+    /// Seconds after a gang starts (or moves) during which it is not moved.
+    #[arg(long, default_value_t = 3600.0, requires = "consolidate")]
+    pub consolidate_protect: f64,
+    /// How the remaining run time is estimated: `elapsed` (the time run so far) or
+    /// `oracle` (the true remaining work; a clairvoyant reference).
+    #[arg(long, value_enum, default_value_t = RemainingArg::Elapsed, requires = "consolidate")]
+    pub consolidate_remaining: RemainingArg,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RemainingArg {
+    Elapsed,
+    Oracle,
 }
 
 impl SimArgs {
@@ -130,6 +159,12 @@ impl SimArgs {
             rebalance_max_moves: 4,
             rebalance_min_runtime: 600.0,
             rebalance_max_lost: None,
+            consolidate: false,
+            consolidate_interval: 600.0,
+            consolidate_safety: 2.0,
+            consolidate_max_moves: 2,
+            consolidate_protect: 3600.0,
+            consolidate_remaining: RemainingArg::Elapsed,
         }
     }
 }
@@ -163,6 +198,8 @@ pub struct Experiment {
     pub reservation: Option<ReservationConfig>,
     /// Given to every policy run (`--rebalance-after`).
     pub rebalance: Option<RebalanceConfig>,
+    /// Given to every policy run (`--consolidate`).
+    pub consolidate: Option<ConsolidateConfig>,
 }
 
 #[derive(Debug)]
@@ -280,9 +317,24 @@ impl Experiment {
             r.validate()
                 .map_err(|e| anyhow::anyhow!("--rebalance-after: {e}"))?;
         }
+        let consolidate = args.consolidate.then_some(ConsolidateConfig {
+            interval_s: args.consolidate_interval,
+            safety_factor: args.consolidate_safety,
+            max_moves: args.consolidate_max_moves,
+            protect_s: args.consolidate_protect,
+            remaining: match args.consolidate_remaining {
+                RemainingArg::Elapsed => RemainingEstimate::Elapsed,
+                RemainingArg::Oracle => RemainingEstimate::Oracle,
+            },
+        });
+        if let Some(c) = &consolidate {
+            c.validate()
+                .map_err(|e| anyhow::anyhow!("--consolidate: {e}"))?;
+        }
         let experiment = Experiment {
             reservation,
             rebalance,
+            consolidate,
             trace: args.trace.clone(),
             topo,
             jobs,
@@ -331,6 +383,7 @@ impl Experiment {
             crate::cli::policy::build_policy(policy, jobs, self.learned.as_ref())?;
         policy.reservation = self.reservation;
         policy.rebalance = self.rebalance;
+        policy.consolidate = self.consolidate;
         let config = SimConfig {
             seed,
             ..self.config.clone()

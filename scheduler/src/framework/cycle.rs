@@ -1,6 +1,7 @@
 //! One scheduling cycle: order the queue, place what fits, preempt where a policy allows.
 
 use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Node, NodeId, Placement, Topology};
+use crate::framework::consolidate::{Consolidation, consolidate};
 use crate::framework::rebalance::plan_moves;
 use crate::framework::reserve::nodes_to_hold;
 use crate::framework::{Candidate, Context, JobStats, Policy, Rank, Status};
@@ -40,6 +41,10 @@ pub struct CycleDecisions {
     pub migrated: Vec<(usize, Placement)>,
     /// The gang the moves were for (an index into `pending`; it is also in `placed`).
     pub rebalanced_for: Option<usize>,
+    /// Running gangs moved onto a tighter placement (`framework::consolidate`), with
+    /// the predicted gain and cost behind each move: like `migrated`, the state already
+    /// has them moved and the caller stops and restarts each.
+    pub consolidated: Vec<Consolidation>,
 }
 
 /// Runs one cycle of `policy`. `state` is updated in place: placed gangs are allocated
@@ -177,6 +182,13 @@ pub fn run_cycle(
             Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
             Err(Status::Error(e)) => decisions.errors.push((i, e.to_string())),
         }
+    }
+    // After the queue: idle capacity goes to waiting jobs first, and what is left may
+    // tighten running gangs (whose old GPUs free up in exchange). Nodes held for a gang
+    // are still marked down here, so consolidation does not take them either.
+    if let Some(config) = &policy.consolidate {
+        let (index, candidates) = still_running(running, &running_ranks, &evicted);
+        decisions.consolidated = consolidate(config, &candidates, &index, state, ctx);
     }
     if let Some((_, nodes)) = &decisions.reserved {
         for &n in nodes {

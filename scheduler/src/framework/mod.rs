@@ -8,17 +8,21 @@
 //! the same policy code decides in both. With a [`ReservationConfig`], a large gang
 //! that has waited too long gets nodes held for it (pre-allocation; see `reserve`); with
 //! a [`RebalanceConfig`], running jobs are migrated so that a gang blocked only by
-//! fragmentation fits (see `rebalance`).
+//! fragmentation fits (see `rebalance`); with a [`ConsolidateConfig`], a running gang
+//! is moved onto a tighter placement when the predicted gain exceeds the move's cost
+//! (see `consolidate`).
 //!
 //! Failure is two-sided, as in the Kubernetes framework: [`Status::Unschedulable`] says
 //! "not now" (the job waits), [`Status::Error`] says something is wrong with the inputs or
 //! the code and is reported, never silently retried.
 
+mod consolidate;
 mod cycle;
 mod placer;
 mod rebalance;
 mod reserve;
 
+pub use consolidate::{ConsolidateConfig, Consolidation, RemainingEstimate, gain_and_cost};
 pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
@@ -29,6 +33,7 @@ pub use reserve::ReservationConfig;
 use rand_chacha::ChaCha8Rng;
 
 use crate::domain::{ClusterState, DomainError, GpuShare, Job, NodeId, Placement};
+use crate::sim::SpeedModel;
 
 /// What the scheduler knows about a job beyond its spec.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -52,6 +57,9 @@ pub struct Context<'a> {
     /// node-id order. The FGD experiment lists nodes in a seeded random order, as the
     /// published simulator does by prefixing node names with a random permutation.
     pub node_order: Option<&'a [NodeId]>,
+    /// The speed model consolidation predicts gains with (the simulator passes the one
+    /// that sets its jobs' rates); `None`: the generic [`SpeedModel::default`].
+    pub speed: Option<&'a SpeedModel>,
 }
 
 impl<'a> Context<'a> {
@@ -60,6 +68,7 @@ impl<'a> Context<'a> {
             now,
             rng,
             node_order: None,
+            speed: None,
         }
     }
 }
@@ -187,4 +196,6 @@ pub struct Policy {
     pub reservation: Option<ReservationConfig>,
     /// Running jobs moved for a gang blocked by fragmentation; `None` moves nothing.
     pub rebalance: Option<RebalanceConfig>,
+    /// Running gangs moved onto tighter placements when it pays; `None` moves nothing.
+    pub consolidate: Option<ConsolidateConfig>,
 }

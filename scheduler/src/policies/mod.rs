@@ -98,6 +98,7 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
         blocking: name == "fifo",
         reservation: None,
         rebalance: None,
+        consolidate: None,
     })
 }
 

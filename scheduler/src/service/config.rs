@@ -70,6 +70,10 @@ pub struct ServiceConfig {
     /// and is blocked only by fragmentation fits (`[rebalance]`: `after_wait_s`,
     /// `max_moves`, `min_runtime_s`, `max_lost_s`); absent: nothing is moved.
     pub rebalance: Option<crate::framework::RebalanceConfig>,
+    /// Running gangs moved onto a tighter placement when the predicted gain exceeds
+    /// the move's cost (`[consolidate]`: `interval_s`, `safety_factor`, `max_moves`,
+    /// `protect_s`, `remaining`); absent: nothing is moved.
+    pub consolidate: Option<crate::framework::ConsolidateConfig>,
     pub security: SecurityConfig,
 }
 
@@ -112,6 +116,7 @@ impl Default for ServiceConfig {
             decision_log_flush_ms: 10_000,
             reservation: None,
             rebalance: None,
+            consolidate: None,
             security: SecurityConfig::default(),
         }
     }
@@ -179,6 +184,17 @@ impl ServiceConfig {
             && let Err(e) = r.validate()
         {
             return bad(e);
+        }
+        if let Some(c) = &self.consolidate
+            && let Err(e) = c.validate()
+        {
+            return bad(e);
+        }
+        if self
+            .consolidate
+            .is_some_and(|c| c.remaining == crate::framework::RemainingEstimate::Oracle)
+        {
+            return bad("consolidate remaining = \"oracle\" needs the true remaining work, which only the simulator has".into());
         }
         if self.model_poll_ms > 3_600_000 {
             return bad(format!(
@@ -303,6 +319,19 @@ mod tests {
             })
         );
         assert_eq!(ServiceConfig::default().rebalance, None, "off by default");
+        assert!(err("[consolidate]\nsafety_factor = 0.5").contains("safety_factor"));
+        assert!(err("[consolidate]\nprotect_s = -1.0").contains("protect_s"));
+        assert!(err("[consolidate]\nremaining = \"oracle\"").contains("simulator"));
+        assert!(err("[consolidate]\nsafety = 2.0").contains("unknown field"));
+        let tightening = ServiceConfig::from_toml("[consolidate]\nmax_moves = 1").unwrap();
+        assert_eq!(
+            tightening.consolidate,
+            Some(crate::framework::ConsolidateConfig {
+                max_moves: 1,
+                ..Default::default()
+            })
+        );
+        assert_eq!(ServiceConfig::default().consolidate, None, "off by default");
         let ok = ServiceConfig::from_toml(
             "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
         )

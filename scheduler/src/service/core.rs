@@ -162,6 +162,7 @@ impl Core {
             .map_err(|e| StartError::Policy(e.to_string()))?;
         policy.reservation = config.reservation;
         policy.rebalance = config.rebalance;
+        policy.consolidate = config.consolidate;
         let loaded = store.load().map_err(|e| StartError::Database {
             path: config.db.display().to_string(),
             message: e.to_string(),
@@ -464,6 +465,7 @@ impl Inner {
                 self.policy = Policy {
                     reservation: self.policy.reservation,
                     rebalance: self.policy.rebalance,
+                    consolidate: self.policy.consolidate,
                     ..policy
                 };
                 self.model_generation = update.generation;

@@ -278,9 +278,22 @@ impl Inner {
     }
 
     /// One scheduling cycle over the whole queue.
+    fn may_consolidate(&self) -> bool {
+        self.policy.consolidate.is_some()
+            && self.state.idle_gpus() > 0
+            && self.active.iter().any(|id| {
+                let r = &self.jobs[id];
+                r.placement.as_ref().is_some_and(|p| {
+                    crate::framework::ConsolidateConfig::is_loose_placement(&r.job, p, &self.state)
+                })
+            })
+    }
+
     pub fn cycle(&mut self, now: i64, path: &DecisionPath) {
         self.needs_cycle = false;
-        if self.queue.is_empty() {
+        // With an empty queue a cycle can only consolidate: skip it unless a running
+        // gang is placed looser than it could be and some GPU is idle.
+        if self.queue.is_empty() && !self.may_consolidate() {
             return;
         }
         let now_s = now as f64 / 1e6;
@@ -371,6 +384,24 @@ impl Inner {
                 });
             if let Err(e) = moved {
                 tracing::error!(job = id, error = %e, "migration not recorded");
+            }
+        }
+        // A consolidation is recorded the same way, with the prediction behind it in
+        // the reason (the job's history is its decision record).
+        for c in decisions.consolidated {
+            let id = running_ids[c.running];
+            self.metrics.migrations.inc();
+            let reason = format!(
+                "migrated to a tighter placement ({:?} → {:?}): predicted gain {:.0} s > cost {:.0} s × safety",
+                c.from_span, c.to_span, c.gain_s, c.cost_s
+            );
+            let moved = self
+                .set_state(id, JobState::Preempted, reason.clone(), None, false, now)
+                .and_then(|()| {
+                    self.set_state(id, JobState::Placed, reason, Some(c.to), false, now)
+                });
+            if let Err(e) = moved {
+                tracing::error!(job = id, error = %e, "consolidation not recorded");
             }
         }
         for (i, placement) in decisions.placed {

@@ -652,4 +652,71 @@ mod tests {
         }
         assert_eq!(again.state.idle_gpus(), 0);
     }
+
+    /// A 4-GPU data-parallel gang spread 2 + 2 over the nodes: with `[consolidate]`,
+    /// once the job beside it on one node ends and it has run long enough for the
+    /// predicted gain to exceed the restart, it moves onto that node, recorded with the
+    /// prediction in its reason and counted as a migration.
+    #[test]
+    fn a_consolidation_is_recorded_with_its_prediction() {
+        let config = ServiceConfig {
+            consolidate: Some(crate::framework::ConsolidateConfig {
+                protect_s: 0.0,
+                ..Default::default()
+            }),
+            ..ServiceConfig::default()
+        };
+        let test = TestCore::new(config);
+        let mut inner = test.core.lock();
+        let path = NoModel.decision_path("topo-pack");
+        let t0 = crate::service::core::now_us();
+        register_both(&mut inner, t0);
+        let fillers: Vec<u32> = (0..2)
+            .map(|_| inner.submit(Some(&whole_gpu_job(1, 6)), t0).unwrap())
+            .collect();
+        inner.cycle(t0, &path);
+        let gang_spec = pb::JobSpec {
+            preemptible: true,
+            comm: pb::CommPattern::DataParallel as i32,
+            ..whole_gpu_job(4, 1)
+        };
+        let gang = inner.submit(Some(&gang_spec), t0 + 1).unwrap();
+        inner.cycle(t0 + 2, &path);
+        let nodes = |inner: &Inner| {
+            let mut n: Vec<NodeId> = inner.jobs[&gang]
+                .placement
+                .as_ref()
+                .unwrap()
+                .workers
+                .iter()
+                .map(|w| w.node)
+                .collect();
+            n.sort_unstable();
+            n.dedup();
+            n
+        };
+        assert_eq!(nodes(&inner).len(), 2, "spread 2 + 2");
+        // The filler on node 0 ends; a cycle right after moves nothing (the gang has run
+        // for no time: no predicted gain), one an hour later moves it.
+        let on_node0 = fillers
+            .iter()
+            .copied()
+            .find(|id| inner.jobs_on(NodeId(0)).contains(id))
+            .unwrap();
+        inner.cancel(on_node0, "", t0 + 3).unwrap();
+        inner.cycle(t0 + 4, &path);
+        assert_eq!(inner.metrics.migrations.get(), 0);
+        let later = t0 + 3_600_000_000;
+        for n in 0..2 {
+            inner.heard_from(NodeId(n), later);
+        }
+        inner.cycle(later, &path);
+        assert_eq!(inner.metrics.migrations.get(), 1);
+        assert_eq!(nodes(&inner), vec![NodeId(0)]);
+        let r = &inner.jobs[&gang];
+        assert_eq!(r.attempts, 2);
+        assert!(r.reason.contains("tighter placement"), "{}", r.reason);
+        assert!(r.reason.contains("predicted gain"), "{}", r.reason);
+        inner.state.check_consistency().unwrap();
+    }
 }

@@ -214,6 +214,7 @@ pub fn recorded_policy(topo: &Topology, jobs: &Prepared, placer: Policy) -> (Inc
                 blocking: false,
                 reservation: None,
                 rebalance: None,
+                consolidate: None,
             },
             placer_name,
         },

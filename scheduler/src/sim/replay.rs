@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::domain::{
     ClusterState, DomainError, Job, JobId, NodeId, Placement, TopoLevel, Topology,
 };
-use crate::framework::{Context, JobStats, Pending, Policy, Running, can_ever_fit, run_cycle};
+use crate::framework::{
+    ConsolidateConfig, Context, JobStats, Pending, Policy, Running, can_ever_fit, run_cycle,
+};
 use crate::sim::metrics::{mean, percentile};
 use crate::sim::{FAILURE_STREAM, POLICY_STREAM, SimConfig, SimResult};
 
@@ -356,10 +358,15 @@ impl Replay<'_> {
     /// protection to end, or for their own wait to make them owed a rebalance: make
     /// sure a cycle runs then, since nothing else may happen until much later.
     fn wake_when_decisions_may_change(&mut self) {
+        let now = self.now;
+        let consolidate_at = self.next_consolidation();
         if self.pending.is_empty() {
+            if consolidate_at.is_finite() && self.next_wake.is_none_or(|w| consolidate_at < w) {
+                self.next_wake = Some(consolidate_at);
+                self.push(consolidate_at, EventKind::Wake);
+            }
             return;
         }
-        let now = self.now;
         let after_protection = |min_runtime: f64| {
             if min_runtime <= 0.0 {
                 return f64::INFINITY;
@@ -374,7 +381,8 @@ impl Replay<'_> {
             .policy
             .preemptor
             .as_ref()
-            .map_or(f64::INFINITY, |p| after_protection(p.min_runtime_s()));
+            .map_or(f64::INFINITY, |p| after_protection(p.min_runtime_s()))
+            .min(consolidate_at);
         if let Some(rb) = &self.policy.rebalance {
             // Gangs that a rebalance could serve (blocked although enough GPUs are
             // idle): when each becomes owed one, and, once one is, when the next
@@ -407,6 +415,30 @@ impl Replay<'_> {
             self.next_wake = Some(next);
             self.push(next, EventKind::Wake);
         }
+    }
+
+    /// When the next consolidation pass is due (`framework::consolidate`): a running gang
+    /// placed looser than it could be may become worth moving as it runs (the estimated
+    /// remaining time grows with the time run) or when its protection ends, with no
+    /// other event in between. Every `interval_s` while such a gang runs, and not before
+    /// the first one's protection ends; never when none does.
+    fn next_consolidation(&self) -> f64 {
+        let Some(c) = &self.policy.consolidate else {
+            return f64::INFINITY;
+        };
+        let mut earliest = f64::INFINITY;
+        for &j in &self.running {
+            let run = &self.runs[j as usize];
+            let job = &self.jobs[j as usize];
+            let placement = run
+                .placement
+                .as_ref()
+                .expect("running jobs have placements");
+            if ConsolidateConfig::is_loose_placement(job, placement, &self.state) {
+                earliest = earliest.min((run.run_start + c.protect_s).max(self.now + c.interval_s));
+            }
+        }
+        earliest
     }
 
     /// With every job arrived, nothing running and every node up, the cluster is as empty
@@ -491,12 +523,17 @@ impl Replay<'_> {
                     }
                 })
                 .collect();
-            let mut ctx = Context::new(self.now, &mut self.policy_rng);
+            let mut ctx = Context {
+                speed: Some(&self.config.speed),
+                ..Context::new(self.now, &mut self.policy_rng)
+            };
             let d = run_cycle(self.policy, &mut self.state, &pending, &running, &mut ctx);
             let preempted: Vec<u32> = d.preempted.iter().map(|&k| self.running[k]).collect();
+            // Consolidations are migrations too: same checkpoint-restart, same count.
             let migrated: Vec<(u32, Placement)> = d
                 .migrated
                 .into_iter()
+                .chain(d.consolidated.into_iter().map(|c| (c.running, c.to)))
                 .map(|(k, p)| (self.running[k], p))
                 .collect();
             let placed: Vec<(u32, Placement)> = d

@@ -619,6 +619,7 @@ pub fn learned_policy(
             blocking: base.blocking,
             reservation: base.reservation,
             rebalance: base.rebalance,
+            consolidate: base.consolidate,
         },
         stats,
     ))
