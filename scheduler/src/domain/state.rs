@@ -124,6 +124,9 @@ pub struct ClusterState {
     free_milli: Vec<u16>,
     mig_compute_free: Vec<u8>,
     mig_memory_free: Vec<u8>,
+    /// Milli of each GPU held by MIG instances: the rest of what is not free is held by
+    /// shared (`Milli`) workers, which cannot run beside MIG instances.
+    mig_milli: Vec<u16>,
     /// Number of workers holding a share of each GPU (interference is per co-tenant).
     tenants: Vec<u16>,
     node_cpu_free: Vec<u32>,
@@ -177,6 +180,7 @@ impl ClusterState {
             free_milli: vec![1000; g],
             mig_compute_free: mig_slices(MIG_COMPUTE_SLICES),
             mig_memory_free: mig_slices(MIG_MEMORY_SLICES),
+            mig_milli: vec![0; g],
             tenants: vec![0; g],
             node_cpu_free: topo.nodes().iter().map(|n| n.cpu_milli).collect(),
             node_mem_free: topo.nodes().iter().map(|n| n.memory_mib).collect(),
@@ -327,10 +331,9 @@ impl ClusterState {
             GpuDemand::Whole(_) => self.free_milli[i] == 1000,
             GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched,
             GpuDemand::Mig { compute, memory } => {
-                let no_milli_tenants = self.free_milli[i] as u32
-                    + (MIG_COMPUTE_SLICES - self.mig_compute_free[i]) as u32 * 1000
-                        / MIG_COMPUTE_SLICES as u32
-                    >= 1000 - MIG_COMPUTE_SLICES as u32;
+                // Exact, not a rounding tolerance: a 1-milli shared worker must keep a
+                // MIG instance off its GPU as surely as a large one.
+                let no_milli_tenants = self.free_milli[i] + self.mig_milli[i] == 1000;
                 self.mig_compute_free[i] >= compute
                     && self.mig_memory_free[i] >= memory
                     && no_milli_tenants
@@ -488,6 +491,7 @@ impl ClusterState {
         if share.is_mig() {
             self.mig_compute_free[g] -= share.mig_compute;
             self.mig_memory_free[g] -= share.mig_memory;
+            self.mig_milli[g] += share.milli;
         }
         self.tenants[g] += 1;
         self.node_free_milli[node.0 as usize] -= share.milli as u32;
@@ -505,6 +509,7 @@ impl ClusterState {
         if share.is_mig() {
             self.mig_compute_free[g] += share.mig_compute;
             self.mig_memory_free[g] += share.mig_memory;
+            self.mig_milli[g] -= share.milli;
         }
         self.tenants[g] -= 1;
         self.node_free_milli[node.0 as usize] += share.milli as u32;
@@ -688,6 +693,62 @@ mod tests {
             !s.gpu_fits(GpuId(1), GpuDemand::Milli(100)),
             "MIG GPU takes no milli shares"
         );
+        s.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn a_one_milli_tenant_keeps_every_mig_instance_off_its_gpu() {
+        // Found by the invariants property test: the old check allowed a rounding
+        // tolerance of 7 milli, so a 7g instance beside a 1-milli worker was let in and
+        // `take` underflowed.
+        let mut s = cluster();
+        let mut tiny = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        tiny.gpu = GpuDemand::Milli(1);
+        s.allocate(
+            &tiny,
+            &Placement {
+                workers: vec![worker(0, &[2], tiny.gpu)],
+            },
+        )
+        .unwrap();
+        let mut full = tiny.clone();
+        full.gpu = GpuDemand::Mig {
+            compute: 7,
+            memory: 8,
+        };
+        for mig in [
+            full.gpu,
+            GpuDemand::Mig {
+                compute: 1,
+                memory: 1,
+            },
+        ] {
+            assert!(!s.gpu_fits(GpuId(2), mig), "{mig:?}");
+        }
+        let err = s
+            .allocate(
+                &full,
+                &Placement {
+                    workers: vec![worker(0, &[2], full.gpu)],
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lacks capacity"), "{err}");
+        // Seven 1g instances (7 × 142 = 994 milli) fill a GPU exactly as MIG counts it.
+        let mut one = tiny.clone();
+        one.gpu = GpuDemand::Mig {
+            compute: 1,
+            memory: 1,
+        };
+        let on_gpu3 = Placement {
+            workers: vec![worker(0, &[3], one.gpu)],
+        };
+        for _ in 0..7 {
+            s.allocate(&one, &on_gpu3).unwrap();
+        }
+        assert!(!s.gpu_fits(GpuId(3), GpuDemand::Milli(1)));
+        assert!(!s.gpu_fits(GpuId(3), one.gpu));
         s.check_consistency().unwrap();
     }
 
