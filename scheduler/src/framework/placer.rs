@@ -3,7 +3,6 @@
 use crate::domain::{ClusterState, GpuDemand, GpuShare, Job, NodeId, Placement, WorkerPlacement};
 use crate::framework::{Context, NodeScorer, Placer, Status};
 
-/// How to choose among nodes of equal score.
 /// The nodes one worker of `job` fits on, in the context's listing order (which breaks
 /// score ties), or node-id order without one.
 pub fn feasible_nodes(job: &Job, state: &ClusterState, ctx: &Context) -> Vec<NodeId> {
@@ -21,6 +20,7 @@ pub fn feasible_nodes(job: &Job, state: &ClusterState, ctx: &Context) -> Vec<Nod
     }
 }
 
+/// How to choose among nodes of equal score.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum TieBreak {
     /// Lowest node id: deterministic without randomness.
