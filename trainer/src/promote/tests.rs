@@ -9,6 +9,17 @@ fn artifact(dir: &Path, inflation_fallback: &str, seed: u64) {
     tiny_artifact(dir, inflation_fallback, seed, 1.5);
 }
 
+/// `promote` on the one inflation trace with the default options, no progress report.
+fn promote_on_inflation(candidate: &Path, current: &Path) -> Result<PromotionRecord, PromoteError> {
+    promote(
+        candidate,
+        current,
+        &[inflation_spec()],
+        &PromoteOptions::default(),
+        &mut |_| {},
+    )
+}
+
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     fs::read_dir(dir)
         .unwrap()
@@ -71,14 +82,7 @@ fn a_tie_is_not_promoted() {
     artifact(&current, "fgd", 1);
     artifact(&candidate, "fgd", 2);
     let before = snapshot(&current);
-    let record = promote(
-        &candidate,
-        &current,
-        &[inflation_spec()],
-        &PromoteOptions::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    let record = promote_on_inflation(&candidate, &current).unwrap();
     assert_eq!(record.traces[0].change, 0.0);
     assert!(!record.promoted && record.reason.contains("better on no trace"));
     assert_eq!(snapshot(&current), before);
@@ -92,14 +96,7 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
     artifact(&candidate, "fgd", 2);
     let old = snapshot(&current);
     let old_hash = artifact_hash(&current);
-    let record = promote(
-        &candidate,
-        &current,
-        &[inflation_spec()],
-        &PromoteOptions::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    let record = promote_on_inflation(&candidate, &current).unwrap();
     assert!(record.promoted, "{record:?}");
     assert!(record.traces[0].change < 0.0);
     // The installed artifact is the candidate's files exactly, so its version (the hash
@@ -121,14 +118,7 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
     assert!(hidden.is_empty(), "{hidden:?}");
     // Promoting again over it replaces the older `.prev`.
     artifact(&candidate, "random", 3);
-    let record = promote(
-        &candidate,
-        &current,
-        &[inflation_spec()],
-        &PromoteOptions::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    let record = promote_on_inflation(&candidate, &current).unwrap();
     assert!(!record.promoted);
 }
 
@@ -139,14 +129,7 @@ fn a_first_install_needs_no_current_artifact() {
     artifact(&candidate, "fgd", 2);
     // No current artifact: a server would run its default fallback (FGD) everywhere, so
     // the candidate is judged against FGD; one that schedules as FGD is no better.
-    let record = promote(
-        &candidate,
-        &current,
-        &[inflation_spec()],
-        &PromoteOptions::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    let record = promote_on_inflation(&candidate, &current).unwrap();
     assert_eq!(record.current_hash, None);
     assert_eq!(record.traces[0].current_fallback, "fgd");
     assert!(!record.promoted);
@@ -166,14 +149,7 @@ fn a_corrupt_candidate_is_refused_and_nothing_is_written() {
     let bytes = fs::read(&w).unwrap();
     fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
     let before = snapshot(&current);
-    let err = promote(
-        &candidate,
-        &current,
-        &[inflation_spec()],
-        &PromoteOptions::default(),
-        &mut |_| {},
-    )
-    .unwrap_err();
+    let err = promote_on_inflation(&candidate, &current).unwrap_err();
     let text = err.to_string();
     assert!(
         matches!(err, PromoteError::Candidate { .. })
