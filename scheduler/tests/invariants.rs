@@ -8,6 +8,7 @@ use std::sync::Arc;
 use marshal_scheduler::domain::{
     ClusterSpec, GpuDemand, GpuModelSet, Job, JobId, NodeGroupSpec, Topology,
 };
+use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::{self, POLICY_NAMES};
 use marshal_scheduler::sim::{
     FailureModel, LogEntry, LogKind, SimConfig, run_inflation, run_replay,
@@ -178,6 +179,30 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
     Ok(())
 }
 
+/// Replays `jobs` under `policy` twice: every job ends, the log passes [`check_log`], and
+/// the same seed gives the same schedule.
+fn replay_keeps_the_invariants(
+    policy: &Policy,
+    name: &str,
+    topo: &Arc<Topology>,
+    jobs: &[Job],
+    config: &SimConfig,
+) -> Result<(), TestCaseError> {
+    let (result, log) = run_replay(policy, topo.clone(), jobs, "prop", config).unwrap();
+    prop_assert_eq!(
+        result.completed + result.rejected,
+        jobs.len() as u64,
+        "{}: every job ends",
+        name
+    );
+    if let Err(e) = check_log(topo, jobs, &log) {
+        prop_assert!(false, "{}: {}", name, e);
+    }
+    let (_, again) = run_replay(policy, topo.clone(), jobs, "prop", config).unwrap();
+    prop_assert_eq!(&log, &again, "{}: same seed, same schedule", name);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
@@ -189,13 +214,7 @@ proptest! {
             if failures {
                 config.failures = Some(FailureModel { mtbf_s: 20_000.0, repair_s: 2_000.0 });
             }
-            let (result, log) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
-            prop_assert_eq!(result.completed + result.rejected, jobs.len() as u64, "{}: every job ends", name);
-            if let Err(e) = check_log(&topo, &jobs, &log) {
-                prop_assert!(false, "{}: {}", name, e);
-            }
-            let (_, again) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
-            prop_assert_eq!(&log, &again, "{}: same seed, same schedule", name);
+            replay_keeps_the_invariants(&policy, name, &topo, &jobs, &config)?;
         }
     }
 
@@ -227,13 +246,7 @@ proptest! {
                 max_lost_s: None,
             });
             let config = SimConfig::replay(seed);
-            let (result, log) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
-            prop_assert_eq!(result.completed + result.rejected, jobs.len() as u64, "{}: every job ends", name);
-            if let Err(e) = check_log(&topo, &jobs, &log) {
-                prop_assert!(false, "{}: {}", name, e);
-            }
-            let (_, again) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
-            prop_assert_eq!(&log, &again, "{}: same seed, same schedule", name);
+            replay_keeps_the_invariants(&policy, name, &topo, &jobs, &config)?;
         }
     }
 }
@@ -263,13 +276,7 @@ proptest! {
                 });
             }
             let config = SimConfig::replay(seed);
-            let (result, log) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
-            prop_assert_eq!(result.completed + result.rejected, jobs.len() as u64, "{}: every job ends", name);
-            if let Err(e) = check_log(&topo, &jobs, &log) {
-                prop_assert!(false, "{}: {}", name, e);
-            }
-            let (_, again) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
-            prop_assert_eq!(&log, &again, "{}: same seed, same schedule", name);
+            replay_keeps_the_invariants(&policy, name, &topo, &jobs, &config)?;
         }
     }
 }
