@@ -214,7 +214,7 @@ fn a_gate_is_chosen_per_fallback_and_a_model_is_promoted_only_if_it_wins() {
     }
     let cur_s = current.display().to_string();
     let before = std::fs::read(current.join("meta.json")).unwrap();
-    let out = stdout_of(&[
+    let promote = [
         "model",
         "promote",
         "--candidate",
@@ -223,7 +223,8 @@ fn a_gate_is_chosen_per_fallback_and_a_model_is_promoted_only_if_it_wins() {
         &cur_s,
         "--valid-traces",
         &openb,
-    ]);
+    ];
+    let out = stdout_of(&promote);
     assert!(
         out.contains("not promoted") && out.contains("is unchanged"),
         "{out}"
@@ -236,18 +237,6 @@ fn a_gate_is_chosen_per_fallback_and_a_model_is_promoted_only_if_it_wins() {
     assert_eq!(record["traces"].as_array().unwrap().len(), 1);
     // A corrupt candidate is refused with the reason, and current stays as it was.
     std::fs::write(a.join("weights.bpk"), b"truncated").unwrap();
-    common::fails_with(
-        &[
-            "model",
-            "promote",
-            "--candidate",
-            &a_s,
-            "--current",
-            &cur_s,
-            "--valid-traces",
-            &openb,
-        ],
-        "checksum",
-    );
+    common::fails_with(&promote, "checksum");
     assert_eq!(std::fs::read(current.join("meta.json")).unwrap(), before);
 }
