@@ -59,6 +59,11 @@ pub struct ShadowArgs {
     /// `listen` and `policy` are overridden by the flags).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Marshal's policy keeps CPU-only jobs off GPU nodes while a CPU-only node can take
+    /// them (see `marshal sim --cpu-nodes-first`); the incumbent's placer does not. Live
+    /// mode: the same as `cpu_nodes_first = true` in `--config`.
+    #[arg(long)]
+    pub cpu_nodes_first: bool,
     /// Summarise a live mode's shadow log.
     #[arg(long, conflicts_with = "listen")]
     pub report_log: Option<PathBuf>,
@@ -133,7 +138,11 @@ fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
             ModeArg::Replay,
         )
     });
-    let (policy, gate) = crate::cli::policy::build_policy(&args.policy, &jobs, learned.as_ref())?;
+    let (mut policy, gate) =
+        crate::cli::policy::build_policy(&args.policy, &jobs, learned.as_ref())?;
+    if args.cpu_nodes_first {
+        policy = policy.with_cpu_nodes_first();
+    }
     let placer = marshal_scheduler::policies::build(&args.incumbent_placer, &jobs)
         .context("--incumbent-placer")?;
     Ok(shadow::run_shadow(
@@ -279,6 +288,7 @@ fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
     if let Some(f) = &args.fallback {
         config.fallback = Some(f.clone());
     }
+    config.cpu_nodes_first |= args.cpu_nodes_first;
     crate::cli::policy::check_name(&config.policy)?;
     config.validate()?;
     // The same model slot as `marshal serve`: gate, fallback, hot reload.

@@ -124,6 +124,10 @@ pub struct SimArgs {
     /// `oracle` (the true remaining work; a clairvoyant reference).
     #[arg(long, value_enum, default_value_t = RemainingArg::Elapsed, requires = "consolidate")]
     pub consolidate_remaining: RemainingArg,
+    /// Keep CPU-only jobs off GPU nodes while a CPU-only node can take them (what a
+    /// `PreferNoSchedule` taint on GPU nodes does in Kubernetes), for every policy.
+    #[arg(long)]
+    pub cpu_nodes_first: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -165,6 +169,7 @@ impl SimArgs {
             consolidate_max_moves: 2,
             consolidate_protect: 3600.0,
             consolidate_remaining: RemainingArg::Elapsed,
+            cpu_nodes_first: false,
         }
     }
 }
@@ -200,6 +205,8 @@ pub struct Experiment {
     pub rebalance: Option<RebalanceConfig>,
     /// Given to every policy run (`--consolidate`).
     pub consolidate: Option<ConsolidateConfig>,
+    /// Every policy run keeps CPU-only jobs on CPU-only nodes first (`--cpu-nodes-first`).
+    pub cpu_nodes_first: bool,
 }
 
 #[derive(Debug)]
@@ -332,6 +339,7 @@ impl Experiment {
                 .map_err(|e| anyhow::anyhow!("--consolidate: {e}"))?;
         }
         let experiment = Experiment {
+            cpu_nodes_first: args.cpu_nodes_first,
             reservation,
             rebalance,
             consolidate,
@@ -384,6 +392,9 @@ impl Experiment {
         policy.reservation = self.reservation;
         policy.rebalance = self.rebalance;
         policy.consolidate = self.consolidate;
+        if self.cpu_nodes_first {
+            policy = policy.with_cpu_nodes_first();
+        }
         let config = SimConfig {
             seed,
             ..self.config.clone()

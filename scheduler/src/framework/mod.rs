@@ -17,12 +17,14 @@
 //! the code and is reported, never silently retried.
 
 mod consolidate;
+mod cpu_nodes_first;
 mod cycle;
 mod placer;
 mod rebalance;
 mod reserve;
 
 pub use consolidate::{ConsolidateConfig, Consolidation, RemainingEstimate, gain_and_cost};
+pub use cpu_nodes_first::CpuNodesFirst;
 pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
@@ -198,4 +200,15 @@ pub struct Policy {
     pub rebalance: Option<RebalanceConfig>,
     /// Running gangs moved onto tighter placements when it pays; `None` moves nothing.
     pub consolidate: Option<ConsolidateConfig>,
+}
+
+impl Policy {
+    /// The same policy with CPU-only jobs kept off GPU nodes while CPU-only nodes can
+    /// take them (see [`CpuNodesFirst`]).
+    pub fn with_cpu_nodes_first(self) -> Policy {
+        Policy {
+            placer: Box::new(CpuNodesFirst::new(self.placer)),
+            ..self
+        }
+    }
 }

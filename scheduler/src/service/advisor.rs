@@ -14,7 +14,7 @@ use crate::domain::{
 use crate::framework::{Context, Pending, can_ever_fit, run_cycle};
 use crate::service::convert::{job_from_spec, node_group};
 use crate::service::error::ServiceError;
-use crate::service::model::DecisionPath;
+use crate::service::model::{DecisionPath, ModelSlot, NoModel};
 use crate::service::pb;
 use crate::service::records::{
     DecisionRecord, Verdict, WorkerRecord, candidates, learned_score_note, scored_candidates,
@@ -138,6 +138,39 @@ pub fn snapshot_state(
     Ok(state)
 }
 
+/// The policy that decided, its recommendations and the decision records behind them.
+pub type Advice = (String, Vec<pb::Recommendation>, Vec<DecisionRecord>);
+
+/// [`advise`] for an RPC: on a blocking thread (building a cluster and running a cycle
+/// is CPU work, kept off the I/O threads), with `model`'s decision path and current
+/// setup when the call's policy is the learned one, at the current time.
+pub async fn advise_off_thread(
+    req: pb::AdviseRequest,
+    default_policy: &str,
+    model: &dyn ModelSlot,
+    cpu_nodes_first: bool,
+) -> Result<Advice, tonic::Status> {
+    let name = if req.policy.is_empty() {
+        default_policy
+    } else {
+        &req.policy
+    };
+    let path = if name == crate::policies::learned::LEARNED {
+        model.decision_path(name)
+    } else {
+        NoModel.decision_path(name)
+    };
+    let policy = default_policy.to_string();
+    let learned = model.policy_update(0).map(|u| u.setup);
+    let now = crate::service::core::now_us();
+    let advice = tokio::task::spawn_blocking(move || {
+        advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now)
+    })
+    .await
+    .map_err(|e| tonic::Status::internal(format!("advise task: {e}")))??;
+    Ok(advice)
+}
+
 /// Recommendations for `req`, with the decision records behind them (ids unset: the
 /// caller numbers them).
 pub fn advise(
@@ -145,8 +178,9 @@ pub fn advise(
     default_policy: &str,
     path: &DecisionPath,
     learned: Option<&crate::policies::learned::LearnedSetup>,
+    cpu_nodes_first: bool,
     now_us: i64,
-) -> Result<(String, Vec<pb::Recommendation>, Vec<DecisionRecord>), ServiceError> {
+) -> Result<Advice, ServiceError> {
     let mut state = snapshot_state(req.cluster.as_ref())?;
     if req.pending.len() > MAX_PENDING {
         return Err(ServiceError::invalid(
@@ -165,14 +199,19 @@ pub fn advise(
         trace: Some(trace.clone()),
         ..s.clone()
     });
-    let (policy, _) = crate::policies::learned::build_policy(policy_name, &[], learned.as_ref())
-        .map_err(|e| match e {
-            crate::policies::learned::PolicyError::NoSetup => ServiceError::invalid(
-                "policy",
-                "learned: this server has no learned model (its policy is a heuristic)",
-            ),
-            e => ServiceError::invalid("policy", e),
-        })?;
+    let (mut policy, _) =
+        crate::policies::learned::build_policy(policy_name, &[], learned.as_ref()).map_err(
+            |e| match e {
+                crate::policies::learned::PolicyError::NoSetup => ServiceError::invalid(
+                    "policy",
+                    "learned: this server has no learned model (its policy is a heuristic)",
+                ),
+                e => ServiceError::invalid("policy", e),
+            },
+        )?;
+    if cpu_nodes_first {
+        policy = policy.with_cpu_nodes_first();
+    }
     let now_s = now_us as f64 / 1e6;
     let mut jobs = Vec::with_capacity(req.pending.len());
     for (i, p) in req.pending.iter().enumerate() {
@@ -319,4 +358,70 @@ pub fn advise(
         });
     }
     Ok((policy.name.clone(), recs, records))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(
+        name: &str,
+        gpu_model: &str,
+        gpus: u32,
+        cpu_milli: u32,
+        used: (u32, u32),
+    ) -> pb::SnapshotNode {
+        pb::SnapshotNode {
+            node: Some(pb::NodeInfo {
+                name: name.into(),
+                gpu_model: gpu_model.into(),
+                gpus,
+                nvlink_domain: 0,
+                cpu_milli,
+                memory_mib: 1 << 20,
+            }),
+            schedulable: true,
+            gpus_used: (0..used.0)
+                .map(|index| pb::GpuUsage { index, milli: 1000 })
+                .collect(),
+            cpu_used_milli: used.1,
+            memory_used_mib: 0,
+        }
+    }
+
+    /// The node `advise` recommends for a 4-core CPU-only job beside a GPU node whose
+    /// GPUs are all taken and a few cores left (best fit's tightest node).
+    fn recommended_node(cpu_nodes_first: bool) -> String {
+        let req = pb::AdviseRequest {
+            cluster: Some(pb::ClusterSnapshot {
+                name: "mixed".into(),
+                nodes: vec![
+                    node("gpu", "A10", 8, 128_000, (8, 100_000)),
+                    node("cpu", "", 0, 192_000, (0, 0)),
+                ],
+                ..Default::default()
+            }),
+            pending: vec![pb::PendingJob {
+                id: "etl".into(),
+                spec: Some(pb::JobSpec {
+                    workers: 1,
+                    cpu_milli: 4000,
+                    ..Default::default()
+                }),
+                waited_s: 1.0,
+            }],
+            policy: "best-fit".into(),
+        };
+        let path = NoModel.decision_path("best-fit");
+        let (_, recs, _) =
+            advise(&req, "best-fit", &path, None, cpu_nodes_first, 10_000_000).unwrap();
+        assert_eq!(recs.len(), 1);
+        recs[0].placement[0].node.clone()
+    }
+
+    #[test]
+    fn cpu_nodes_first_moves_cpu_only_recommendations_off_gpu_nodes() {
+        assert_eq!(recommended_node(false), "gpu");
+        assert_eq!(recommended_node(true), "cpu");
+    }
 }

@@ -11,7 +11,6 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::service::convert::{job_id, job_to_pb, state_from_pb};
 use crate::service::core::{Core, Event, now_us};
 use crate::service::error::ServiceError;
-use crate::service::model::ModelSlot as _;
 use crate::service::pb;
 use crate::service::pb::admin_service_server::AdminService;
 use crate::service::pb::advisor_service_server::AdvisorService;
@@ -353,25 +352,14 @@ impl AdvisorService for Api {
         req: Request<pb::AdviseRequest>,
     ) -> Result<Response<pb::AdviseResponse>, Status> {
         let req = req.into_inner();
-        let core = self.core.clone();
-        let name = if req.policy.is_empty() {
-            &core.policy_name
-        } else {
-            &req.policy
-        };
-        let path = if name == crate::policies::learned::LEARNED {
-            core.model.decision_path(name)
-        } else {
-            crate::service::model::NoModel.decision_path(name)
-        };
-        let policy = core.policy_name.clone();
-        let learned = core.model.policy_update(0).map(|u| u.setup);
-        // Building a cluster and running a cycle is CPU work: keep it off the I/O threads.
-        let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
-            crate::service::advisor::advise(&req, &policy, &path, learned.as_ref(), now_us())
-        })
-        .await
-        .map_err(|e| Status::internal(format!("advise task: {e}")))??;
+        let core = &self.core;
+        let (name, mut recs, mut records) = crate::service::advisor::advise_off_thread(
+            req,
+            &core.policy_name,
+            core.model.as_ref(),
+            core.cpu_nodes_first,
+        )
+        .await?;
         self.core
             .mutate(|inner| {
                 for (rec, record) in recs.iter_mut().zip(records.iter_mut()) {

@@ -74,6 +74,10 @@ pub struct ServiceConfig {
     /// the move's cost (`[consolidate]`: `interval_s`, `safety_factor`, `max_moves`,
     /// `protect_s`, `remaining`); absent: nothing is moved.
     pub consolidate: Option<crate::framework::ConsolidateConfig>,
+    /// CPU-only jobs go to CPU-only nodes while one can take them, and to GPU nodes only
+    /// otherwise (a `PreferNoSchedule` taint on GPU nodes, for every policy; also used
+    /// by `Advise`).
+    pub cpu_nodes_first: bool,
     pub security: SecurityConfig,
 }
 
@@ -117,6 +121,7 @@ impl Default for ServiceConfig {
             reservation: None,
             rebalance: None,
             consolidate: None,
+            cpu_nodes_first: false,
             security: SecurityConfig::default(),
         }
     }
@@ -332,6 +337,13 @@ mod tests {
             })
         );
         assert_eq!(ServiceConfig::default().consolidate, None, "off by default");
+        assert!(!ServiceConfig::default().cpu_nodes_first, "off by default");
+        assert!(
+            ServiceConfig::from_toml("cpu_nodes_first = true")
+                .unwrap()
+                .cpu_nodes_first
+        );
+        assert!(err("cpu_nodes_first = \"yes\"").contains("cpu_nodes_first"));
         let ok = ServiceConfig::from_toml(
             "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
         )

@@ -116,6 +116,9 @@ pub struct Inner {
     pub(crate) gate_threshold: Option<f64>,
     /// Whether decision-log rows are produced.
     pub(crate) log_enabled: bool,
+    /// Whether the policy, rebuilt on every model reload, keeps CPU-only jobs on CPU
+    /// nodes first ([`ServiceConfig::cpu_nodes_first`]).
+    pub(crate) cpu_nodes_first: bool,
 }
 
 #[derive(Debug)]
@@ -128,6 +131,8 @@ pub struct Core {
     pub metrics: Arc<Metrics>,
     pub model: Arc<dyn ModelSlot>,
     pub policy_name: String,
+    /// See [`ServiceConfig::cpu_nodes_first`]; `Advise` applies it to each call's policy.
+    pub cpu_nodes_first: bool,
     cycle_interval: Duration,
     log: Mutex<Option<DecisionLog>>,
     log_seen: Mutex<LogCounts>,
@@ -163,6 +168,9 @@ impl Core {
         policy.reservation = config.reservation;
         policy.rebalance = config.rebalance;
         policy.consolidate = config.consolidate;
+        if config.cpu_nodes_first {
+            policy = policy.with_cpu_nodes_first();
+        }
         let loaded = store.load().map_err(|e| StartError::Database {
             path: config.db.display().to_string(),
             message: e.to_string(),
@@ -199,6 +207,7 @@ impl Core {
             model_version: update.as_ref().and_then(|u| u.version.clone()),
             gate_threshold: update.as_ref().and_then(|u| u.gate_threshold()),
             log_enabled: config.decision_log_dir.is_some(),
+            cpu_nodes_first: config.cpu_nodes_first,
         };
         for (name, record) in loaded.nodes {
             match inner.node_index.get(&name) {
@@ -264,6 +273,7 @@ impl Core {
             metrics,
             model,
             policy_name: config.policy.clone(),
+            cpu_nodes_first: config.cpu_nodes_first,
             cycle_interval: Duration::from_millis(config.cycle_interval_ms),
             log: Mutex::new(config.decision_log_dir.as_ref().map(|dir| {
                 DecisionLog::open(
@@ -462,11 +472,16 @@ impl Inner {
         };
         match build_policy(LEARNED, &[], Some(&setup)) {
             Ok((policy, _)) => {
-                self.policy = Policy {
+                let policy = Policy {
                     reservation: self.policy.reservation,
                     rebalance: self.policy.rebalance,
                     consolidate: self.policy.consolidate,
                     ..policy
+                };
+                self.policy = if self.cpu_nodes_first {
+                    policy.with_cpu_nodes_first()
+                } else {
+                    policy
                 };
                 self.model_generation = update.generation;
                 self.model_version = update.version.clone();

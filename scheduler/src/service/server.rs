@@ -168,14 +168,14 @@ pub async fn start_advisor(
     config.validate()?;
     let poll_task = spawn_model_poll(config, &model);
     let advisor = Arc::new(
-        crate::service::shadow::ShadowAdvisor::open(&config.policy, shadow_log, model).map_err(
-            |e| {
+        crate::service::shadow::ShadowAdvisor::open(&config.policy, shadow_log, model)
+            .map_err(|e| {
                 StartError::Io(std::io::Error::other(format!(
                     "shadow log {}: {e}",
                     shadow_log.display()
                 )))
-            },
-        )?,
+            })?
+            .with_cpu_nodes_first(config.cpu_nodes_first),
     );
     let listener = TcpListener::bind(config.listen_addr()?).await?;
     let addr = listener.local_addr()?;

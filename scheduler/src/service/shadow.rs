@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tonic::{Request, Response, Status};
 
-use crate::service::core::now_us;
 use crate::service::error::ServiceError;
 use std::sync::Arc;
 
-use crate::service::model::{ModelSlot, NoModel};
+use crate::service::model::ModelSlot;
 use crate::service::pb;
 use crate::service::pb::advisor_service_server::AdvisorService;
 use crate::service::records::DecisionRecord;
@@ -32,12 +31,22 @@ pub struct ShadowAdvisor {
     log_name: String,
     next_id: AtomicU64,
     recent: Mutex<VecDeque<DecisionRecord>>,
+    cpu_nodes_first: bool,
 }
 
 impl ShadowAdvisor {
+    /// Recommends CPU-only nodes first for CPU-only jobs
+    /// ([`crate::service::ServiceConfig::cpu_nodes_first`]).
+    pub fn with_cpu_nodes_first(self, on: bool) -> Self {
+        ShadowAdvisor {
+            cpu_nodes_first: on,
+            ..self
+        }
+    }
+
     /// Appends to `log` (created when missing). Decision ids continue after those
     /// already in it, so Explain ids stay unique across restarts. `model` serves the
-    /// `learned` policy ([`NoModel`] for a heuristic advisor).
+    /// `learned` policy ([`crate::service::model::NoModel`] for a heuristic advisor).
     pub fn open(
         policy: &str,
         log: &Path,
@@ -59,6 +68,7 @@ impl ShadowAdvisor {
             log_name: log.display().to_string(),
             next_id: AtomicU64::new(existing + 1),
             recent: Mutex::new(VecDeque::new()),
+            cpu_nodes_first: false,
         })
     }
 
@@ -80,23 +90,13 @@ impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
         req: Request<pb::AdviseRequest>,
     ) -> Result<Response<pb::AdviseResponse>, Status> {
         let req = req.into_inner();
-        let name = if req.policy.is_empty() {
-            &self.policy
-        } else {
-            &req.policy
-        };
-        let path = if name == crate::policies::learned::LEARNED {
-            self.model.decision_path(name)
-        } else {
-            NoModel.decision_path(name)
-        };
-        let policy = self.policy.clone();
-        let learned = self.model.policy_update(0).map(|u| u.setup);
-        let (name, mut recs, mut records) = tokio::task::spawn_blocking(move || {
-            crate::service::advisor::advise(&req, &policy, &path, learned.as_ref(), now_us())
-        })
-        .await
-        .map_err(|e| Status::internal(format!("advise task: {e}")))??;
+        let (name, mut recs, mut records) = crate::service::advisor::advise_off_thread(
+            req,
+            &self.policy,
+            self.model.as_ref(),
+            self.cpu_nodes_first,
+        )
+        .await?;
         for (rec, record) in recs.iter_mut().zip(records.iter_mut()) {
             record.id = self.next_id.fetch_add(1, Ordering::Relaxed);
             rec.decision_id = record.id;
