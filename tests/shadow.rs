@@ -24,20 +24,31 @@ fn openb_slice(dir: &Path, n: usize) -> String {
 
 /// `marshal shadow` replaying `log` on `cluster` with `best-fit` as Marshal's policy, a
 /// JSON report and its files in `out`.
-fn best_fit_replay<'a>(log: &'a Path, cluster: &'a Path, out: &'a Path) -> [&'a str; 11] {
-    [
-        "shadow",
-        "--trace",
-        log.to_str().unwrap(),
+fn best_fit_replay<'a>(log: &'a Path, cluster: &'a Path, out: &'a Path) -> Vec<&'a str> {
+    best_fit(&["--trace", log.to_str().unwrap()], cluster, out, "json")
+}
+
+/// `marshal shadow` on `source` (the log's flags) and `cluster`, `best-fit` as Marshal's
+/// policy, a `format` report and its files in `out`.
+fn best_fit<'a>(
+    source: &[&'a str],
+    cluster: &'a Path,
+    out: &'a Path,
+    format: &'a str,
+) -> Vec<&'a str> {
+    let mut args = vec!["shadow"];
+    args.extend(source);
+    args.extend([
         "--cluster",
         cluster.to_str().unwrap(),
         "--policy",
         "best-fit",
         "--format",
-        "json",
+        format,
         "--out",
         out.to_str().unwrap(),
-    ]
+    ]);
+    args
 }
 
 fn read_json(path: &Path) -> Value {
@@ -299,28 +310,20 @@ fn snapshot_node(name: &str, used: &[u32]) -> pb::SnapshotNode {
     }
 }
 
-#[test]
-fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("shadow.jsonl");
+/// Starts `marshal shadow --listen 127.0.0.1:0 --log LOG` with `policy_args`; the server
+/// (killed when the first value drops) and the address it is bound to.
+fn start_advisor(log: &Path, policy_args: &[&str]) -> (Reap, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
-        .args([
-            "shadow",
-            "--listen",
-            "127.0.0.1:0",
-            "--policy",
-            "learned",
-            "--model",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/models/policy-default"),
-            "--log",
-        ])
-        .arg(&log)
+        .args(["shadow", "--listen", "127.0.0.1:0"])
+        .args(policy_args)
+        .arg("--log")
+        .arg(log)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("marshal shadow starts");
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let _reap = Reap(child);
+    let reap = Reap(child);
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
     let addr = line
@@ -329,35 +332,40 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
         .and_then(|rest| rest.split(',').next())
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    (reap, addr)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    let (rec, learned) = runtime.block_on(async {
-        let url = format!("http://{addr}");
-        let ch = tonic::transport::Endpoint::from_shared(url)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let health = tonic_health::pb::health_client::HealthClient::new(ch.clone())
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: "marshal.v1.AdvisorService".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(health.status, 1, "SERVING");
-        let request = |id: &str, gpus: u32, policy: &str| pb::AdviseRequest {
-            cluster: Some(pb::ClusterSnapshot {
-                name: "foreign".into(),
-                nodes: vec![
-                    snapshot_node("a", &[0, 1, 2, 3, 4, 5, 6, 7]),
-                    snapshot_node("b", &[0]),
-                ],
-                ..Default::default()
-            }),
-            pending: vec![pb::PendingJob {
+        .unwrap()
+}
+
+async fn connect(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// An Advise call on the snapshot `nodes` for `pending` jobs `(id, whole GPUs)`, each
+/// having waited 12 s.
+fn advise_request(
+    nodes: Vec<pb::SnapshotNode>,
+    pending: &[(&str, u32)],
+    policy: &str,
+) -> pb::AdviseRequest {
+    pb::AdviseRequest {
+        cluster: Some(pb::ClusterSnapshot {
+            name: "foreign".into(),
+            nodes,
+            ..Default::default()
+        }),
+        pending: pending
+            .iter()
+            .map(|&(id, gpus)| pb::PendingJob {
                 id: id.into(),
                 spec: Some(pb::JobSpec {
                     workers: 1,
@@ -367,8 +375,41 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
                     ..Default::default()
                 }),
                 waited_s: 12.0,
-            }],
-            policy: policy.into(),
+            })
+            .collect(),
+        policy: policy.into(),
+    }
+}
+
+#[test]
+fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("shadow.jsonl");
+    let (_reap, addr) = start_advisor(
+        &log,
+        &[
+            "--policy",
+            "learned",
+            "--model",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/models/policy-default"),
+        ],
+    );
+    let (rec, learned) = runtime().block_on(async {
+        let ch = connect(&addr).await;
+        let health = tonic_health::pb::health_client::HealthClient::new(ch.clone())
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "marshal.v1.AdvisorService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(health.status, 1, "SERVING");
+        let request = |id: &str, gpus: u32, policy: &str| {
+            let nodes = vec![
+                snapshot_node("a", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                snapshot_node("b", &[0]),
+            ];
+            advise_request(nodes, &[(id, gpus)], policy)
         };
         let mut client = AdvisorServiceClient::new(ch);
         // A call may name a heuristic; one that names none gets the server's policy.
@@ -427,4 +468,155 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
         &["shadow", "--report-log", bad.to_str().unwrap()],
         "bad.jsonl:3:",
     );
+}
+
+/// Unix seconds with exactly the µs of `at_us` (how an operator's export writes them).
+fn unix_s(at_us: i64, plus_s: i64) -> String {
+    let us = at_us + plus_s * 1_000_000;
+    format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
+}
+
+#[test]
+fn live_log_with_the_incumbents_outcomes_replays_and_compares_recommendations() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("shadow.jsonl");
+    let (reap, addr) = start_advisor(&log, &["--policy", "best-fit"]);
+    runtime().block_on(async {
+        let mut client = AdvisorServiceClient::new(connect(&addr).await);
+        let full: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 7];
+        // 1: j1 fits on b, j2 (8 GPUs) waits. 2: a is free, j2 goes there. 3: j3 fits on
+        // b; j4 and `lost` (8 GPUs each) wait.
+        let calls = [
+            (full, &[0][..], vec![("j1", 4), ("j2", 8)]),
+            (&[][..], &[0, 1, 2, 3, 4][..], vec![("j2", 8)]),
+            (full, &[0][..], vec![("j3", 1), ("j4", 8), ("lost", 8)]),
+        ];
+        for (a, b, pending) in calls {
+            let nodes = vec![snapshot_node("a", a), snapshot_node("b", b)];
+            client
+                .advise(advise_request(nodes, &pending, ""))
+                .await
+                .unwrap();
+        }
+    });
+    drop(reap);
+    let lines = records(&log);
+    let verdicts: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["job"].as_str().unwrap(), l["verdict"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("j1", "Place"),
+            ("j2", "Wait"),
+            ("j2", "Place"),
+            ("j3", "Place"),
+            ("j4", "Wait"),
+            ("lost", "Wait"),
+        ]
+    );
+    let at = |i: usize| lines[i]["at_us"].as_i64().unwrap();
+    let (t1, t2, t3) = (at(0), at(2), at(3));
+    assert!(t2 > t1, "separate calls are µs apart at least");
+    // j1: started 30 s after Marshal's PLACE, on the node it recommended (b).
+    // j2: started when first asked, before Marshal's PLACE (t2), on a as recommended.
+    // j3: started at the instant of the PLACE, on c (Marshal said b).
+    // j4: never placed by Marshal. `ghost` is not in the log; one row is malformed.
+    let outcomes = dir.path().join("outcomes.csv");
+    std::fs::write(
+        &outcomes,
+        format!(
+            "job,scheduled_time,deletion_time,node\n\
+             j1,{},{},b\nj2,{},{},a\nj3,{},{},c\nj4,{},{},a\nbroken,abc,5,a\nghost,{},{},a\n",
+            unix_s(t1, 30),
+            unix_s(t1, 330),
+            unix_s(t1, 0),
+            unix_s(t1, 600),
+            unix_s(t3, 0),
+            unix_s(t3, 100),
+            unix_s(t3, 700),
+            unix_s(t3, 800),
+            unix_s(t1, 1),
+            unix_s(t1, 2),
+        ),
+    )
+    .unwrap();
+    let cluster = dir.path().join("nodes.csv");
+    let node = |n: &str| format!("{n},224000,2097152,8,H100\n");
+    std::fs::write(
+        &cluster,
+        format!(
+            "sn,cpu_milli,memory_mib,gpu,model\n{}{}{}",
+            node("a"),
+            node("b"),
+            node("c")
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let source = [
+        "--report-log",
+        log.to_str().unwrap(),
+        "--outcomes",
+        outcomes.to_str().unwrap(),
+    ];
+    let args = |format| best_fit(&source, &cluster, &out, format);
+    let cmd = common::marshal(&args("json"));
+    let stderr = String::from_utf8_lossy(&cmd.stderr);
+    assert!(cmd.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("outcomes.csv:6:") && stderr.contains("scheduled_time"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("lost") && stderr.contains("ghost"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_slice(&cmd.stdout).unwrap();
+    assert_eq!(report["jobs_in_log"], 4, "{report}");
+    assert_eq!(report["replayed"], 4);
+    assert_eq!(report["not_replayed"], 0);
+    assert_eq!(report["incumbent_recorded_start_delayed"], 0);
+    let live = &report["live"];
+    assert_eq!(live["log_decisions"], 6);
+    assert_eq!(live["log_jobs"], 5);
+    assert_eq!(live["outcome_rows"], 5);
+    assert_eq!(live["outcome_rows_skipped"], 1);
+    assert_eq!(live["joined"], 4);
+    assert_eq!(live["log_jobs_without_outcome"], 1);
+    assert_eq!(live["outcomes_not_in_log"], 1);
+    assert_eq!(live["started_before_first_advice"], 0);
+    let rec = &live["recommendation"];
+    assert_eq!(
+        [&rec["sooner"], &rec["later"], &rec["same"], &rec["never"]],
+        [1, 1, 1, 1]
+    );
+    assert_eq!(rec["incumbent_never"], 0);
+    let lead = (30.0 + (t1 - t2) as f64 / 1e6 + 0.0) / 3.0;
+    assert!(
+        (rec["lead_mean_s"].as_f64().unwrap() - lead).abs() < 1e-9,
+        "{rec} vs {lead}"
+    );
+    assert_eq!(rec["node_compared"], 3);
+    assert_eq!(rec["node_agree"], 2);
+    assert!((rec["node_agree_share"].as_f64().unwrap() - 2.0 / 3.0).abs() < 1e-12);
+    // The replay's files, as in replay mode: one record per joined job, named by id.
+    let rows = records(&out.join("records.jsonl"));
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["j1", "j2", "j3", "j4"]);
+    assert_eq!(rows[0]["created_s"], 0.0, "j1 was asked about first");
+    assert_eq!(rows[2]["recorded_node"], "c");
+    assert!(out.join("allocation.csv").exists());
+    assert_eq!(read_json(&out.join("report.json")), report);
+    let table = stdout_of(&args("table"));
+    assert!(
+        table.contains("1 sooner, 1 later, 1 same, 1 never recommended")
+            && table.contains("recommended node = recorded node: 2 of 3 (66.7 %)"),
+        "{table}"
+    );
+    // A missing column is an error naming it; without --cluster there is no cluster.
+    std::fs::write(&outcomes, "job,scheduled_time\nj1,5\n").unwrap();
+    fails_with(&args("json"), "deletion_time");
+    fails_with(&[&["shadow"][..], &source].concat(), "--cluster");
 }

@@ -7,6 +7,8 @@
 //! - Alibaba openb (v2023, the FGD paper): node lists → [`parse_openb_nodes`], pod lists
 //!   (11- and 5-column) → [`parse_openb_pods`]; with the incumbent's scheduled times
 //!   (shadow mode) → [`parse_openb_recorded`], [`load_recorded_trace`].
+//! - An incumbent's outcomes for a live shadow log (`job,scheduled_time,deletion_time`)
+//!   → [`parse_incumbent_outcomes`].
 //! - Microsoft Philly (2017, Pollux's copy): jobs → [`parse_philly`], 7-day windows →
 //!   [`philly_window`], machines → [`philly_cluster`].
 //! - Microsoft ITP (ElasticFlow's release, raw and processed) → [`parse_itp`].
@@ -104,6 +106,7 @@ mod links;
 mod lucid;
 mod occupancy;
 mod openb;
+mod outcomes;
 mod pai;
 mod philly;
 mod placement_profiles;
@@ -143,6 +146,7 @@ pub use lucid::{
 };
 pub use occupancy::{OccupancyPoint, OccupancySeries, OccupancyUnit, parse_occupancy};
 pub use openb::{RecordedRun, parse_openb_nodes, parse_openb_pods, parse_openb_recorded};
+pub use outcomes::parse_incumbent_outcomes;
 pub use pai::{
     BatchTimeSample, PaiMachine, pai_machine_spec, parse_pai_batch_times, parse_pai_machine_spec,
     parse_pai_machine_spec_archive,

@@ -10,6 +10,7 @@ mod policy_log;
 mod predictor;
 mod serve;
 mod shadow;
+mod shadow_log;
 mod sim;
 mod svg;
 mod telemetry;

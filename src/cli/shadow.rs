@@ -1,21 +1,21 @@
 //! `marshal shadow`: what Marshal would have done beside another scheduler (see the
 //! README). Replay mode reads a recorded log; live mode serves only the Advisor; report
-//! mode summarises a live mode's shadow log. None of them acts.
+//! mode summarises a live mode's shadow log or, given the incumbent's outcomes, replays
+//! it like a recorded log. None of them acts.
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use marshal_scheduler::domain::Topology;
-use marshal_scheduler::service::records::DecisionRecord;
+use marshal_datasets::ParseReport;
+use marshal_scheduler::domain::{Job, Topology};
 use marshal_scheduler::service::{self, ServiceConfig, tokio};
-use marshal_scheduler::shadow::{self, MarshalPolicy, Recorded, Shadow, ShadowReport};
-use serde_json::json;
+use marshal_scheduler::shadow::{self, LiveReport, MarshalPolicy, Recorded, Shadow, ShadowReport};
 
 use crate::cli::output::Format;
+use crate::cli::shadow_log;
 use crate::cli::sim::{ModeArg, default_cluster_for};
 
 #[derive(Debug, Args)]
@@ -26,7 +26,7 @@ pub struct ShadowArgs {
     #[arg(long, conflicts_with_all = ["listen", "report_log"])]
     pub trace: Option<String>,
     /// Cluster (preset, TOML or node CSV); defaults to the trace's own (`openb`, `dlrm-peak`
-    /// for `dlrm`).
+    /// for `dlrm`). Required with `--outcomes`: a shadow log records no cluster.
     #[arg(long)]
     pub cluster: Option<String>,
     /// Marshal's policy (see `marshal list`); in live mode the default for calls that
@@ -44,7 +44,8 @@ pub struct ShadowArgs {
     pub incumbent_placer: String,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Replay mode: write `report.json`, `records.jsonl` and `allocation.csv` here.
+    /// Replay mode and `--outcomes`: write `report.json`, `records.jsonl` and
+    /// `allocation.csv` here.
     #[arg(long)]
     pub out: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -64,26 +65,56 @@ pub struct ShadowArgs {
     /// mode: the same as `cpu_nodes_first = true` in `--config`.
     #[arg(long)]
     pub cpu_nodes_first: bool,
-    /// Summarise a live mode's shadow log.
+    /// Summarise a live mode's shadow log (with `--outcomes`: estimate the effect).
     #[arg(long, conflicts_with = "listen")]
     pub report_log: Option<PathBuf>,
+    /// With `--report-log`: what the incumbent did with the log's jobs, a CSV
+    /// `job,scheduled_time,deletion_time[,node]` in Unix seconds (the log's clock).
+    #[arg(long, requires = "report_log")]
+    pub outcomes: Option<PathBuf>,
+}
+
+/// What both replays run from: a cluster, the log's jobs and what the incumbent did.
+#[derive(Debug)]
+pub(crate) struct ReplayInput {
+    pub topo: Arc<Topology>,
+    pub jobs: Vec<Job>,
+    pub recorded: Vec<Recorded>,
+    /// The log's name in the report.
+    pub trace: String,
 }
 
 pub fn run(args: ShadowArgs) -> anyhow::Result<()> {
     if let Some(addr) = &args.listen {
         return live(&args, addr);
     }
+    let started = std::time::Instant::now();
     if let Some(log) = &args.report_log {
-        let summary = summarise_log(log)?;
-        return print_log_summary(&summary, args.format);
+        let Some(outcomes) = &args.outcomes else {
+            let summary = shadow_log::summarise_log(log)?;
+            return shadow_log::print_log_summary(&summary, args.format);
+        };
+        let Some(cluster) = &args.cluster else {
+            bail!("--outcomes needs --cluster: a shadow log records no cluster");
+        };
+        let topo = load_topology(cluster)?;
+        let (input, live) = shadow_log::join_outcomes(log, outcomes, topo)?;
+        let mut shadow = simulate(&args, input)?;
+        shadow.report.live = Some(live);
+        return emit(&args, &shadow, started);
     }
     let Some(trace) = &args.trace else {
         bail!("give --trace (replay a recorded log), --listen (live advisor) or --report-log");
     };
-    let started = std::time::Instant::now();
-    let shadow = replay(&args, trace)?;
+    let input = recorded_trace(&args, trace)?;
+    let shadow = simulate(&args, input)?;
+    emit(&args, &shadow, started)
+}
+
+/// Writes the files, prints the report and how long the replays took.
+fn emit(args: &ShadowArgs, shadow: &Shadow, started: std::time::Instant) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
-        write_outputs(dir, &shadow)?;
+        write_outputs(dir, shadow)?;
     }
     let mut out = std::io::stdout().lock();
     match args.format {
@@ -98,17 +129,16 @@ pub fn run(args: ShadowArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
-    let cluster = args
-        .cluster
-        .clone()
-        .unwrap_or_else(|| default_cluster_for(trace).to_string());
-    let spec = marshal_datasets::load_cluster(&cluster)
+fn load_topology(cluster: &str) -> anyhow::Result<Arc<Topology>> {
+    let spec = marshal_datasets::load_cluster(cluster)
         .with_context(|| format!("loading cluster {cluster}"))?;
-    let topo =
-        Arc::new(Topology::build(&spec).with_context(|| format!("building cluster {cluster}"))?);
-    let (rows, report) = marshal_datasets::load_recorded_trace(trace, &topo.catalog)
-        .with_context(|| format!("loading recorded log {trace}"))?;
+    Ok(Arc::new(
+        Topology::build(&spec).with_context(|| format!("building cluster {cluster}"))?,
+    ))
+}
+
+/// Prints a parser's skipped rows as `file:line:` warnings on stderr.
+pub(crate) fn warn_skipped(report: &ParseReport) {
     for row in &report.skipped {
         eprintln!("warning: {}:{}: skipped: {row}", report.source, row.line);
     }
@@ -119,7 +149,18 @@ fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
             report.rows_skipped - report.skipped.len()
         );
     }
-    let (jobs, recorded): (Vec<_>, Vec<_>) = rows
+}
+
+fn recorded_trace(args: &ShadowArgs, trace: &str) -> anyhow::Result<ReplayInput> {
+    let cluster = args
+        .cluster
+        .clone()
+        .unwrap_or_else(|| default_cluster_for(trace).to_string());
+    let topo = load_topology(&cluster)?;
+    let (rows, report) = marshal_datasets::load_recorded_trace(trace, &topo.catalog)
+        .with_context(|| format!("loading recorded log {trace}"))?;
+    warn_skipped(&report);
+    let (jobs, recorded) = rows
         .into_iter()
         .map(|(job, run)| {
             let rec = Recorded {
@@ -130,6 +171,22 @@ fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
             (job, rec)
         })
         .unzip();
+    Ok(ReplayInput {
+        topo,
+        jobs,
+        recorded,
+        trace: trace.to_string(),
+    })
+}
+
+/// Both replays of `input`: the incumbent's recorded decisions and Marshal's policy.
+fn simulate(args: &ShadowArgs, input: ReplayInput) -> anyhow::Result<Shadow> {
+    let ReplayInput {
+        topo,
+        jobs,
+        recorded,
+        trace,
+    } = input;
     crate::cli::policy::check_name(&args.policy)?;
     let learned = (args.policy == marshal_scheduler::policies::learned::LEARNED).then(|| {
         crate::cli::policy::load_setup(
@@ -151,7 +208,7 @@ fn replay(args: &ShadowArgs, trace: &str) -> anyhow::Result<Shadow> {
         &recorded,
         MarshalPolicy { policy, gate },
         placer,
-        trace,
+        &trace,
         args.seed,
     )?)
 }
@@ -264,7 +321,47 @@ fn print_table(r: &ShadowReport, out: &mut impl std::io::Write) -> std::io::Resu
     if let Some(f) = r.fallback_rate {
         writeln!(out, "learned policy fallback rate: {:.1} %", f * 100.0)?;
     }
+    if let Some(l) = &r.live {
+        print_live(l, out)?;
+    }
     Ok(())
+}
+
+fn print_live(l: &LiveReport, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "live log: {} decisions on {} jobs; {} outcome rows ({} malformed, skipped); {} \
+         joined, {} log jobs without an outcome, {} outcomes not in the log; {} started by \
+         the incumbent before Marshal was first asked",
+        l.log_decisions,
+        l.log_jobs,
+        l.outcome_rows,
+        l.outcome_rows_skipped,
+        l.joined,
+        l.log_jobs_without_outcome,
+        l.outcomes_not_in_log,
+        l.started_before_first_advice
+    )?;
+    let c = &l.recommendation;
+    writeln!(
+        out,
+        "Marshal's first PLACE vs the incumbent's start (from the log): {} sooner, {} later, \
+         {} same, {} never recommended, {} recommended but never started by the incumbent; \
+         mean lead {} s",
+        c.sooner,
+        c.later,
+        c.same,
+        c.never,
+        c.incumbent_never,
+        opt(c.lead_mean_s)
+    )?;
+    writeln!(
+        out,
+        "recommended node = recorded node: {} of {} ({} %)",
+        c.node_agree,
+        c.node_compared,
+        opt(c.node_agree_share.map(|s| s * 100.0))
+    )
 }
 
 fn opt(v: Option<f64>) -> String {
@@ -327,71 +424,4 @@ fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
         handle.shutdown().await?;
         anyhow::Ok(())
     })
-}
-
-/// What a live shadow log holds, counted.
-#[derive(Debug, Default, serde::Serialize)]
-struct LogSummary {
-    file: String,
-    decisions: u64,
-    jobs: u64,
-    /// Jobs that got a Place recommendation at least once.
-    jobs_placed: u64,
-    by_verdict: BTreeMap<String, u64>,
-    by_path: BTreeMap<String, u64>,
-    by_policy: BTreeMap<String, u64>,
-    first_at_us: Option<i64>,
-    last_at_us: Option<i64>,
-}
-
-/// Reads a shadow log; a line that is not a decision record is an error naming
-/// `file:line`.
-fn summarise_log(path: &Path) -> anyhow::Result<LogSummary> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let file = path.display().to_string();
-    let mut s = LogSummary {
-        file: file.clone(),
-        ..LogSummary::default()
-    };
-    let mut jobs = std::collections::BTreeSet::new();
-    let mut placed = std::collections::BTreeSet::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let r: DecisionRecord = serde_json::from_str(line)
-            .with_context(|| format!("{file}:{}: not a shadow-log decision record", i + 1))?;
-        s.decisions += 1;
-        let verdict = format!("{:?}", r.verdict).to_lowercase();
-        if verdict == "place" {
-            placed.insert(r.job.clone());
-        }
-        jobs.insert(r.job);
-        *s.by_verdict.entry(verdict).or_default() += 1;
-        *s.by_path.entry(r.path).or_default() += 1;
-        *s.by_policy.entry(r.policy).or_default() += 1;
-        s.first_at_us = Some(s.first_at_us.map_or(r.at_us, |t| t.min(r.at_us)));
-        s.last_at_us = Some(s.last_at_us.map_or(r.at_us, |t| t.max(r.at_us)));
-    }
-    s.jobs = jobs.len() as u64;
-    s.jobs_placed = placed.len() as u64;
-    Ok(s)
-}
-
-fn print_log_summary(s: &LogSummary, format: Format) -> anyhow::Result<()> {
-    match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(s)?),
-        Format::Table => {
-            println!(
-                "{}: {} decisions on {} jobs ({} recommended a placement at least once)",
-                s.file, s.decisions, s.jobs, s.jobs_placed
-            );
-            println!(
-                "{}",
-                json!({"by_verdict": s.by_verdict, "by_path": s.by_path, "by_policy": s.by_policy})
-            );
-        }
-    }
-    Ok(())
 }

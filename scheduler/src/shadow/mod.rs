@@ -14,11 +14,18 @@
 //! it is placed ([`crate::sim::SpeedModel::recorded_durations`]), so the difference
 //! between the two is the decisions alone. Jobs the incumbent never scheduled have no
 //! recorded run time and are left out of both replays (and listed as such).
+//!
+//! The recorded log is a trace with the incumbent's times, or a live advisor's shadow log
+//! joined with the incumbent's outcomes ([`join_live`]).
 
+mod live;
 mod outcome;
 mod paths;
 mod recorded;
 
+pub use live::{
+    Advice, IncumbentOutcome, LiveJoin, LiveReport, RecommendationVsIncumbent, join_live,
+};
 pub use outcome::{JobRow, ShadowReport, SideSummary, allocation_series};
 pub use paths::PathTracer;
 pub use recorded::{INCUMBENT, Recorded, RecordedPlacer, recorded_policy, shadow_jobs};

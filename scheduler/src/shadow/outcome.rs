@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{GpuDemand, Job, JobId, Placement, TopoLevel, Topology};
 use crate::shadow::recorded::{INCUMBENT, Prepared};
-use crate::shadow::{Logs, Recorded, origin};
+use crate::shadow::{LiveReport, Logs, Recorded, origin};
 use crate::sim::{LogEntry, LogKind, percentile};
 
 /// One job of the log: what the incumbent did (recorded and replayed) and what Marshal
@@ -122,6 +122,10 @@ pub struct ShadowReport {
     /// The learned policy only: share of its placements the fallback heuristic made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_rate: Option<f64>,
+    /// A live shadow log's join with the incumbent's outcomes, and Marshal's
+    /// recommendations against them (only when the log came from live mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveReport>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -396,6 +400,7 @@ impl Sides<'_> {
             marshal,
             effect,
             fallback_rate: None,
+            live: None,
         }
     }
 

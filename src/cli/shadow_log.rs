@@ -1,0 +1,150 @@
+//! `marshal shadow --report-log`: a live advisor's shadow log, summarised, or joined with
+//! the incumbent's outcomes into the input of the same replay as a recorded trace.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use marshal_scheduler::domain::Topology;
+use marshal_scheduler::service::records::{DecisionRecord, Verdict};
+use marshal_scheduler::shadow::{Advice, LiveReport, join_live};
+use serde_json::json;
+
+use crate::cli::output::Format;
+use crate::cli::shadow::{ReplayInput, warn_skipped};
+
+/// What a live shadow log holds, counted.
+#[derive(Debug, Default, serde::Serialize)]
+pub(crate) struct LogSummary {
+    file: String,
+    decisions: u64,
+    jobs: u64,
+    /// Jobs that got a Place recommendation at least once.
+    jobs_placed: u64,
+    by_verdict: BTreeMap<String, u64>,
+    by_path: BTreeMap<String, u64>,
+    by_policy: BTreeMap<String, u64>,
+    first_at_us: Option<i64>,
+    last_at_us: Option<i64>,
+}
+
+/// Reads a shadow log; a line that is not a decision record is an error naming
+/// `file:line`.
+fn read_log(path: &Path) -> anyhow::Result<Vec<DecisionRecord>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = path.display();
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .with_context(|| format!("{file}:{}: not a shadow-log decision record", i + 1))
+        })
+        .collect()
+}
+
+pub(crate) fn summarise_log(path: &Path) -> anyhow::Result<LogSummary> {
+    let mut s = LogSummary {
+        file: path.display().to_string(),
+        ..LogSummary::default()
+    };
+    let mut jobs = std::collections::BTreeSet::new();
+    let mut placed = std::collections::BTreeSet::new();
+    for r in read_log(path)? {
+        s.decisions += 1;
+        let verdict = format!("{:?}", r.verdict).to_lowercase();
+        if r.verdict == Verdict::Place {
+            placed.insert(r.job.clone());
+        }
+        jobs.insert(r.job);
+        *s.by_verdict.entry(verdict).or_default() += 1;
+        *s.by_path.entry(r.path).or_default() += 1;
+        *s.by_policy.entry(r.policy).or_default() += 1;
+        s.first_at_us = Some(s.first_at_us.map_or(r.at_us, |t| t.min(r.at_us)));
+        s.last_at_us = Some(s.last_at_us.map_or(r.at_us, |t| t.max(r.at_us)));
+    }
+    s.jobs = jobs.len() as u64;
+    s.jobs_placed = placed.len() as u64;
+    Ok(s)
+}
+
+pub(crate) fn print_log_summary(s: &LogSummary, format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(s)?),
+        Format::Table => {
+            println!(
+                "{}: {} decisions on {} jobs ({} recommended a placement at least once)",
+                s.file, s.decisions, s.jobs, s.jobs_placed
+            );
+            println!(
+                "{}",
+                json!({"by_verdict": s.by_verdict, "by_path": s.by_path, "by_policy": s.by_policy})
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The log joined with the outcomes file by job id: the replay's input on `topo`, and
+/// the join's report. Unmatched jobs on either side are counted and named on stderr.
+pub(crate) fn join_outcomes(
+    log: &Path,
+    outcomes: &Path,
+    topo: Arc<Topology>,
+) -> anyhow::Result<(ReplayInput, LiveReport)> {
+    let advice: Vec<Advice> = read_log(log)?
+        .into_iter()
+        .map(|r| Advice {
+            placed_on: (r.verdict == Verdict::Place)
+                .then(|| r.placement.iter().map(|w| w.node.clone()).collect()),
+            job: r.job,
+            at_us: r.at_us,
+            spec: r.spec,
+        })
+        .collect();
+    let name = outcomes.display().to_string();
+    let text = std::fs::read_to_string(outcomes).with_context(|| format!("reading {name}"))?;
+    let (rows, parsed) = marshal_datasets::parse_incumbent_outcomes(&name, &text)?;
+    warn_skipped(&parsed);
+    let join = join_live(&advice, &rows);
+    warn_unmatched(
+        &join.log_only,
+        &format!("jobs of {} have no outcome row", log.display()),
+    );
+    warn_unmatched(
+        &join.outcomes_only,
+        &format!("outcome rows of {name} are not in the log"),
+    );
+    if join.jobs.is_empty() {
+        bail!(
+            "no job of {} has an outcome row in {name}: the `job` column must hold the ids \
+             the foreign scheduler sent to Advise",
+            log.display()
+        );
+    }
+    let mut report = join.report;
+    report.outcome_rows_skipped = parsed.rows_skipped as u64;
+    let input = ReplayInput {
+        topo,
+        jobs: join.jobs,
+        recorded: join.recorded,
+        trace: log.display().to_string(),
+    };
+    Ok((input, report))
+}
+
+/// Says how many ids were not joined, naming the first few.
+fn warn_unmatched(ids: &[String], what: &str) {
+    const SHOWN: usize = 5;
+    if ids.is_empty() {
+        return;
+    }
+    let more = if ids.len() > SHOWN { ", …" } else { "" };
+    eprintln!(
+        "warning: {} {what} (not replayed): {}{more}",
+        ids.len(),
+        ids[..ids.len().min(SHOWN)].join(", ")
+    );
+}
