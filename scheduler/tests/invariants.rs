@@ -17,7 +17,8 @@ use proptest::prelude::*;
 
 const MODELS: [&str; 3] = ["T4", "V100M32", "A100-40"];
 
-fn cluster_strategy() -> impl Strategy<Value = Arc<Topology>> {
+/// Node groups: (count, GPUs per node, model index).
+fn gpu_groups_strategy() -> impl Strategy<Value = Vec<(u32, u16, usize)>> {
     prop::collection::vec(
         (
             1u32..4,
@@ -26,30 +27,45 @@ fn cluster_strategy() -> impl Strategy<Value = Arc<Topology>> {
         ),
         1..4,
     )
-    .prop_map(|groups| {
-        let node_groups = groups
-            .into_iter()
-            .map(|(count, gpus, model)| NodeGroupSpec {
-                count,
-                name_prefix: None,
-                names: vec![],
-                gpu_model: Some(MODELS[model].into()),
-                gpus,
-                nvlink_domain: if gpus >= 4 { gpus / 2 } else { 0 },
-                cpu_milli: 32_000,
-                memory_mib: 131_072,
-            })
-            .collect();
-        let spec = ClusterSpec {
-            name: "prop".into(),
-            nodes_per_rack: 2,
-            racks_per_spine: 2,
-            links: Default::default(),
-            gpu_models: vec![],
-            node_groups,
-        };
-        Arc::new(Topology::build(&spec).expect("valid spec"))
-    })
+}
+
+/// The GPU node groups, then `cpu_nodes` CPU-only nodes.
+fn topology(groups: Vec<(u32, u16, usize)>, cpu_nodes: u32) -> Arc<Topology> {
+    let node = |count, gpu_model: Option<&str>, gpus: u16| NodeGroupSpec {
+        count,
+        name_prefix: None,
+        names: vec![],
+        gpu_model: gpu_model.map(Into::into),
+        gpus,
+        nvlink_domain: if gpus >= 4 { gpus / 2 } else { 0 },
+        cpu_milli: 32_000,
+        memory_mib: 131_072,
+    };
+    let mut node_groups: Vec<NodeGroupSpec> = groups
+        .into_iter()
+        .map(|(count, gpus, model)| node(count, Some(MODELS[model]), gpus))
+        .collect();
+    if cpu_nodes > 0 {
+        node_groups.push(node(cpu_nodes, None, 0));
+    }
+    let spec = ClusterSpec {
+        name: "prop".into(),
+        nodes_per_rack: 2,
+        racks_per_spine: 2,
+        links: Default::default(),
+        gpu_models: vec![],
+        node_groups,
+    };
+    Arc::new(Topology::build(&spec).expect("valid spec"))
+}
+
+fn cluster_strategy() -> impl Strategy<Value = Arc<Topology>> {
+    gpu_groups_strategy().prop_map(|groups| topology(groups, 0))
+}
+
+/// GPU nodes and one to three CPU-only nodes.
+fn mixed_cluster_strategy() -> impl Strategy<Value = Arc<Topology>> {
+    (gpu_groups_strategy(), 1u32..4).prop_map(|(groups, cpu)| topology(groups, cpu))
 }
 
 fn demand_strategy() -> impl Strategy<Value = GpuDemand> {
@@ -276,6 +292,24 @@ proptest! {
                 });
             }
             let config = SimConfig::replay(seed);
+            replay_keeps_the_invariants(&policy, name, &topo, &jobs, &config)?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// Showing placers only the CPU-only nodes for CPU-only jobs (and the whole cluster
+    /// when those are full) keeps every invariant, with node failures too.
+    #[test]
+    fn cpu_nodes_first_keeps_the_invariants_in_replay(topo in mixed_cluster_strategy(), jobs in jobs_strategy(), seed in 0u64..1000, failures in any::<bool>()) {
+        for name in POLICY_NAMES {
+            let policy = policies::build(name, &jobs).unwrap().with_cpu_nodes_first();
+            let mut config = SimConfig::replay(seed);
+            if failures {
+                config.failures = Some(FailureModel { mtbf_s: 20_000.0, repair_s: 2_000.0 });
+            }
             replay_keeps_the_invariants(&policy, name, &topo, &jobs, &config)?;
         }
     }
