@@ -52,6 +52,10 @@ pub struct EvalArgs {
     /// The `learned` policy's fallback heuristic (default: the artifact's for the mode).
     #[arg(long)]
     fallback: Option<String>,
+    /// Every policy keeps CPU-only jobs off GPU nodes while a CPU-only node can take
+    /// them (see `marshal sim --cpu-nodes-first`).
+    #[arg(long)]
+    cpu_nodes_first: bool,
 }
 
 /// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
@@ -125,6 +129,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         workloads: a.workloads,
         model: a.model.clone(),
         fallback: a.fallback.clone(),
+        cpu_nodes_first: a.cpu_nodes_first,
         ..SimArgs::replay(&a.trace, a.cluster.clone(), a.policies.clone(), a.seed)
     };
     let experiment = Experiment::load(&sim_args)?;
