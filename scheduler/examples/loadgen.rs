@@ -13,6 +13,12 @@
 //! gangs). A job counts as placed when its Submit reply says PLACED: the reply comes
 //! after the placement is durable. Each client then reports the job completed, as the
 //! node's agent would, so the cluster does not fill up. Latency is Submit's round trip.
+//!
+//! The server and the clients run on separate Tokio runtimes (threads named
+//! `marshal-srv` and `loadgen-cli`), so that the CPU time each side used can be read
+//! from Linux's per-thread accounting (`/proc/self/task/*/schedstat`) and reported per
+//! job: the server's own ceiling per core, which the wall-clock rate hides when the
+//! clients share its cores.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -114,11 +120,18 @@ fn main() {
         node_timeout_ms: 86_400_000,
         ..ServiceConfig::default()
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let result = runtime.block_on(run(a, config, cluster));
+    let runtime = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name(name)
+            // Blocking-pool threads must outlive the run, or their CPU time is lost
+            // from the per-thread accounting when they exit.
+            .thread_keep_alive(Duration::from_secs(3600))
+            .build()
+            .expect("runtime")
+    };
+    let (server, clients) = (runtime(SERVER_THREADS), runtime(CLIENT_THREADS));
+    let result = run(a, config, cluster, &server, &clients);
     let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = result {
         eprintln!("loadgen: {e}");
@@ -126,10 +139,87 @@ fn main() {
     }
 }
 
-async fn run(a: Args, config: ServiceConfig, cluster: ClusterSpec) -> Result<(), String> {
-    let handle = service::start(config, cluster, Arc::new(NoModel))
-        .await
+const SERVER_THREADS: &str = "marshal-srv";
+const CLIENT_THREADS: &str = "loadgen-cli";
+
+/// CPU seconds used so far by this process's threads whose name starts with `prefix`
+/// (Linux; `None` elsewhere).
+fn cpu_seconds_of_threads(prefix: &str) -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let path = task.path();
+        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
+}
+
+fn run(
+    a: Args,
+    config: ServiceConfig,
+    cluster: ClusterSpec,
+    server: &tokio::runtime::Runtime,
+    clients: &tokio::runtime::Runtime,
+) -> Result<(), String> {
+    let handle = server
+        .block_on(service::start(config, cluster, Arc::new(NoModel)))
         .map_err(|e| e.to_string())?;
+    let result = clients.block_on(load(&a, &handle));
+    let metrics = handle.core.metrics.render();
+    server
+        .block_on(handle.shutdown())
+        .map_err(|e| e.to_string())?;
+    let (latencies, not_placed, wall, cpu) = result?;
+    let commits = metrics
+        .lines()
+        .find(|l| l.starts_with("marshal_commit_duration_seconds_count"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("?")
+        .to_string();
+    println!(
+        "jobs {} placed-on-submit {} (not placed at once: {not_placed}), concurrency {}, {} nodes × 8 H100, policy {}, fsync {}",
+        a.jobs,
+        latencies.len(),
+        a.concurrency,
+        a.nodes,
+        a.policy,
+        a.fsync
+    );
+    println!(
+        "wall {:.2} s, submit-and-place throughput {:.0} jobs/s (each job also reported completed)",
+        wall.as_secs_f64(),
+        latencies.len() as f64 / wall.as_secs_f64()
+    );
+    println!(
+        "submit latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {commits} durable commits",
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+    );
+    if let Some((server_s, client_s)) = cpu {
+        let per_job = |s: f64| s / latencies.len().max(1) as f64;
+        println!(
+            "CPU during the load: server {server_s:.2} s ({:.0} µs per job, so {:.0} jobs/s per core), \
+             clients {client_s:.2} s ({:.0} µs per job)",
+            per_job(server_s) * 1e6,
+            1.0 / per_job(server_s),
+            per_job(client_s) * 1e6,
+        );
+    }
+    Ok(())
+}
+
+/// What the load produced: latencies of placed jobs, jobs not placed at once, wall
+/// time, and (server, client) CPU seconds spent during it.
+type Outcome = (Vec<Duration>, usize, Duration, Option<(f64, f64)>);
+
+async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, String> {
     let url = format!("http://{}", handle.addr);
     let channels: Vec<tonic::transport::Channel> = {
         let mut v = Vec::new();
@@ -162,6 +252,8 @@ async fn run(a: Args, config: ServiceConfig, cluster: ClusterSpec) -> Result<(),
             .map_err(|e| e.to_string())?;
     }
     let per_client = a.jobs.div_ceil(a.concurrency);
+    let cpu_before =
+        cpu_seconds_of_threads(SERVER_THREADS).zip(cpu_seconds_of_threads(CLIENT_THREADS));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..a.concurrency {
@@ -211,34 +303,11 @@ async fn run(a: Args, config: ServiceConfig, cluster: ClusterSpec) -> Result<(),
         not_placed += np;
     }
     let wall = started.elapsed();
+    let cpu_after =
+        cpu_seconds_of_threads(SERVER_THREADS).zip(cpu_seconds_of_threads(CLIENT_THREADS));
+    let cpu = cpu_before
+        .zip(cpu_after)
+        .map(|((s0, c0), (s1, c1))| (s1 - s0, c1 - c0));
     latencies.sort();
-    let metrics = handle.core.metrics.render();
-    let commits = metrics
-        .lines()
-        .find(|l| l.starts_with("marshal_commit_duration_seconds_count"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("?")
-        .to_string();
-    println!(
-        "jobs {} placed-on-submit {} (not placed at once: {not_placed}), concurrency {}, {} nodes × 8 H100, policy {}, fsync {}",
-        a.jobs,
-        latencies.len(),
-        a.concurrency,
-        a.nodes,
-        a.policy,
-        a.fsync
-    );
-    println!(
-        "wall {:.2} s, submit-and-place throughput {:.0} jobs/s (each job also reported completed)",
-        wall.as_secs_f64(),
-        latencies.len() as f64 / wall.as_secs_f64()
-    );
-    println!(
-        "submit latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {commits} durable commits",
-        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
-        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
-    );
-    handle.shutdown().await.map_err(|e| e.to_string())?;
-    Ok(())
+    Ok((latencies, not_placed, wall, cpu))
 }
