@@ -180,20 +180,26 @@ fn gaussian(key: u64) -> f64 {
     let mut x = key;
     let mut sum = 0.0;
     for _ in 0..4 {
-        // splitmix64
         x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        sum += (z >> 11) as f64 / (1u64 << 53) as f64;
+        sum += (splitmix64(x) >> 11) as f64 / (1u64 << 53) as f64;
     }
     // Four uniforms: mean 2, variance 1/3.
     (sum - 2.0) * 3f64.sqrt()
 }
 
+/// A deterministic draw, uniform on [0, 1), from a 64-bit key: decides which runs
+/// straggle and which nodes are degraded, so `P(uniform < f) = f` must hold for the
+/// requested shares to be the shares injected. (It once rescaled [`gaussian`], the mean
+/// of four uniforms, which put a requested 10 % at 0.1 %.)
 fn uniform(key: u64) -> f64 {
-    (gaussian(key) / 3f64.sqrt() / 4.0 + 0.5).clamp(0.0, 1.0)
+    (splitmix64(key.wrapping_add(0x9E37_79B9_7F4A_7C15)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Board power of a GPU model, W (public datasheets; unknown models 300 W).
@@ -708,5 +714,24 @@ impl Source for SimulatedTelemetry {
     fn sample(&mut self, now_us: i64) -> marshal_telemetry::Result<Vec<GpuSample>> {
         let t = (now_us - self.opts.epoch_us) as f64 / 1e6;
         Ok(self.sample_at(t.max(0.0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uniform;
+
+    #[test]
+    fn uniform_draws_give_the_requested_shares() {
+        let n = 20_000u64;
+        for share in [0.01, 0.1, 0.3, 0.5, 0.9] {
+            let hits = (0..n)
+                .filter(|&i| uniform(0x5712_A661 ^ (i << 24)) < share)
+                .count() as f64;
+            let got = hits / n as f64;
+            // Five standard errors of a binomial share.
+            let tolerance = 5.0 * (share * (1.0 - share) / n as f64).sqrt();
+            assert!((got - share).abs() < tolerance, "asked {share}, drew {got}");
+        }
     }
 }
