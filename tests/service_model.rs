@@ -72,6 +72,21 @@ async fn connect(addr: SocketAddr) -> Channel {
         .unwrap()
 }
 
+/// A server for `config` on the three-node cluster, with the model slot on `model`: its
+/// handle, a channel to it and an admin client.
+async fn serve(
+    config: ServiceConfig,
+    model: &Path,
+) -> (service::ServerHandle, Channel, AdminServiceClient<Channel>) {
+    let slot = model_slot(&config, model);
+    let handle = service::start(config, common::three_nodes(), slot)
+        .await
+        .unwrap();
+    let ch = connect(handle.addr).await;
+    let admin = AdminServiceClient::new(ch.clone());
+    (handle, ch, admin)
+}
+
 fn whole(n: u32) -> Option<pb::GpuDemand> {
     Some(pb::GpuDemand {
         kind: Some(pb::gpu_demand::Kind::Whole(n)),
@@ -220,13 +235,8 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
     std::fs::write(bad.join("weights.bpk"), &weights[..weights.len() / 2]).unwrap();
     let log = tmp.path().join("decision-log");
     let config = config(tmp.path(), &a, log.clone());
-    let slot = model_slot(&config, &a);
-    let spec = common::three_nodes();
-
     runtime().block_on(async move {
-        let handle = service::start(config, spec, slot).await.unwrap();
-        let ch = connect(handle.addr).await;
-        let mut admin = AdminServiceClient::new(ch.clone());
+        let (handle, ch, mut admin) = serve(config, &a).await;
         register(&ch).await;
 
         let first = info(&mut admin).await;
@@ -480,12 +490,8 @@ fn a_missing_model_and_an_unwritable_log_do_not_stop_scheduling() {
         require_registration: false,
         ..config(tmp.path(), &missing, file.join("log"))
     };
-    let slot = model_slot(&config, &missing);
-    let spec = common::three_nodes();
     runtime().block_on(async move {
-        let handle = service::start(config, spec, slot).await.unwrap();
-        let ch = connect(handle.addr).await;
-        let mut admin = AdminServiceClient::new(ch.clone());
+        let (handle, ch, mut admin) = serve(config, &missing).await;
         let i = info(&mut admin).await;
         assert!(!i.loaded);
         assert!(i.detail.contains("no usable model"), "{}", i.detail);
@@ -597,13 +603,8 @@ fn a_promoted_artifact_is_swapped_in_atomically_and_picked_up_by_the_poll() {
     copy_dir(&shipped_model(), &candidate);
     set_margin_threshold(&candidate, 0.0);
     let config = config(tmp.path(), &current, tmp.path().join("decision-log"));
-    let slot = model_slot(&config, &current);
-    let spec = common::three_nodes();
-
     runtime().block_on(async move {
-        let handle = service::start(config, spec, slot).await.unwrap();
-        let ch = connect(handle.addr).await;
-        let mut admin = AdminServiceClient::new(ch.clone());
+        let (handle, _, mut admin) = serve(config, &current).await;
         let first = info(&mut admin).await;
         assert!(first.loaded, "{}", first.detail);
 
@@ -632,6 +633,101 @@ fn a_promoted_artifact_is_swapped_in_atomically_and_picked_up_by_the_poll() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_ne!(want, first.version);
+        handle.shutdown().await.unwrap();
+    });
+}
+
+/// `ReloadModel` of the watched directory must be refused for want of promotion.
+async fn reload_refused_unpromoted(admin: &mut AdminServiceClient<Channel>, why: &str) {
+    let err = admin
+        .reload_model(pb::ReloadModelRequest {
+            path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains(why) && err.message().contains("model.promotion.json"),
+        "{}",
+        err.message()
+    );
+}
+
+/// Polls `ModelInfo` until `done` holds (10 s at most).
+async fn wait_for(
+    admin: &mut AdminServiceClient<Channel>,
+    done: impl Fn(&pb::ModelInfo) -> bool,
+) -> pb::ModelInfo {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = info(admin).await;
+        if done(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "not reached: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn with_require_promotion_the_server_loads_only_what_promote_installed() {
+    use marshal_trainer::promote::{PromoteOptions, promote};
+    use marshal_trainer::testkit::{inflation_spec, tiny_artifact};
+    let tmp = tempfile::tempdir().unwrap();
+    let current = tmp.path().join("model");
+    let (candidate, stray) = (tmp.path().join("candidate"), tmp.path().join("stray"));
+    // Closed gates: each artifact schedules as its inflation fallback, so on the tiny
+    // inflation episodes the `fgd` candidate beats the `random` current one.
+    tiny_artifact(&current, "random", 1, 1.5);
+    tiny_artifact(&candidate, "fgd", 2, 1.5);
+    tiny_artifact(&stray, "fgd", 3, 1.5);
+    let config = ServiceConfig {
+        require_promotion: true,
+        ..config(tmp.path(), &current, tmp.path().join("decision-log"))
+    };
+    runtime().block_on(async move {
+        let (handle, _, mut admin) = serve(config, &current).await;
+        // Never promoted: refused at start, the fallback decides.
+        let first = info(&mut admin).await;
+        assert!(!first.loaded, "{first:?}");
+        assert!(
+            first.detail.contains("no promotion record")
+                && first.detail.contains("marshal model promote"),
+            "{}",
+            first.detail
+        );
+        reload_refused_unpromoted(&mut admin, "no promotion record").await;
+
+        // `marshal model promote`: the candidate wins, is installed and recorded; the
+        // poll loads it.
+        let (cand, cur) = (candidate.clone(), current.clone());
+        let record = tokio::task::spawn_blocking(move || {
+            promote(
+                &cand,
+                &cur,
+                &[inflation_spec()],
+                &PromoteOptions::default(),
+                &mut |_| {},
+            )
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(record.promoted, "{record:?}");
+        let want = record.candidate_hash.clone();
+        let loaded = wait_for(&mut admin, |m| m.loaded && m.version == want).await;
+        assert_eq!(loaded.reloads, 1, "{loaded:?}");
+
+        // An unpromoted artifact copied over it is refused; the promoted model stays.
+        copy_dir(&stray, &current);
+        let refused = wait_for(&mut admin, |m| {
+            m.last_error.contains("was written for artifact")
+        })
+        .await;
+        assert!(refused.loaded && refused.version == want, "{refused:?}");
+        assert!(refused.rejected_reloads > loaded.rejected_reloads);
+        reload_refused_unpromoted(&mut admin, "modified or replaced").await;
+        assert_eq!(info(&mut admin).await.version, want);
         handle.shutdown().await.unwrap();
     });
 }

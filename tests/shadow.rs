@@ -382,6 +382,38 @@ fn advise_request(
 }
 
 #[test]
+fn live_mode_follows_require_promotion_in_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, config) = (dir.path().join("shadow.jsonl"), dir.path().join("s.toml"));
+    std::fs::write(&config, "policy = \"learned\"\nrequire_promotion = true\n").unwrap();
+    // The shipped model was never promoted: refused, the fallback answers.
+    let (_reap, addr) = start_advisor(
+        &log,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--policy",
+            "learned",
+            "--model",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/models/policy-default"),
+        ],
+    );
+    let rec = runtime().block_on(async {
+        let ch = connect(&addr).await;
+        let nodes = vec![snapshot_node("a", &[]), snapshot_node("b", &[0])];
+        AdvisorServiceClient::new(ch)
+            .advise(advise_request(nodes, &[("slurm-1", 1)], ""))
+            .await
+            .unwrap()
+            .into_inner()
+            .recommendations
+            .remove(0)
+    });
+    assert_eq!(rec.path, "fallback:no-model", "{rec:?}");
+    assert_eq!(rec.verdict, pb::Verdict::Place as i32);
+}
+
+#[test]
 fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("shadow.jsonl");

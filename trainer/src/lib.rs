@@ -32,8 +32,8 @@ mod measured;
 pub mod policy;
 pub mod promote;
 mod split;
-#[cfg(test)]
-mod testkit;
+#[doc(hidden)]
+pub mod testkit;
 
 pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;

@@ -1,4 +1,5 @@
-//! Tiny episodes and artifacts for the trainer's tests (seconds, not minutes).
+//! Tiny episodes and artifacts for tests (seconds, not minutes): the trainer's, and the
+//! root package's end-to-end tests of promotion. Not an API.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use marshal_scheduler::sim::SimConfig;
 use crate::policy::EpisodeSpec;
 
 /// FGD-experiment episodes (two seeds) of 40 mixed tasks on 6 four-GPU nodes.
-pub(crate) fn inflation_spec() -> EpisodeSpec {
+pub fn inflation_spec() -> EpisodeSpec {
     let spec = ClusterSpec::from_toml(
         "name='c'\nnodes_per_rack=2\n[[nodes]]\ncount=6\ngpu_model='T4'\ngpus=4\ncpu_milli=64000\nmemory_mib=262144\n",
     )
@@ -43,7 +44,7 @@ pub(crate) fn inflation_spec() -> EpisodeSpec {
 /// A tiny artifact with an untrained network (seeded), the trained `threshold` and the
 /// given inflation fallback (topo-pack in replay). A threshold above 1 closes the gate:
 /// the artifact then schedules exactly as its fallback.
-pub(crate) fn tiny_artifact(dir: &Path, inflation_fallback: &str, seed: u64, threshold: f32) {
+pub fn tiny_artifact(dir: &Path, inflation_fallback: &str, seed: u64, threshold: f32) {
     let d = DecisionFeatures {
         job: [0.0; JOB_FEATURES],
         candidates: vec![[0.0; CANDIDATE_FEATURES]],

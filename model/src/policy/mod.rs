@@ -26,6 +26,7 @@ mod artifact;
 mod config;
 mod features;
 mod network;
+mod promotion;
 mod scorer;
 mod train;
 
@@ -39,5 +40,9 @@ pub use features::{
     JOB_FEATURE_NAMES, JOB_FEATURES, MAX_CANDIDATES,
 };
 pub use network::PolicyNetwork;
+pub use promotion::{
+    PromotionRecord, TraceRow, artifact_hash, fingerprint_hex, promotion_record_path,
+    read_promotion_record, verify_promotion,
+};
 pub use scorer::{FeatureStats, PolicyScorer, Scored};
 pub use train::{PolicyLearner, Sample, StepReport};

@@ -57,6 +57,11 @@ pub struct ServiceConfig {
     /// How often the model directory is checked for a changed artifact (content hash of
     /// its files) and reloaded; 0 turns automatic reloading off.
     pub model_poll_ms: u64,
+    /// Load (at start, on a poll, on `ReloadModel`) only an artifact that `marshal model
+    /// promote` installed: its `<model>.promotion.json` must record a promotion of an
+    /// artifact with the same content hash. Anything else is refused and the current
+    /// model (or, at start, the fallback) keeps deciding.
+    pub require_promotion: bool,
     /// Directory of the Parquet decision log; absent: no decision log.
     pub decision_log_dir: Option<PathBuf>,
     /// Rows per decision-log file at most.
@@ -115,6 +120,7 @@ impl Default for ServiceConfig {
             model: None,
             fallback: None,
             model_poll_ms: 2000,
+            require_promotion: false,
             decision_log_dir: None,
             decision_log_file_rows: 8192,
             decision_log_flush_ms: 10_000,
@@ -165,6 +171,12 @@ impl ServiceConfig {
         if !learned && (self.model.is_some() || self.fallback.is_some()) {
             return bad(format!(
                 "model and fallback apply to policy = \"learned\" only (policy is {:?})",
+                self.policy
+            ));
+        }
+        if !learned && self.require_promotion {
+            return bad(format!(
+                "require_promotion applies to policy = \"learned\" only (policy is {:?})",
                 self.policy
             ));
         }
@@ -344,6 +356,20 @@ mod tests {
                 .cpu_nodes_first
         );
         assert!(err("cpu_nodes_first = \"yes\"").contains("cpu_nodes_first"));
+        assert!(
+            !ServiceConfig::default().require_promotion,
+            "off by default"
+        );
+        assert!(
+            ServiceConfig::from_toml("policy = \"learned\"\nrequire_promotion = true")
+                .unwrap()
+                .require_promotion
+        );
+        assert!(
+            err("policy = \"learned\"\nrequire_promotion = \"yes\"").contains("require_promotion")
+        );
+        assert!(err("require_promotion = true").contains("require_promotion applies"));
+        assert!(err("policy = \"learned\"\nrequire_promotions = true").contains("unknown field"));
         let ok = ServiceConfig::from_toml(
             "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
         )

@@ -43,6 +43,19 @@ pub enum ModelError {
     /// The artifact was refused; the current model (if any) stays.
     #[error("artifact {path}: {reason}; the current model is kept")]
     Rejected { path: String, reason: String },
+    /// `require_promotion` is on and no promotion record proves the artifact was
+    /// promoted; the current model (if any) stays.
+    #[error("artifact {path}: {reason}; the current model is kept")]
+    Unpromoted { path: String, reason: String },
+}
+
+impl ModelError {
+    fn reason(&self) -> &str {
+        match self {
+            ModelError::Unsupported(m) => m,
+            ModelError::Rejected { reason, .. } | ModelError::Unpromoted { reason, .. } => reason,
+        }
+    }
 }
 
 /// A learned model for the cycle driver to build its policy on.
@@ -118,6 +131,32 @@ impl ModelSlot for NoModel {
 /// The artifact's content hash (see [`marshal_model::policy::artifact_fingerprint`]:
 /// `marshal model promote` records the same value).
 pub use marshal_model::policy::artifact_fingerprint;
+use marshal_model::policy::{fingerprint_hex, promotion_record_path, verify_promotion};
+
+/// Loads the artifact in `dir`, whose fingerprint is `fingerprint`; with
+/// `require_promotion`, only if its promotion record proves it was promoted
+/// ([`verify_promotion`]).
+fn load_artifact(
+    dir: &Path,
+    fingerprint: Option<u64>,
+    require_promotion: bool,
+) -> Result<LearnedModel, ModelError> {
+    let path = dir.display().to_string();
+    // An unreadable directory (no fingerprint) is refused by the loader, which says why.
+    if let (true, Some(f)) = (require_promotion, fingerprint) {
+        verify_promotion(dir, f).map_err(|reason| ModelError::Unpromoted {
+            path: path.clone(),
+            reason,
+        })?;
+    }
+    LearnedModel::try_load(dir).map_err(|reason| ModelError::Rejected { path, reason })
+}
+
+/// The promotion record's content (`None`: absent or unreadable); a change makes the
+/// poll retry a refused artifact.
+fn record_bytes(dir: &Path) -> Option<Vec<u8>> {
+    std::fs::read(promotion_record_path(dir)?).ok()
+}
 
 #[derive(Debug)]
 struct Current {
@@ -131,6 +170,8 @@ struct Current {
     watched: PathBuf,
     /// Its fingerprint when last loaded or tried.
     seen: Option<u64>,
+    /// Its promotion record's content then (`require_promotion` only).
+    seen_record: Option<Vec<u8>>,
     reloads: u64,
     rejected: u64,
     last_error: Option<String>,
@@ -144,6 +185,8 @@ struct Current {
 pub struct LearnedSlot {
     /// The configured fallback (absent: the artifact's choice).
     fallback: Option<String>,
+    /// Load only artifacts whose promotion record proves them promoted.
+    require_promotion: bool,
     current: Mutex<Current>,
     metrics: OnceLock<Arc<Metrics>>,
 }
@@ -153,12 +196,16 @@ pub struct LearnedSlot {
 const OBJECTIVE: &str = "replay";
 
 impl LearnedSlot {
-    /// Loads `dir`; never fails.
-    pub fn open(dir: &Path, fallback: Option<&str>) -> LearnedSlot {
+    /// Loads `dir`; never fails. With `require_promotion`, an artifact without a
+    /// promotion record proving it was promoted is refused like a corrupt one: the
+    /// fallback decides until a promoted one is installed.
+    pub fn open(dir: &Path, fallback: Option<&str>, require_promotion: bool) -> LearnedSlot {
         let seen = artifact_fingerprint(dir);
-        let (model, last_error) = match LearnedModel::try_load(dir) {
+        let seen_record = record_bytes(dir);
+        let (model, last_error) = match load_artifact(dir, seen, require_promotion) {
             Ok(m) => (m, None),
-            Err(why) => {
+            Err(e) => {
+                let why = e.reason().to_string();
                 tracing::warn!(model = %dir.display(), %why, "learned policy: no usable model; the fallback decides every placement");
                 (LearnedModel::missing(why.clone()), Some(why))
             }
@@ -169,6 +216,7 @@ impl LearnedSlot {
         }
         LearnedSlot {
             fallback: fallback.map(String::from),
+            require_promotion,
             current: Mutex::new(Current {
                 version: if last_error.is_none() {
                     version(seen)
@@ -180,6 +228,7 @@ impl LearnedSlot {
                 dir: dir.to_path_buf(),
                 watched: dir.to_path_buf(),
                 seen,
+                seen_record,
                 reloads: 0,
                 rejected: 0,
                 last_error,
@@ -203,10 +252,12 @@ impl LearnedSlot {
     /// Loads `dir` and installs it, or keeps the current model and says why.
     fn load(&self, dir: &Path, watch: bool) -> Result<ModelStatus, ModelError> {
         let fingerprint = artifact_fingerprint(dir);
-        let loaded = LearnedModel::try_load(dir);
+        let record = record_bytes(dir);
+        let loaded = load_artifact(dir, fingerprint, self.require_promotion);
         let mut c = self.lock();
         if watch || c.watched == dir {
             c.seen = fingerprint;
+            c.seen_record = record.clone();
         }
         match loaded {
             Ok(model) => {
@@ -221,6 +272,7 @@ impl LearnedSlot {
                 c.dir = dir.to_path_buf();
                 c.watched = dir.to_path_buf();
                 c.seen = fingerprint;
+                c.seen_record = record;
                 c.version = version(fingerprint);
                 c.reloads += 1;
                 c.last_error = None;
@@ -229,23 +281,21 @@ impl LearnedSlot {
                 self.count("loaded");
                 Ok(self.status(crate::policies::learned::LEARNED))
             }
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.reason();
                 c.rejected += 1;
                 c.last_error = Some(format!("{}: {reason}", dir.display()));
                 tracing::warn!(model = %dir.display(), %reason, "learned policy: artifact rejected; the current model is kept");
                 drop(c);
                 self.count("rejected");
-                Err(ModelError::Rejected {
-                    path: dir.display().to_string(),
-                    reason,
-                })
+                Err(e)
             }
         }
     }
 }
 
 fn version(fingerprint: Option<u64>) -> String {
-    fingerprint.map_or_else(String::new, |f| format!("{f:016x}"))
+    fingerprint.map_or_else(String::new, fingerprint_hex)
 }
 
 impl ModelSlot for LearnedSlot {
@@ -333,12 +383,20 @@ impl ModelSlot for LearnedSlot {
     }
 
     fn poll(&self) {
-        let (watched, seen) = {
+        let (watched, seen, serving) = {
             let c = self.lock();
-            (c.watched.clone(), c.seen)
+            let serving =
+                (c.setup.model.scorer.is_ok() && c.dir == c.watched).then(|| c.version.clone());
+            (c.watched.clone(), c.seen, serving)
         };
         let now = artifact_fingerprint(&watched);
-        if now != seen {
+        // With `require_promotion`, a changed record is a reason to retry too (the record
+        // that proves a refused artifact may come after it), unless the artifact it is
+        // about is already the one serving.
+        let record_changed = self.require_promotion
+            && serving != Some(version(now))
+            && record_bytes(&watched) != self.lock().seen_record;
+        if now != seen || record_changed {
             // A half-copied artifact fails its checksum and is rejected; the copy's
             // completion changes the fingerprint again and the next poll loads it.
             let _ = self.load(&watched, true);
@@ -354,8 +412,137 @@ impl ModelSlot for LearnedSlot {
 /// else [`NoModel`].
 pub fn model_slot(config: &crate::service::ServiceConfig, model_dir: &Path) -> Arc<dyn ModelSlot> {
     if config.policy == crate::policies::learned::LEARNED {
-        Arc::new(LearnedSlot::open(model_dir, config.fallback.as_deref()))
+        Arc::new(LearnedSlot::open(
+            model_dir,
+            config.fallback.as_deref(),
+            config.require_promotion,
+        ))
     } else {
         Arc::new(NoModel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policies::learned::LEARNED;
+    use marshal_model::policy::artifact_hash;
+
+    fn copy_shipped(to: &Path) {
+        let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/policy-default");
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+
+    /// A slot on a copy of the shipped model (in the returned temporary directory).
+    fn open_copy(require_promotion: bool) -> (tempfile::TempDir, PathBuf, LearnedSlot) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        copy_shipped(&dir);
+        let slot = LearnedSlot::open(&dir, None, require_promotion);
+        (tmp, dir, slot)
+    }
+
+    /// Another valid artifact: the same weights with another gate threshold.
+    fn set_margin_threshold(dir: &Path, t: f64) {
+        let path = dir.join("meta.json");
+        let mut meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        meta["margin_threshold"] = serde_json::json!(t);
+        std::fs::write(&path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
+    }
+
+    /// What `marshal model promote` writes beside `dir` (decision and installed hash).
+    fn write_record(dir: &Path, promoted: bool, candidate_hash: &str) {
+        let record = serde_json::json!({
+            "promoted": promoted, "reason": "test", "max_regression": 0.02,
+            "candidate": "c", "current": dir, "candidate_hash": candidate_hash,
+            "current_hash": null, "traces": [], "previous": null, "decided_at_unix_s": 0.0,
+        });
+        let path = promotion_record_path(dir).unwrap();
+        std::fs::write(path, serde_json::to_vec(&record).unwrap()).unwrap();
+    }
+
+    fn refused_unpromoted(r: Result<ModelStatus, ModelError>, why: &str) {
+        match r {
+            Err(ModelError::Unpromoted { reason, .. }) => {
+                assert!(reason.contains(why), "{reason}");
+                assert!(reason.contains(".promotion.json"), "{reason}");
+            }
+            other => panic!("expected a refusal for want of promotion, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn with_require_promotion_only_a_promoted_unmodified_artifact_loads() {
+        // No record (the shipped model has none): refused at start, the fallback decides.
+        let (tmp, dir, slot) = open_copy(true);
+        let s = slot.status(LEARNED);
+        assert!(!s.loaded, "{s:?}");
+        assert!(
+            s.detail.contains("no promotion record") && s.detail.contains("marshal model promote"),
+            "{}",
+            s.detail
+        );
+        refused_unpromoted(slot.reload(None, LEARNED), "no promotion record");
+        assert!(!slot.status(LEARNED).loaded);
+        // A record of a decision that promoted nothing proves nothing.
+        let hash = artifact_hash(&dir).unwrap();
+        write_record(&dir, false, &hash);
+        refused_unpromoted(slot.reload(None, LEARNED), "proves no installed artifact");
+        // Promoted: the poll sees the record change and loads it.
+        write_record(&dir, true, &hash);
+        slot.poll();
+        let s = slot.status(LEARNED);
+        assert!(s.loaded, "{s:?}");
+        assert_eq!(
+            (s.version.as_str(), s.reloads, s.rejected_reloads),
+            (hash.as_str(), 1, 2)
+        );
+        // Modified after its promotion: refused, the promoted model is kept.
+        set_margin_threshold(&dir, 0.0);
+        slot.poll();
+        let s = slot.status(LEARNED);
+        assert!(s.loaded && s.version == hash, "{s:?}");
+        assert_eq!(s.rejected_reloads, 3);
+        assert!(s.last_error.contains("was written for artifact"), "{s:?}");
+        assert!(s.detail.contains("last reload rejected"), "{}", s.detail);
+        refused_unpromoted(slot.reload(None, LEARNED), "modified or replaced");
+        // One warning per change: an unchanged directory is not tried again.
+        slot.poll();
+        assert_eq!(slot.status(LEARNED).rejected_reloads, 4);
+        // Another directory, promoted, loads by path.
+        let other = tmp.path().join("other");
+        copy_shipped(&other);
+        set_margin_threshold(&other, 0.5);
+        let other_hash = artifact_hash(&other).unwrap();
+        refused_unpromoted(slot.reload(Some(&other), LEARNED), "no promotion record");
+        write_record(&other, true, &other_hash);
+        let s = slot.reload(Some(&other), LEARNED).unwrap();
+        assert_eq!((s.version, s.reloads), (other_hash, 2));
+    }
+
+    #[test]
+    fn without_require_promotion_every_valid_artifact_loads() {
+        let (_tmp, dir, slot) = open_copy(false);
+        assert!(slot.status(LEARNED).loaded);
+        // A record that does not match is ignored.
+        write_record(&dir, false, "0123456789abcdef");
+        set_margin_threshold(&dir, 0.0);
+        slot.poll();
+        let s = slot.status(LEARNED);
+        assert_eq!(
+            (s.loaded, s.version, s.reloads, s.rejected_reloads),
+            (true, artifact_hash(&dir).unwrap(), 1, 0)
+        );
+        // A corrupt one is still refused as invalid.
+        std::fs::write(dir.join("weights.bpk"), b"truncated").unwrap();
+        assert!(matches!(
+            slot.reload(None, LEARNED),
+            Err(ModelError::Rejected { .. })
+        ));
     }
 }

@@ -13,13 +13,18 @@
 //!    it) the old directory is renamed to `<name>.prev` and the copy into place: for that
 //!    instant the path is missing, which a poll reports as a rejected reload and the next
 //!    poll repairs. Without a current directory the copy is simply renamed into place.
-//! 3. `promotion.json` ([`write_record`]) goes beside the artifact, as `<name>.promotion.json`,
-//!    so that the artifact's own files (and its fingerprint) are the candidate's exactly.
+//! 3. `promotion.json` ([`write_record`]) goes beside the artifact, as `<name>.promotion.json`
+//!    ([`marshal_model::policy::promotion_record_path`]), so that the artifact's own files
+//!    (and its fingerprint) are the candidate's exactly. [`super::promote`] writes it
+//!    before the swap and keeps the replaced artifact's record with it
+//!    (`<name>.prev.promotion.json`), so a rollback moves both.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use marshal_model::policy::{artifact_fingerprint, load_policy, replace_file};
+use marshal_model::policy::{
+    artifact_fingerprint, load_policy, promotion_record_path, replace_file,
+};
 
 use super::{PromoteError, PromotionRecord};
 
@@ -40,7 +45,15 @@ fn sibling(current: &Path, prefix: &str, suffix: &str) -> Result<PathBuf, Promot
 
 /// Where the decision record goes: `<current>.promotion.json`.
 pub fn record_path(current: &Path) -> Result<PathBuf, PromoteError> {
-    sibling(current, "", ".promotion.json")
+    promotion_record_path(current).ok_or_else(|| PromoteError::Install {
+        path: current.to_path_buf(),
+        reason: "the current artifact's path has no directory name".into(),
+    })
+}
+
+/// `<current>.prev`: where [`install`] keeps the replaced artifact.
+pub fn prev_path(current: &Path) -> Result<PathBuf, PromoteError> {
+    sibling(current, "", PREV_SUFFIX)
 }
 
 /// Writes `record` to [`record_path`] (atomically).
@@ -90,7 +103,7 @@ pub fn install(candidate: &Path, current: &Path) -> Result<Option<PathBuf>, Prom
         reason,
     };
     let incoming = sibling(current, ".", &format!(".incoming-{}", std::process::id()))?;
-    let prev = sibling(current, "", PREV_SUFFIX)?;
+    let prev = prev_path(current)?;
     if incoming.exists() {
         fs::remove_dir_all(&incoming).map_err(|e| fail(format!("{}: {e}", incoming.display())))?;
     }

@@ -17,12 +17,16 @@
 
 mod install;
 
-pub use install::{PREV_SUFFIX, install, record_path, write_record};
+pub use install::{PREV_SUFFIX, install, prev_path, record_path, write_record};
 
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use marshal_model::policy::{artifact_fingerprint, load_policy};
+pub use marshal_model::policy::{PromotionRecord, TraceRow, artifact_hash};
+use marshal_model::policy::{
+    load_policy, promotion_record_path, read_promotion_record, replace_file,
+};
 use marshal_scheduler::policies::learned::{Act, LearnedModel};
 use serde::{Deserialize, Serialize};
 
@@ -68,49 +72,6 @@ impl PromoteOptions {
             )))
         }
     }
-}
-
-/// One trace, both artifacts.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TraceRow {
-    pub trace: String,
-    /// `replay` (mean JCT, s) or `inflation` (unallocated GPUs).
-    pub objective: String,
-    pub seeds: Vec<u64>,
-    /// Mean over the seeds (lower is better).
-    pub current: f64,
-    pub candidate: f64,
-    pub current_fallback: String,
-    pub candidate_fallback: String,
-    pub current_fallback_rate: f64,
-    pub candidate_fallback_rate: f64,
-    /// (candidate − current) / current: negative is better.
-    pub change: f64,
-}
-
-/// What `promotion.json` holds.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PromotionRecord {
-    pub promoted: bool,
-    /// The rule's verdict in words.
-    pub reason: String,
-    pub max_regression: f64,
-    pub candidate: String,
-    pub current: String,
-    /// Content hashes (the version `marshal serve` reports); `current_hash` is absent
-    /// when there was no loadable current artifact.
-    pub candidate_hash: String,
-    pub current_hash: Option<String>,
-    pub traces: Vec<TraceRow>,
-    /// Where the replaced artifact was kept (promoted over an existing one).
-    pub previous: Option<String>,
-    /// Seconds since the Unix epoch.
-    pub decided_at_unix_s: f64,
-}
-
-/// A directory's content hash as `marshal serve` reports it (16 hex digits).
-pub fn artifact_hash(dir: &Path) -> Option<String> {
-    artifact_fingerprint(dir).map(|h| format!("{h:016x}"))
 }
 
 /// The candidate must load (every check of [`load_policy`]); the error names why not.
@@ -272,8 +233,16 @@ pub fn promote(
     };
     let traces = compare(&cand, &cur, specs, progress)?;
     let (promoted, reason) = decide(&traces, opts);
-    let previous = if promoted {
-        install(candidate, current)?
+    let record_file = record_path(current)?;
+    // The record about what is installed now (kept with it if it is replaced, restored if
+    // the install fails) and the artifact it proves was promoted.
+    let old_record = fs::read(&record_file).ok();
+    let old_installed = read_promotion_record(current)
+        .ok()
+        .flatten()
+        .and_then(|r| r.installed().map(String::from));
+    let previous = if promoted && current.exists() {
+        Some(prev_path(current)?)
     } else {
         None
     };
@@ -283,16 +252,51 @@ pub fn promote(
         max_regression: opts.max_regression,
         candidate: candidate.display().to_string(),
         current: current.display().to_string(),
+        installed_hash: if promoted {
+            Some(candidate_hash.clone())
+        } else {
+            old_installed.filter(|h| Some(h) == current_hash.as_ref())
+        },
         candidate_hash,
         current_hash,
         traces,
-        previous: previous.map(|p| p.display().to_string()),
+        previous: previous.as_ref().map(|p| p.display().to_string()),
         decided_at_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
     };
+    // Written before the swap: a server that requires promotion sees its current
+    // artifact unchanged until the swap, and the installed one proven once it happens.
     write_record(current, &record)?;
+    if promoted {
+        match install(candidate, current) {
+            Ok(prev) => {
+                if let Some(prev) = prev.and_then(|p| promotion_record_path(&p)) {
+                    // The replaced artifact's record goes with it (a rollback moves both);
+                    // best effort: the new artifact is installed and recorded either way.
+                    put_back(&prev, old_record.as_deref());
+                }
+            }
+            Err(e) => {
+                // Not installed (an error after the swap leaves the candidate in place,
+                // and then the new record is the right one): the old record stands.
+                if artifact_hash(current).as_deref() != Some(record.candidate_hash.as_str()) {
+                    put_back(&record_file, old_record.as_deref());
+                }
+                return Err(e);
+            }
+        }
+    }
     Ok(record)
+}
+
+/// Best effort: `path` gets `bytes`, or is removed when there are none.
+fn put_back(path: &Path, bytes: Option<&[u8]>) {
+    let _ = match bytes {
+        Some(b) => replace_file(path, b).map_err(|e| e.to_string()),
+        None if path.exists() => fs::remove_file(path).map_err(|e| e.to_string()),
+        None => Ok(()),
+    };
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@ use std::fs;
 
 use super::*;
 use crate::testkit::{inflation_spec, tiny_artifact};
+use marshal_model::policy::{artifact_fingerprint, verify_promotion};
 
 fn artifact(dir: &Path, inflation_fallback: &str, seed: u64) {
     // A closed gate: the artifact schedules exactly as its inflation fallback.
@@ -96,8 +97,29 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
     artifact(&candidate, "fgd", 2);
     let old = snapshot(&current);
     let old_hash = artifact_hash(&current);
+    // The current artifact was promoted once (its record proves it).
+    let old_record = PromotionRecord {
+        promoted: true,
+        reason: "earlier".into(),
+        max_regression: 0.02,
+        candidate: "earlier".into(),
+        current: current.display().to_string(),
+        candidate_hash: old_hash.clone().unwrap(),
+        current_hash: None,
+        installed_hash: old_hash.clone(),
+        traces: vec![],
+        previous: None,
+        decided_at_unix_s: 0.0,
+    };
+    write_record(&current, &old_record).unwrap();
     let record = promote_on_inflation(&candidate, &current).unwrap();
     assert!(record.promoted, "{record:?}");
+    // A server that requires promotion accepts the installed artifact, and the replaced
+    // one's record went with it (a rollback moves both).
+    let proven = |dir: &Path| verify_promotion(dir, artifact_fingerprint(dir).unwrap());
+    assert_eq!(record.installed_hash, Some(record.candidate_hash.clone()));
+    proven(&current).unwrap();
+    proven(&tmp.path().join("current.prev")).unwrap();
     assert!(record.traces[0].change < 0.0);
     // The installed artifact is the candidate's files exactly, so its version (the hash
     // `marshal serve`'s poll compares) changed to the candidate's, and it loads.
@@ -120,6 +142,9 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
     artifact(&candidate, "random", 3);
     let record = promote_on_inflation(&candidate, &current).unwrap();
     assert!(!record.promoted);
+    // A losing candidate's record keeps the installed artifact's proof.
+    assert_eq!(record.installed_hash, artifact_hash(&current));
+    proven(&current).unwrap();
 }
 
 #[test]
