@@ -196,6 +196,7 @@ async fn run(a: Args, config: ServiceConfig, cluster: ClusterSpec) -> Result<(),
                         state: pb::JobState::Completed as i32,
                         message: String::new(),
                         attempt: job.attempts,
+                        last_checkpoint_unix_s: 0.0,
                     })
                     .await
                     .map_err(|e| e.to_string())?;
