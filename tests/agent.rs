@@ -1018,3 +1018,85 @@ fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
         server.shutdown().await.unwrap();
     });
 }
+
+/// An `--exec` worker gets `MARSHAL_CHECKPOINT_FILE`; each time it touches the file,
+/// the agent reports the file's time as the job's last checkpoint (polled at its
+/// report interval), and the scheduler shows it on the job.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_touched_checkpoint_file_is_reported_as_the_jobs_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
+        let addr = server.addr;
+        let named = dir.path().join("checkpoint-path");
+        let cmd = format!(
+            "printf %s \"$MARSHAL_CHECKPOINT_FILE\" > '{}'; sleep 1; \
+             touch \"$MARSHAL_CHECKPOINT_FILE\"; exec sleep 30",
+            named.display()
+        );
+        let agent = start_agent(rt.handle(), addr, 0, Mode::Exec(cmd), dir.path());
+        let id = submit(addr, &[job("ckpt", 1, whole(1), 0.0)]).await[0];
+        let reported_after = |after: f64| async move {
+            let t = Instant::now();
+            loop {
+                let j = job_state(addr, id).await;
+                if j.last_checkpoint_unix_s > after {
+                    return j.last_checkpoint_unix_s;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "no checkpoint after {after} reported: {j:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let first = reported_after(0.0).await;
+        let file = PathBuf::from(std::fs::read_to_string(&named).unwrap());
+        assert!(
+            file.starts_with(dir.path().join("n-0")),
+            "{}",
+            file.display()
+        );
+        let mtime = |p: &Path| {
+            std::fs::metadata(p)
+                .unwrap()
+                .modified()
+                .unwrap()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
+        };
+        assert_eq!(first, mtime(&file));
+        // Written again, a second later: the newer time is reported.
+        let next = std::time::SystemTime::now() + Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(next)
+            .unwrap();
+        let second = reported_after(first).await;
+        assert_eq!(second, mtime(&file));
+        assert!(second >= first + 1.0);
+        jobs_client(addr)
+            .await
+            .cancel(pb::CancelRequest {
+                job_id: id,
+                reason: "test".into(),
+            })
+            .await
+            .unwrap();
+        let t = Instant::now();
+        while file.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the ended worker's checkpoint file stays"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        agent.stop().await;
+        server.shutdown().await.unwrap();
+    });
+}

@@ -233,6 +233,7 @@ async fn complete(
                     state: pb::JobState::Completed as i32,
                     message: "exit 0".into(),
                     attempt,
+                    last_checkpoint_unix_s: 0.0,
                 })
                 .await;
             match r {
@@ -1002,6 +1003,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
                         state: pb::JobState::Completed as i32,
                         message: String::new(),
                         attempt: 0,
+                        last_checkpoint_unix_s: 0.0,
                     },
                     AGENT_TOKEN,
                 ))

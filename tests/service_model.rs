@@ -170,6 +170,7 @@ async fn run_jobs(ch: &Channel, range: std::ops::Range<usize>) -> Vec<u64> {
                             state: pb::JobState::Completed as i32,
                             message: "exit 0".into(),
                             attempt: job.attempts,
+                            last_checkpoint_unix_s: 0.0,
                         })
                         .await
                         .unwrap();

@@ -288,6 +288,7 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
                         state: pb::JobState::Completed as i32,
                         message: String::new(),
                         attempt: job.attempts,
+                        last_checkpoint_unix_s: 0.0,
                     })
                     .await
                     .map_err(|e| e.to_string())?;

@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::connected::Backlog;
+use crate::connected::checkpoints::{self, Checkpoints};
 use crate::connected::env::{env_file_text, expected_runtime_s, job_env};
 use crate::connected::mig::MigPool;
 use crate::connected::procfs;
@@ -135,6 +136,8 @@ pub struct Runner {
     boot_id: String,
     /// Ended `--exec` workers whose record is kept until their job's report settles.
     awaiting_report: BTreeSet<Incarnation>,
+    /// `--exec` only: the workers' checkpoint files (`OUT/jobs/checkpoints`).
+    checkpoints: Option<Checkpoints>,
     pub starts: u64,
 }
 
@@ -151,13 +154,17 @@ impl Runner {
         let assignments_dir = out.join("assignments");
         let logs_dir = out.join("jobs");
         std::fs::create_dir_all(&assignments_dir)?;
-        let (records, boot_id) = if matches!(mode, Mode::Exec(_)) {
+        let (records, boot_id, checkpoints) = if matches!(mode, Mode::Exec(_)) {
             // Without /proc (not Linux) a worker cannot be told from a stranger that
             // reuses its pid: `--exec` is refused rather than run unsupervisable.
             let boot_id = procfs::boot_id().map_err(std::io::Error::other)?;
-            (Some(RecordStore::open(logs_dir.join("state"))?), boot_id)
+            (
+                Some(RecordStore::open(logs_dir.join("state"))?),
+                boot_id,
+                Some(Checkpoints::open(logs_dir.join("checkpoints"))?),
+            )
         } else {
-            (None, String::new())
+            (None, String::new(), None)
         };
         Ok(Runner {
             node: node.to_string(),
@@ -176,6 +183,7 @@ impl Runner {
             records,
             boot_id,
             awaiting_report: BTreeSet::new(),
+            checkpoints,
             starts: 0,
         })
     }
@@ -260,6 +268,13 @@ impl Runner {
             return; // an older placement than one already seen
         }
         let mut env = job_env(a, &self.node);
+        if let Some(c) = &mut self.checkpoints {
+            c.reset(&inc);
+            env.insert(
+                checkpoints::ENV_VAR.into(),
+                c.path(&inc).display().to_string(),
+            );
+        }
         let mut mig_uuids = Vec::new();
         match self.claim_mig(inc, &a.gpus) {
             Ok(uuids) if !uuids.is_empty() => {
@@ -396,6 +411,31 @@ impl Runner {
         }
     }
 
+    /// Owes a RUNNING report for each job whose workers wrote a checkpoint since the
+    /// last poll (called at the agent's report-retry interval); a final report owed
+    /// stays as it is.
+    pub fn poll_checkpoints(&mut self) {
+        let Some(c) = &mut self.checkpoints else {
+            return;
+        };
+        for ((job, attempt), at) in c.poll(self.live.keys()) {
+            let inc = Incarnation {
+                job,
+                worker: 0,
+                attempt,
+            };
+            self.owe(inc, pb::JobState::Running, format!("checkpoint at {at:.3}"));
+        }
+    }
+
+    /// The last checkpoint of `job` at `attempt` its workers here wrote (Unix seconds;
+    /// 0: none, or not `--exec`).
+    pub fn last_checkpoint(&self, job: u64, attempt: u32) -> f64 {
+        self.checkpoints
+            .as_ref()
+            .map_or(0.0, |c| c.last(job, attempt))
+    }
+
     /// Ends one incarnation at the scheduler's word (STOP, snapshot, registration): kills
     /// its process, reports nothing.
     pub async fn stop(&mut self, inc: Incarnation) {
@@ -480,6 +520,13 @@ impl Runner {
 
     fn ended_cleanup(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot]) {
         self.mig.release(inc);
+        if let Some(c) = &mut self.checkpoints {
+            let others = self
+                .live
+                .keys()
+                .any(|i| i.job == inc.job && i.attempt == inc.attempt);
+            c.forget(&inc, others);
+        }
         self.journal(inc, gpus, false);
         self.backlog.set_job(gpus, None);
         let still_here = self.live.keys().any(|i| i.job == inc.job);

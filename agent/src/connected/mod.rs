@@ -18,6 +18,7 @@
 //! yielded nothing), so the node stays alive to the scheduler either way.
 
 mod backlog;
+mod checkpoints;
 pub mod env;
 mod jobs;
 mod mig;
@@ -224,7 +225,14 @@ async fn flush_reports(
         .map(|(k, v)| (*k, v.clone()))
         .collect();
     for ((job, attempt), (state, message)) in owed {
-        let result = client.report(job, attempt, state, &message).await;
+        let checkpoint = if state == pb::JobState::Running {
+            runner.last_checkpoint(job, attempt)
+        } else {
+            0.0
+        };
+        let result = client
+            .report_checkpoint(job, attempt, state, &message, checkpoint)
+            .await;
         match result {
             Ok(_) => counters.reports.fetch_add(1, Ordering::Relaxed),
             Err(e) if refused(&e) => {
@@ -356,7 +364,7 @@ async fn session(
             e = &mut failed => {
                 return Err(e.unwrap_or_else(|_| ClientError::Call(marshal_scheduler::service::tonic::Status::unavailable("telemetry task ended"))));
             }
-            _ = retry.tick() => {}
+            _ = retry.tick() => runner.poll_checkpoints(),
         }
         if !runner.reports.is_empty() {
             flush_reports(runner, &mut client, counters).await?;

@@ -353,6 +353,7 @@ pub fn advise(
             gate_threshold: None,
             score_note,
             scored,
+            migration: None,
             // Advise decisions are not in the Parquet log (it logs the cycle's own).
             features: None,
         });

@@ -145,6 +145,20 @@ impl AgentClient {
         state: pb::JobState,
         message: &str,
     ) -> Result<pb::Job, ClientError> {
+        self.report_checkpoint(job_id, attempt, state, message, 0.0)
+            .await
+    }
+
+    /// [`AgentClient::report`] with the job's last checkpoint (Unix seconds; 0: unknown,
+    /// and only with RUNNING).
+    pub async fn report_checkpoint(
+        &mut self,
+        job_id: u64,
+        attempt: u32,
+        state: pb::JobState,
+        message: &str,
+        last_checkpoint_unix_s: f64,
+    ) -> Result<pb::Job, ClientError> {
         self.client
             .report_job(pb::ReportJobRequest {
                 node: self.node.clone(),
@@ -152,6 +166,7 @@ impl AgentClient {
                 state: state as i32,
                 message: message.to_string(),
                 attempt,
+                last_checkpoint_unix_s,
             })
             .await?
             .into_inner()

@@ -264,6 +264,7 @@ pub fn job_to_pb(r: &JobRecord, topo: &Topology) -> pb::Job {
         updated_at_us: r.updated_at_us,
         decision_id: r.decision_id,
         attempts: r.attempts,
+        last_checkpoint_unix_s: r.last_checkpoint_s.unwrap_or(0.0),
     }
 }
 

@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use crate::domain::{ClusterState, GpuDemand, Placement};
 use crate::framework::{Context, JobStats, Pending, Running, run_cycle};
 use crate::policies::learned::DecisionTrace;
+use crate::service::checkpoint::lost_work;
 use crate::service::convert::{placement_to_pb, slot_to_pb, state_to_pb};
 use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
+use crate::service::migrate::MoveContext;
 use crate::service::model::DecisionPath;
 use crate::service::pb;
 use crate::service::records::{
@@ -186,6 +188,13 @@ impl Inner {
                 .unwrap_or_default(),
             at_us: now,
             seq: 0,
+            // The decision that made this placement or rejection (a migration's stop
+            // half is tagged by `migrate`).
+            decision_id: if matches!(to, JobState::Placed | JobState::Rejected) {
+                record.decision_id
+            } else {
+                0
+            },
         };
         for (node, assignment) in events {
             self.push_event(Event::Assignment { node, assignment });
@@ -267,6 +276,7 @@ impl Inner {
             gate_threshold: self.gate_threshold.filter(|_| learned),
             score_note,
             scored,
+            migration: None,
             features: trace.and_then(|t| {
                 let f = t.features.as_ref()?;
                 Some(crate::decision_log::LoggedFeatures::of(f, t.taken?))
@@ -321,6 +331,7 @@ impl Inner {
                     stats: stats(&jobs[id], now_s),
                 })
                 .collect();
+            let speed = crate::sim::SpeedModel::default();
             let running: Vec<Running> = running_ids
                 .iter()
                 .filter_map(|id| {
@@ -330,7 +341,7 @@ impl Inner {
                         placement: r.placement.as_ref()?,
                         stats: stats(r, now_s),
                         started_at: r.placed_at_s,
-                        lost_work_s: 0.0,
+                        lost_work_s: lost_work(r, now_s, state, &speed),
                     })
                 })
                 .collect();
@@ -368,39 +379,28 @@ impl Inner {
         }
         // A migration is a preemption of the old placement and, at once, a new
         // placement (a new attempt): the agents hear stop on the old node(s), then
-        // start on the new one(s), and both land in this cycle's commit.
-        let gang = decisions
-            .rebalanced_for
-            .map(|i| self.jobs[&pending_ids[i]].job.name.clone())
-            .unwrap_or_default();
+        // start on the new one(s), and both land in this cycle's commit, with a
+        // decision record for each move (`migrate`).
+        let moves = MoveContext {
+            before: &before,
+            queue_depth,
+            path: path.label.clone(),
+            now,
+        };
+        let gang = decisions.rebalanced_for.map(|i| pending_ids[i]);
         for (k, placement) in decisions.migrated {
             let id = running_ids[k];
             self.metrics.migrations.inc();
-            let reason = format!("migrated to make room for job {gang}");
-            let moved = self
-                .set_state(id, JobState::Preempted, reason.clone(), None, false, now)
-                .and_then(|()| {
-                    self.set_state(id, JobState::Placed, reason, Some(placement), false, now)
-                });
-            if let Err(e) = moved {
+            let why = self.rebalance_record(id, gang, now_s);
+            if let Err(e) = self.migrate(id, placement, why, &moves) {
                 tracing::error!(job = id, error = %e, "migration not recorded");
             }
         }
-        // A consolidation is recorded the same way, with the prediction behind it in
-        // the reason (the job's history is its decision record).
         for c in decisions.consolidated {
             let id = running_ids[c.running];
             self.metrics.migrations.inc();
-            let reason = format!(
-                "migrated to a tighter placement ({:?} → {:?}): predicted gain {:.0} s > cost {:.0} s × safety",
-                c.from_span, c.to_span, c.gain_s, c.cost_s
-            );
-            let moved = self
-                .set_state(id, JobState::Preempted, reason.clone(), None, false, now)
-                .and_then(|()| {
-                    self.set_state(id, JobState::Placed, reason, Some(c.to), false, now)
-                });
-            if let Err(e) = moved {
+            let why = self.consolidation_record(id, &c, now_s);
+            if let Err(e) = self.migrate(id, c.to, why, &moves) {
                 tracing::error!(job = id, error = %e, "consolidation not recorded");
             }
         }

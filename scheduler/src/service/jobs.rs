@@ -126,6 +126,11 @@ pub struct JobRecord {
     /// FAILED report ends it at once. Cleared with each new placement.
     #[serde(default)]
     pub completed_nodes: Vec<String>,
+    /// Wall-clock seconds (Unix) of the last checkpoint an agent reported for the
+    /// current placement (`service::checkpoint`); `None`: none reported. Cleared with
+    /// each new placement, whose run has written none yet.
+    #[serde(default)]
+    pub last_checkpoint_s: Option<f64>,
 }
 
 impl JobRecord {
@@ -144,6 +149,7 @@ impl JobRecord {
             attained_gpu_s: 0.0,
             queued_since_s: now_us as f64 / 1e6,
             completed_nodes: Vec::new(),
+            last_checkpoint_s: None,
         }
     }
 
@@ -176,6 +182,7 @@ impl JobRecord {
                 self.placed_at_s = now_s;
                 self.attempts += 1;
                 self.completed_nodes.clear();
+                self.last_checkpoint_s = None;
             }
             s if s.is_waiting() => self.queued_since_s = now_s,
             _ => {}
@@ -247,5 +254,19 @@ mod tests {
         let old: JobRecord = serde_json::from_value(json).unwrap();
         assert!(old.completed_nodes.is_empty());
         assert_eq!(old.job, r.job);
+    }
+
+    #[test]
+    fn a_record_stored_before_checkpoint_reports_loads_and_a_new_placement_clears_one() {
+        let mut r = record();
+        r.last_checkpoint_s = Some(1.5);
+        let mut json: serde_json::Value = serde_json::to_value(&r).unwrap();
+        json.as_object_mut().unwrap().remove("last_checkpoint_s");
+        let old: JobRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(old.last_checkpoint_s, None);
+
+        r.transition(JobState::Placed, "", Some(Placement::default()), 2_000_000)
+            .unwrap();
+        assert_eq!(r.last_checkpoint_s, None);
     }
 }

@@ -24,6 +24,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub mod advisor;
 pub mod api;
 pub mod auth;
+pub mod checkpoint;
 pub mod client;
 pub mod config;
 pub mod convert;
@@ -33,6 +34,7 @@ pub mod error;
 mod heartbeat;
 pub mod jobs;
 pub mod metrics;
+mod migrate;
 pub mod model;
 mod ops;
 pub mod records;

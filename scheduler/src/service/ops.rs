@@ -131,6 +131,7 @@ impl Inner {
             placement: vec![],
             at_us: now,
             seq: self.next_seq(),
+            decision_id: record.decision_id,
         };
         self.push_event(Event::Job(event));
         self.jobs.insert(id, record);
@@ -182,16 +183,28 @@ impl Inner {
         }
         let attempts = r.attempts;
         let current = r.state;
+        let placed_at_s = r.placed_at_s;
         if req.attempt != 0 && req.attempt != attempts {
             return Err(ServiceError::FailedPrecondition(format!(
                 "job {id}: the report is about placement {} but the job is on placement {attempts}",
                 req.attempt
             )));
         }
-        match crate::service::convert::state_from_pb("state", req.state)? {
-            JobState::Running if current == JobState::Running => Ok(id),
+        let reported = crate::service::convert::state_from_pb("state", req.state)?;
+        let checkpoint = crate::service::checkpoint::reported(
+            req.last_checkpoint_unix_s,
+            reported,
+            placed_at_s,
+            now as f64 / 1e6,
+        )?;
+        match reported {
             JobState::Running => {
-                self.set_state(id, JobState::Running, req.message.clone(), None, false, now)?;
+                if current != JobState::Running {
+                    self.set_state(id, JobState::Running, req.message.clone(), None, false, now)?;
+                }
+                if let Some(at) = checkpoint {
+                    self.note_checkpoint(id, at);
+                }
                 Ok(id)
             }
             JobState::Completed => {
@@ -240,6 +253,17 @@ impl Inner {
                 "state",
                 format!("{other} cannot be reported; only RUNNING, COMPLETED or FAILED"),
             )),
+        }
+    }
+
+    /// Keeps the latest checkpoint reported for job `id`'s placement (one agent of a
+    /// gang may report after another); persisted with the job.
+    fn note_checkpoint(&mut self, id: u32, at: f64) {
+        if let Some(r) = self.jobs.get_mut(&id)
+            && r.last_checkpoint_s.is_none_or(|c| c < at)
+        {
+            r.last_checkpoint_s = Some(at);
+            self.dirty.jobs.insert(id);
         }
     }
 
@@ -440,6 +464,7 @@ mod tests {
     use crate::service::config::ServiceConfig;
     use crate::service::core::Event;
     use crate::service::model::{ModelSlot, NoModel};
+    use crate::service::records::{MigrationKind, Verdict, WorkerRecord};
     use crate::service::testkit::{TestCore, node_info, register_both, whole_gpu_job};
 
     use super::*;
@@ -451,6 +476,7 @@ mod tests {
             state: state as i32,
             message: String::new(),
             attempt: 0,
+            last_checkpoint_unix_s: 0.0,
         }
     }
 
@@ -629,23 +655,49 @@ mod tests {
         // All in one commit: after it, a restarted server sees the moved jobs where they
         // went and the gang where it was placed, with every allocation fitting.
         test.core.store.commit(&batch).unwrap();
+        // Each move is a decision that Explain returns: where the job was, where it
+        // went, and the gang it made room for; both job events name it.
+        let gang_name = inner.topo.node(gang_node).name.clone();
+        for &id in &moved {
+            let r = &inner.jobs[&id];
+            let d = test.core.store.decision(r.decision_id).unwrap().unwrap();
+            assert_eq!(d.verdict, Verdict::Migrate);
+            assert_eq!(d.job, id.to_string());
+            let m = d.migration.as_ref().unwrap();
+            assert_eq!(m.kind, MigrationKind::Rebalance);
+            assert_eq!(m.for_job, Some(gang.to_string()));
+            assert_eq!(m.from.len(), 1);
+            assert_eq!(m.from[0].node, gang_name);
+            assert_eq!(
+                m.cost_s, m.restart_s,
+                "no checkpoint reported: nothing lost"
+            );
+            assert_eq!(
+                d.placement,
+                WorkerRecord::of(r.placement.as_ref().unwrap(), &inner.topo)
+            );
+            let explained = d.to_pb(&inner.topo.catalog);
+            assert_eq!(explained.verdict, pb::Verdict::Migrate as i32);
+            assert_eq!(explained.migration.unwrap().kind, "rebalance");
+            let tagged: Vec<i32> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Job(j) if j.job_id == id as u64 => Some((j.state, j.decision_id)),
+                    _ => None,
+                })
+                .filter(|(_, d)| *d == r.decision_id)
+                .map(|(s, _)| s)
+                .collect();
+            let (preempted, placed) = (pb::JobState::Preempted as i32, pb::JobState::Placed as i32);
+            assert_eq!(tagged, vec![preempted, placed], "job {id}");
+        }
         let expected: Vec<(u32, Option<crate::domain::Placement>)> = moved
             .iter()
             .chain([&gang])
             .map(|id| (*id, inner.jobs[id].placement.clone()))
             .collect();
         drop(inner);
-        let restored = crate::service::core::Core::restore(
-            &ServiceConfig {
-                db: std::path::PathBuf::from("unused.redb"),
-                ..config
-            },
-            &crate::domain::ClusterSpec::from_toml(crate::service::testkit::TWO_NODES).unwrap(),
-            test.core.store.clone(),
-            std::sync::Arc::new(crate::service::metrics::Metrics::new()),
-            std::sync::Arc::new(NoModel),
-        )
-        .unwrap();
+        let restored = restore(&test, config);
         let again = restored.lock();
         for (id, placement) in expected {
             assert_eq!(again.jobs[&id].placement, placement, "job {id}");
@@ -653,24 +705,12 @@ mod tests {
         assert_eq!(again.state.idle_gpus(), 0);
     }
 
-    /// A 4-GPU data-parallel gang spread 2 + 2 over the nodes: with `[consolidate]`,
-    /// once the job beside it on one node ends and it has run long enough for the
-    /// predicted gain to exceed the restart, it moves onto that node, recorded with the
-    /// prediction in its reason and counted as a migration.
-    #[test]
-    fn a_consolidation_is_recorded_with_its_prediction() {
-        let config = ServiceConfig {
-            consolidate: Some(crate::framework::ConsolidateConfig {
-                protect_s: 0.0,
-                ..Default::default()
-            }),
-            ..ServiceConfig::default()
-        };
-        let test = TestCore::new(config);
-        let mut inner = test.core.lock();
+    /// A 4-GPU data-parallel gang spread 2 + 2 over the nodes, with `[consolidate]`
+    /// (no protection) and the 6-GPU job beside it on node 0 ended at `t0 + 3`: a
+    /// cycle may move it onto node 0. Returns the gang's id.
+    fn spread_gang(inner: &mut Inner, t0: i64) -> u32 {
         let path = NoModel.decision_path("topo-pack");
-        let t0 = crate::service::core::now_us();
-        register_both(&mut inner, t0);
+        register_both(inner, t0);
         let fillers: Vec<u32> = (0..2)
             .map(|_| inner.submit(Some(&whole_gpu_job(1, 6)), t0).unwrap())
             .collect();
@@ -682,41 +722,250 @@ mod tests {
         };
         let gang = inner.submit(Some(&gang_spec), t0 + 1).unwrap();
         inner.cycle(t0 + 2, &path);
-        let nodes = |inner: &Inner| {
-            let mut n: Vec<NodeId> = inner.jobs[&gang]
-                .placement
-                .as_ref()
-                .unwrap()
-                .workers
-                .iter()
-                .map(|w| w.node)
-                .collect();
-            n.sort_unstable();
-            n.dedup();
-            n
-        };
-        assert_eq!(nodes(&inner).len(), 2, "spread 2 + 2");
-        // The filler on node 0 ends; a cycle right after moves nothing (the gang has run
-        // for no time: no predicted gain), one an hour later moves it.
+        assert_eq!(gang_nodes(inner, gang).len(), 2, "spread 2 + 2");
         let on_node0 = fillers
             .iter()
             .copied()
             .find(|id| inner.jobs_on(NodeId(0)).contains(id))
             .unwrap();
         inner.cancel(on_node0, "", t0 + 3).unwrap();
-        inner.cycle(t0 + 4, &path);
-        assert_eq!(inner.metrics.migrations.get(), 0);
-        let later = t0 + 3_600_000_000;
-        for n in 0..2 {
-            inner.heard_from(NodeId(n), later);
+        gang
+    }
+
+    fn consolidating() -> ServiceConfig {
+        ServiceConfig {
+            consolidate: Some(crate::framework::ConsolidateConfig {
+                protect_s: 0.0,
+                ..Default::default()
+            }),
+            ..ServiceConfig::default()
         }
-        inner.cycle(later, &path);
+    }
+
+    fn gang_nodes(inner: &Inner, gang: u32) -> Vec<NodeId> {
+        let mut n: Vec<NodeId> = inner.jobs[&gang]
+            .placement
+            .as_ref()
+            .unwrap()
+            .workers
+            .iter()
+            .map(|w| w.node)
+            .collect();
+        n.sort_unstable();
+        n.dedup();
+        n
+    }
+
+    /// One cycle at `at`, with both agents heard from just before.
+    fn cycle_at(inner: &mut Inner, at: i64) {
+        for n in 0..2 {
+            inner.heard_from(NodeId(n), at);
+        }
+        inner.cycle(at, &NoModel.decision_path("topo-pack"));
+    }
+
+    /// A RUNNING report from node `node` carrying a checkpoint time.
+    fn checkpoint_report(node: usize, id: u32, unix_s: f64) -> pb::ReportJobRequest {
+        pb::ReportJobRequest {
+            last_checkpoint_unix_s: unix_s,
+            ..report(node, id, pb::JobState::Running)
+        }
+    }
+
+    /// Once the job beside the spread gang has ended and the gang has run long enough
+    /// for the predicted gain to exceed the restart, it moves onto that node, recorded
+    /// with the prediction in its reason, counted as a migration, and as a decision
+    /// that Explain returns with both placements and the numbers.
+    #[test]
+    fn a_consolidation_is_recorded_with_its_prediction() {
+        let test = TestCore::new(consolidating());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        let gang = spread_gang(&mut inner, t0);
+        let from = WorkerRecord::of(inner.jobs[&gang].placement.as_ref().unwrap(), &inner.topo);
+        let placed_by = inner.jobs[&gang].decision_id;
+        // A cycle right after moves nothing (the gang has run for no time: no
+        // predicted gain), one an hour later moves it.
+        inner.cycle(t0 + 4, &NoModel.decision_path("topo-pack"));
+        assert_eq!(inner.metrics.migrations.get(), 0);
+        let _ = inner.take_batch();
+        cycle_at(&mut inner, t0 + 3_600_000_000);
         assert_eq!(inner.metrics.migrations.get(), 1);
-        assert_eq!(nodes(&inner), vec![NodeId(0)]);
+        assert_eq!(gang_nodes(&inner, gang), vec![NodeId(0)]);
         let r = &inner.jobs[&gang];
         assert_eq!(r.attempts, 2);
         assert!(r.reason.contains("tighter placement"), "{}", r.reason);
         assert!(r.reason.contains("predicted gain"), "{}", r.reason);
         inner.state.check_consistency().unwrap();
+
+        let decision = r.decision_id;
+        assert!(decision > placed_by);
+        let to = WorkerRecord::of(r.placement.as_ref().unwrap(), &inner.topo);
+        let (_, (batch, _), events) = inner.take_batch();
+        test.core.store.commit(&batch).unwrap();
+        let d = test.core.store.decision(decision).unwrap().unwrap();
+        assert_eq!(
+            (d.verdict, d.path.as_str()),
+            (Verdict::Migrate, "heuristic:consolidate")
+        );
+        assert_eq!(
+            (d.placement.clone(), d.job.clone()),
+            (to.clone(), gang.to_string())
+        );
+        let m = d.migration.clone().unwrap();
+        assert_eq!(
+            (m.kind, m.from.clone()),
+            (MigrationKind::Consolidate, from.clone())
+        );
+        assert_eq!(m.safety_factor, Some(2.0));
+        let gain = m.gain_s.unwrap();
+        // No checkpoint reported: the cost is the restart alone.
+        assert_eq!((m.cost_s, m.lost_work_s), (m.restart_s, 0.0));
+        assert!(gain > m.cost_s * 2.0, "{m:?}");
+        assert_eq!(m.to_span.as_deref(), Some("NvlinkIsland"));
+        // What Explain answers, and the decision-log row.
+        let e = d.to_pb(&inner.topo.catalog);
+        assert_eq!(e.verdict, pb::Verdict::Migrate as i32);
+        assert_eq!(e.placement, WorkerRecord::to_pb(&to));
+        let em = e.migration.unwrap();
+        assert_eq!(
+            (em.kind.as_str(), em.from),
+            ("consolidate", WorkerRecord::to_pb(&from))
+        );
+        assert_eq!(
+            (em.gain_s, em.cost_s, em.safety_factor),
+            (Some(gain), m.cost_s, Some(2.0))
+        );
+        let row = d.log_row();
+        assert_eq!(row.verdict, "migrate");
+        assert!(
+            row.reason.starts_with("consolidate from n-"),
+            "{}",
+            row.reason
+        );
+        // The job's events of the move name the decision.
+        let named: Vec<u64> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Job(j) if j.job_id == gang as u64 => Some(j.decision_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(named, vec![decision, decision]);
+    }
+
+    /// The work since the last reported checkpoint counts in a move's cost: a
+    /// checkpoint an hour old makes the move cost more than it gains, a recent one lets
+    /// it happen, with the lost work in its record.
+    #[test]
+    fn a_reported_checkpoint_sets_what_a_consolidation_would_lose() {
+        let test = TestCore::new(consolidating());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        let gang = spread_gang(&mut inner, t0);
+        let start_s = t0 as f64 / 1e6;
+        inner
+            .report(&checkpoint_report(0, gang, start_s + 1.0), t0 + 4)
+            .unwrap();
+        assert_eq!(inner.jobs[&gang].state, JobState::Running);
+        assert_eq!(inner.jobs[&gang].last_checkpoint_s, Some(start_s + 1.0));
+        let later = t0 + 3_600_000_000;
+        cycle_at(&mut inner, later);
+        assert_eq!(
+            inner.metrics.migrations.get(),
+            0,
+            "an hour of work would be lost"
+        );
+
+        let later_s = later as f64 / 1e6;
+        inner
+            .report(&checkpoint_report(1, gang, later_s - 10.0), later)
+            .unwrap();
+        // An older report (another node's, late) does not move it back.
+        inner
+            .report(&checkpoint_report(0, gang, later_s - 20.0), later)
+            .unwrap();
+        assert_eq!(inner.jobs[&gang].last_checkpoint_s, Some(later_s - 10.0));
+        cycle_at(&mut inner, later + 1_000_000);
+        assert_eq!(inner.metrics.migrations.get(), 1);
+        let r = &inner.jobs[&gang];
+        // The new placement has written no checkpoint yet.
+        assert_eq!(r.last_checkpoint_s, None);
+        let d = inner
+            .dirty
+            .decisions
+            .iter()
+            .find(|d| d.id == r.decision_id)
+            .unwrap();
+        let m = d.migration.as_ref().unwrap();
+        assert!((m.lost_work_s - 11.0).abs() < 1e-3, "{m:?}");
+        // Those 11 s redone at the faster speed of the tighter placement.
+        let redone = m.cost_s - m.restart_s;
+        assert!(redone > 5.0 && redone < 11.0, "{m:?}");
+    }
+
+    #[test]
+    fn a_bad_checkpoint_time_is_refused_and_changes_nothing() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        let id = placed_over_both_nodes(&mut inner, t0);
+        let now_s = t0 as f64 / 1e6;
+        for bad in [f64::NAN, now_s + 3_600.0, now_s - 3_600.0] {
+            let err = inner
+                .report(&checkpoint_report(0, id, bad), t0 + 1)
+                .unwrap_err();
+            match err {
+                ServiceError::InvalidArgument(m) => {
+                    assert!(m.starts_with("last_checkpoint_unix_s"), "{m}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let completed = pb::ReportJobRequest {
+            last_checkpoint_unix_s: now_s,
+            ..report(0, id, pb::JobState::Completed)
+        };
+        assert!(matches!(
+            inner.report(&completed, t0 + 1),
+            Err(ServiceError::InvalidArgument(_))
+        ));
+        let r = &inner.jobs[&id];
+        assert_eq!((r.state, r.last_checkpoint_s), (JobState::Placed, None));
+        assert!(r.completed_nodes.is_empty());
+    }
+
+    #[test]
+    fn a_reported_checkpoint_survives_a_restart() {
+        let config = ServiceConfig::default();
+        let test = TestCore::new(config.clone());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        let id = placed_over_both_nodes(&mut inner, t0);
+        let at = t0 as f64 / 1e6 + 0.5;
+        inner.report(&checkpoint_report(1, id, at), t0 + 1).unwrap();
+        let (_, (batch, _), _) = inner.take_batch();
+        test.core.store.commit(&batch).unwrap();
+        drop(inner);
+        let restored = restore(&test, config);
+        let again = restored.lock();
+        assert_eq!(again.jobs[&id].last_checkpoint_s, Some(at));
+        let pb_job = crate::service::convert::job_to_pb(&again.jobs[&id], &again.topo);
+        assert_eq!(pb_job.last_checkpoint_unix_s, at);
+    }
+
+    /// A core restored from `test`'s store, as a restarted server would be.
+    fn restore(test: &TestCore, config: ServiceConfig) -> crate::service::core::Core {
+        crate::service::core::Core::restore(
+            &ServiceConfig {
+                db: std::path::PathBuf::from("unused.redb"),
+                ..config
+            },
+            &crate::domain::ClusterSpec::from_toml(crate::service::testkit::TWO_NODES).unwrap(),
+            test.core.store.clone(),
+            std::sync::Arc::new(crate::service::metrics::Metrics::new()),
+            std::sync::Arc::new(NoModel),
+        )
+        .unwrap()
     }
 }

@@ -92,6 +92,111 @@ pub enum Verdict {
     Place,
     Wait,
     Reject,
+    /// A running job moved to a new placement (primary mode; see [`MigrationRecord`]).
+    Migrate,
+}
+
+/// What moved a running job.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrationKind {
+    /// `framework::consolidate`: the gang itself onto a tighter placement.
+    Consolidate,
+    /// `framework::rebalance`: out of the way of a gang blocked by fragmentation.
+    Rebalance,
+}
+
+impl MigrationKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationKind::Consolidate => "consolidate",
+            MigrationKind::Rebalance => "rebalance",
+        }
+    }
+}
+
+/// Why and from where a running job moved; the record's `placement` is where it went.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MigrationRecord {
+    pub kind: MigrationKind,
+    /// The placement it left.
+    pub from: Vec<WorkerRecord>,
+    /// Consolidation: the topology levels the gang spanned before and after.
+    pub from_span: Option<String>,
+    pub to_span: Option<String>,
+    /// Consolidation: predicted seconds saved over the rest of the run.
+    pub gain_s: Option<f64>,
+    /// Consolidation: the move was made because gain > cost × this.
+    pub safety_factor: Option<f64>,
+    /// Seconds the move costs the job: restart plus the time since its last checkpoint
+    /// (consolidation: that work redone at the new speed).
+    pub cost_s: f64,
+    pub restart_s: f64,
+    /// Wall-clock seconds since the last checkpoint its agent reported: the work the
+    /// move throws away (0: none reported, counted as nothing lost).
+    pub lost_work_s: f64,
+    /// Rebalance: the blocked gang the move made room for (id and name).
+    pub for_job: Option<String>,
+    pub for_job_name: Option<String>,
+}
+
+impl MigrationRecord {
+    pub fn to_pb(&self) -> pb::Migration {
+        pb::Migration {
+            kind: self.kind.name().into(),
+            from: WorkerRecord::to_pb(&self.from),
+            from_span: self.from_span.clone().unwrap_or_default(),
+            to_span: self.to_span.clone().unwrap_or_default(),
+            gain_s: self.gain_s,
+            safety_factor: self.safety_factor,
+            cost_s: self.cost_s,
+            restart_s: self.restart_s,
+            lost_work_s: self.lost_work_s,
+            for_job: self.for_job.clone().unwrap_or_default(),
+            for_job_name: self.for_job_name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Why it moved, in words: the job history's reason says "migrated to " this.
+    pub fn why(&self) -> String {
+        match self.kind {
+            MigrationKind::Consolidate => format!(
+                "a tighter placement ({} → {}): predicted gain {:.0} s > cost {:.0} s × safety {}",
+                self.from_span.as_deref().unwrap_or("?"),
+                self.to_span.as_deref().unwrap_or("?"),
+                self.gain_s.unwrap_or(0.0),
+                self.cost_s,
+                self.safety_factor.unwrap_or(0.0),
+            ),
+            MigrationKind::Rebalance => format!(
+                "make room for job {} ({}); cost {:.0} s",
+                self.for_job.as_deref().unwrap_or("?"),
+                self.for_job_name.as_deref().unwrap_or(""),
+                self.cost_s,
+            ),
+        }
+    }
+
+    /// The move in words, for the decision log's `reason` column (which has no columns
+    /// of its own for it).
+    pub fn describe(&self) -> String {
+        let from = self
+            .from
+            .iter()
+            .map(|w| {
+                let gpus: Vec<String> = w.gpus.iter().map(|g| g.index.to_string()).collect();
+                format!("{}:{}", w.node, gpus.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(";");
+        format!(
+            "{} from {from} to {} (restart {:.0} s + lost work {:.0} s)",
+            self.kind.name(),
+            self.why(),
+            self.restart_s,
+            self.lost_work_s
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -153,6 +258,10 @@ pub struct DecisionRecord {
     /// The learned policy's candidate placements with their network scores.
     #[serde(default)]
     pub scored: Vec<ScoredCandidateRecord>,
+    /// With [`Verdict::Migrate`]: the move's origin and reasons. Absent from records
+    /// stored before migrations were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationRecord>,
     /// The featurised decision, for the Parquet decision log only: kept out of the
     /// database (Explain does not need ~1 KB of floats per decision).
     #[serde(skip)]
@@ -327,6 +436,7 @@ impl DecisionRecord {
                     probability: c.probability,
                 })
                 .collect(),
+            migration: self.migration.as_ref().map(MigrationRecord::to_pb),
         }
     }
 
@@ -386,9 +496,14 @@ impl DecisionRecord {
                 Verdict::Place => "place",
                 Verdict::Wait => "wait",
                 Verdict::Reject => "reject",
+                Verdict::Migrate => "migrate",
             }
             .into(),
-            reason: self.reason.clone(),
+            // A migration's origin and numbers have no columns: they go in the reason.
+            reason: match &self.migration {
+                Some(m) => m.describe(),
+                None => self.reason.clone(),
+            },
             nodes: self
                 .placement
                 .iter()
@@ -416,5 +531,6 @@ pub fn verdict_to_pb(v: Verdict) -> pb::Verdict {
         Verdict::Place => pb::Verdict::Place,
         Verdict::Wait => pb::Verdict::Wait,
         Verdict::Reject => pb::Verdict::Reject,
+        Verdict::Migrate => pb::Verdict::Migrate,
     }
 }
