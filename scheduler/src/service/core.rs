@@ -32,6 +32,9 @@ use crate::service::store::{Batch, META_NEXT_DECISION, META_NEXT_JOB, Store};
 /// told to re-list (assignment watchers get the full state again on reconnect).
 pub const EVENT_BUFFER: usize = 1 << 16;
 
+/// How often the driver looks for nodes whose heartbeat timed out.
+const HEARTBEAT_CHECK_EVERY: Duration = Duration::from_millis(50);
+
 pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -356,17 +359,48 @@ impl Core {
     /// The driver: waits for an event or the cycle interval, runs a cycle when something
     /// changed, commits the batch, then publishes it. Returns after a final commit once
     /// `shutdown` flips.
+    ///
+    /// Cycles overlap the disk: while one batch is being written and fsynced, events
+    /// still run cycles (placements are made, under the lock, as they would be), but
+    /// their changes stay in the open epoch. When the write finishes, the epoch is closed
+    /// and the next batch starts at once, holding everything changed meanwhile. So
+    /// batches stay as large as the disk's latency allows (each commit costs CPU of its
+    /// own: the fsync, the write-out, redb's page bookkeeping), and an epoch is published
+    /// only once it and every epoch before it are durable, in order.
     pub async fn drive(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut last_cycle = Instant::now();
+        let mut last_heartbeat_check = Instant::now();
+        let mut in_flight: Option<InFlight> = None;
         loop {
             let stopping = tokio::select! {
                 _ = self.wake.notified() => false,
                 _ = tokio::time::sleep(self.cycle_interval) => false,
                 r = shutdown.changed() => r.is_err() || *shutdown.borrow(),
+                done = async { (&mut in_flight.as_mut().expect("guarded").task).await },
+                    if in_flight.is_some() =>
+                {
+                    let flight = in_flight.take().expect("guarded");
+                    if !self.publish(flight.closed, done) {
+                        return;
+                    }
+                    false
+                }
             };
-            let (epoch, batch, events) = {
+            if stopping && let Some(mut flight) = in_flight.take() {
+                let done = (&mut flight.task).await;
+                if !self.publish(flight.closed, done) {
+                    return;
+                }
+            }
+            let closing = in_flight.is_none();
+            let taken = {
                 let mut inner = self.lock();
-                inner.check_heartbeats(now_us());
+                // Timeouts are seconds long; scanning every node on every event (a
+                // cycle can run per submit under load) would cost more than it tells.
+                if last_heartbeat_check.elapsed() >= HEARTBEAT_CHECK_EVERY {
+                    last_heartbeat_check = Instant::now();
+                    inner.check_heartbeats(now_us());
+                }
                 // A reloaded model takes over here, between cycles: every decision of a
                 // cycle is made by one model.
                 if let Some(update) = self.model.policy_update(inner.model_generation) {
@@ -382,38 +416,92 @@ impl Core {
                         .observe(started.elapsed().as_secs_f64());
                 }
                 inner.update_gauges(&self.metrics);
-                inner.take_batch()
+                closing.then(|| inner.take_changes())
             };
-            let (batch, log_rows) = batch;
-            if !batch.is_empty() {
-                let store = self.store.clone();
-                let started = Instant::now();
-                let result = tokio::task::spawn_blocking(move || store.commit(&batch)).await;
-                self.metrics
-                    .commit_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                let error = match result {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(format!("commit task: {e}")),
-                };
-                if let Some(error) = error {
-                    tracing::error!(%error, "commit failed; refusing further changes");
-                    self.committed.send_modify(|c| c.error = Some(error));
+            let Some((epoch, changes, log_rows, events)) = taken else {
+                continue;
+            };
+            let closed = ClosedEpoch {
+                epoch,
+                log_rows,
+                events,
+            };
+            if changes.is_empty() {
+                // Nothing to write, and every earlier epoch is durable already.
+                if !self.publish(closed, Ok(Ok(None))) || stopping {
                     return;
                 }
+                continue;
             }
-            self.committed.send_modify(|c| c.epoch = epoch);
-            self.log_rows(log_rows);
-            for event in events {
-                // No receiver is not an error: nobody is watching.
-                let _ = self.events.send(Arc::new(event));
-            }
+            let mut flight = self.start_commit(changes, closed);
             if stopping {
+                let done = (&mut flight.task).await;
+                self.publish(flight.closed, done);
                 return;
             }
+            in_flight = Some(flight);
         }
     }
+
+    /// Serialises and writes one epoch's changes on the blocking pool.
+    fn start_commit(&self, changes: Changes, closed: ClosedEpoch) -> InFlight {
+        let store = self.store.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            store
+                .commit(&changes.serialise())
+                .map(|()| Some(started.elapsed()))
+        });
+        InFlight { task, closed }
+    }
+
+    /// Publishes a finished commit: the epoch, its decision-log rows and its events.
+    /// False when it failed: the driver stops, and every later change is refused.
+    fn publish(
+        &self,
+        closed: ClosedEpoch,
+        done: Result<CommitResult, tokio::task::JoinError>,
+    ) -> bool {
+        let error = match done {
+            Ok(Ok(took)) => {
+                if let Some(took) = took {
+                    self.metrics.commit_seconds.observe(took.as_secs_f64());
+                }
+                None
+            }
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(format!("commit task: {e}")),
+        };
+        if let Some(error) = error {
+            tracing::error!(%error, "commit failed; refusing further changes");
+            self.committed.send_modify(|c| c.error = Some(error));
+            return false;
+        }
+        self.committed.send_modify(|c| c.epoch = closed.epoch);
+        self.log_rows(closed.log_rows);
+        for event in closed.events {
+            // No receiver is not an error: nobody is watching.
+            let _ = self.events.send(Arc::new(event));
+        }
+        true
+    }
+}
+
+/// What a commit task returns: how long the write took (`None` when there was nothing
+/// to write).
+type CommitResult = Result<Option<Duration>, crate::service::store::StoreError>;
+
+/// What an epoch publishes once it is durable.
+struct ClosedEpoch {
+    epoch: u64,
+    log_rows: LogBatch,
+    events: Vec<Event>,
+}
+
+/// A batch being written, with what to publish once it is durable.
+struct InFlight {
+    task: tokio::task::JoinHandle<CommitResult>,
+    closed: ClosedEpoch,
 }
 
 impl Core {
@@ -536,34 +624,41 @@ impl Inner {
     }
 
     /// Closes the current epoch: its records serialised, its events to publish.
+    #[cfg(test)]
     pub(crate) fn take_batch(&mut self) -> (u64, (Batch, LogBatch), Vec<Event>) {
+        let (epoch, changes, log, events) = self.take_changes();
+        (epoch, (changes.serialise(), log), events)
+    }
+
+    /// Closes the current epoch: copies of its changed records (serialised later, off
+    /// the lock), its decision-log rows and its events to publish.
+    pub(crate) fn take_changes(&mut self) -> (u64, Changes, LogBatch, Vec<Event>) {
         let epoch = self.epoch;
         self.epoch += 1;
         let dirty = std::mem::take(&mut self.dirty);
-        let mut batch = Batch::default();
-        for id in dirty.jobs {
-            if let Some(r) = self.jobs.get(&id) {
-                match serde_json::to_vec(r) {
-                    Ok(bytes) => batch.jobs.push((id as u64, bytes)),
-                    Err(e) => tracing::error!(job = id, error = %e, "job record not serialisable"),
-                }
-            }
-        }
-        for n in dirty.nodes {
-            let name = self.topo.node(NodeId(n)).name.clone();
-            if let Ok(bytes) = serde_json::to_vec(&self.nodes[n as usize]) {
-                batch.nodes.push((name, bytes));
-            }
-        }
-        for d in &dirty.decisions {
-            if let Ok(bytes) = serde_json::to_vec(d) {
-                batch.decisions.push((d.id, bytes));
-            }
-        }
-        if dirty.meta {
-            batch.meta.push((META_NEXT_JOB, self.next_job as u64));
-            batch.meta.push((META_NEXT_DECISION, self.next_decision));
-        }
+        let jobs = dirty
+            .jobs
+            .iter()
+            .filter_map(|id| Some((*id, self.jobs.get(id)?.clone())))
+            .collect();
+        let nodes = dirty
+            .nodes
+            .iter()
+            .map(|&n| {
+                (
+                    self.topo.node(NodeId(n)).name.clone(),
+                    self.nodes[n as usize].clone(),
+                )
+            })
+            .collect();
+        let meta = if dirty.meta {
+            vec![
+                (META_NEXT_JOB, self.next_job as u64),
+                (META_NEXT_DECISION, self.next_decision),
+            ]
+        } else {
+            Vec::new()
+        };
         let log = if self.log_enabled {
             LogBatch {
                 decisions: dirty
@@ -577,6 +672,53 @@ impl Inner {
         } else {
             LogBatch::default()
         };
-        (epoch, (batch, log), dirty.events)
+        let changes = Changes {
+            jobs,
+            nodes,
+            decisions: dirty.decisions,
+            meta,
+        };
+        (epoch, changes, log, dirty.events)
+    }
+}
+
+/// One epoch's changed records, owned, so that serialising them for the store happens
+/// outside the state's lock.
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    jobs: Vec<(u32, JobRecord)>,
+    nodes: Vec<(String, NodeRecord)>,
+    decisions: Vec<DecisionRecord>,
+    meta: Vec<(&'static str, u64)>,
+}
+
+impl Changes {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+            && self.nodes.is_empty()
+            && self.decisions.is_empty()
+            && self.meta.is_empty()
+    }
+
+    pub(crate) fn serialise(self) -> Batch {
+        let mut batch = Batch::default();
+        for (id, r) in self.jobs {
+            match serde_json::to_vec(&r) {
+                Ok(bytes) => batch.jobs.push((id as u64, bytes)),
+                Err(e) => tracing::error!(job = id, error = %e, "job record not serialisable"),
+            }
+        }
+        for (name, r) in self.nodes {
+            if let Ok(bytes) = serde_json::to_vec(&r) {
+                batch.nodes.push((name, bytes));
+            }
+        }
+        for d in &self.decisions {
+            if let Ok(bytes) = serde_json::to_vec(d) {
+                batch.decisions.push((d.id, bytes));
+            }
+        }
+        batch.meta = self.meta;
+        batch
     }
 }

@@ -314,19 +314,26 @@ pub fn candidates(
     chosen: &Placement,
 ) -> (u32, Vec<CandidateRecord>, Vec<crate::domain::NodeId>) {
     let topo = state.topology();
-    let mut fit: Vec<crate::domain::NodeId> = topo
-        .node_ids()
-        .filter(|&n| state.worker_fits(job, n))
-        .collect();
-    let feasible = fit.len() as u32;
-    fit.sort_by_key(|&n| {
-        (
+    // One pass keeping the best MAX_CANDIDATES in order: this runs for every decision,
+    // over every node of the cluster, and most nodes lose to the list at once.
+    let mut best: Vec<(bool, std::cmp::Reverse<u16>, crate::domain::NodeId)> =
+        Vec::with_capacity(MAX_CANDIDATES + 1);
+    let mut feasible = 0u32;
+    for n in topo.node_ids().filter(|&n| state.worker_fits(job, n)) {
+        feasible += 1;
+        let key = (
             !chosen.workers.iter().any(|w| w.node == n),
             std::cmp::Reverse(state.node_idle_gpus(n)),
             n,
-        )
-    });
-    fit.truncate(MAX_CANDIDATES);
+        );
+        if best.len() == MAX_CANDIDATES && best.last().is_some_and(|worst| key >= *worst) {
+            continue;
+        }
+        let at = best.partition_point(|b| *b < key);
+        best.insert(at, key);
+        best.truncate(MAX_CANDIDATES);
+    }
+    let fit: Vec<crate::domain::NodeId> = best.into_iter().map(|(_, _, n)| n).collect();
     let list = fit
         .iter()
         .map(|&n| CandidateRecord {
@@ -532,5 +539,88 @@ pub fn verdict_to_pb(v: Verdict) -> pb::Verdict {
         Verdict::Wait => pb::Verdict::Wait,
         Verdict::Reject => pb::Verdict::Reject,
         Verdict::Migrate => pb::Verdict::Migrate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::domain::{
+        ClusterSpec, ClusterState, GpuDemand, GpuId, GpuShare, JobId, NodeId, Topology,
+        WorkerPlacement,
+    };
+
+    fn one_worker(id: u32, gpus: u32) -> Job {
+        Job {
+            workers: 1,
+            gpu: GpuDemand::Whole(gpus as _),
+            ..Job::whole_gpus(JobId(id), 1, 0.0, 0.0)
+        }
+    }
+
+    /// 40 nodes of 8 GPUs, node `i` with `(7 * i) % 9` GPUs taken: many ties in idle
+    /// GPUs, so the node-id tie-break matters.
+    fn uneven_state() -> ClusterState {
+        let spec = ClusterSpec::from_toml(
+            "name='c'\n[[nodes]]\ncount=40\ngpu_model='H100'\ngpus=8\ncpu_milli=224000\nmemory_mib=2097152\n",
+        )
+        .unwrap();
+        let topo = Arc::new(Topology::build(&spec).unwrap());
+        let mut state = ClusterState::new(topo.clone());
+        for i in 0..40u32 {
+            let taken = (7 * i) % 9;
+            if taken == 0 {
+                continue;
+            }
+            let n = NodeId(i);
+            let gpus = topo.node(n).gpus.clone().take(taken as usize);
+            let job = one_worker(1000 + i, taken);
+            let placement = Placement {
+                workers: vec![WorkerPlacement {
+                    node: n,
+                    gpus: gpus.map(|g| GpuShare::whole(GpuId(g))).collect(),
+                }],
+            };
+            state.allocate(&job, &placement).unwrap();
+        }
+        state
+    }
+
+    #[test]
+    fn candidates_are_the_head_of_a_full_sort_chosen_nodes_first() {
+        let state = uneven_state();
+        let job = one_worker(1, 2);
+        let chosen = Placement {
+            workers: vec![WorkerPlacement {
+                node: NodeId(33),
+                gpus: vec![],
+            }],
+        };
+        let (feasible, list, ids) = candidates(&job, &state, &chosen);
+        let mut reference: Vec<NodeId> = state
+            .topology()
+            .node_ids()
+            .filter(|&n| state.worker_fits(&job, n))
+            .collect();
+        assert_eq!(feasible as usize, reference.len());
+        assert!(reference.len() > MAX_CANDIDATES, "the test needs a cut");
+        reference.sort_by_key(|&n| {
+            (
+                n != NodeId(33),
+                std::cmp::Reverse(state.node_idle_gpus(n)),
+                n,
+            )
+        });
+        reference.truncate(MAX_CANDIDATES);
+        assert_eq!(ids, reference);
+        assert_eq!(list.len(), MAX_CANDIDATES);
+        assert!(list[0].chosen && list[1..].iter().all(|c| !c.chosen));
+        assert!(
+            list[1..]
+                .windows(2)
+                .all(|w| w[0].idle_gpus >= w[1].idle_gpus)
+        );
     }
 }
