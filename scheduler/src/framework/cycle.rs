@@ -379,8 +379,35 @@ pub(crate) fn workers_on_empty_node(job: &Job, node: &Node) -> u64 {
     by_gpu.min(by_cpu).min(by_memory)
 }
 
+/// [`can_ever_fit`] remembered per job shape, for one topology (the inventory a server
+/// was started with): a submit then costs a hash lookup, not a walk over every node.
+/// Bounded: past [`EverFitMemo::CAPACITY`] shapes it starts over, so a client sending
+/// ever-new shapes cannot grow it without limit.
+#[derive(Debug, Default)]
+pub struct EverFitMemo {
+    answers: std::collections::HashMap<JobShape, Result<(), String>>,
+}
+
+impl EverFitMemo {
+    pub const CAPACITY: usize = 4096;
+
+    /// [`can_ever_fit`]`(job, topo)`; `topo` must be the same on every call.
+    pub fn check(&mut self, job: &Job, topo: &Topology) -> Result<(), String> {
+        let shape = JobShape::of(job);
+        if let Some(answer) = self.answers.get(&shape) {
+            return answer.clone();
+        }
+        if self.answers.len() >= Self::CAPACITY {
+            self.answers.clear();
+        }
+        let answer = can_ever_fit(job, topo);
+        self.answers.insert(shape, answer.clone());
+        answer
+    }
+}
+
 /// What decides whether a job fits: two jobs of one shape fit in exactly the same places.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 struct JobShape {
     workers: u32,
     gpu: GpuDemand,
@@ -398,5 +425,62 @@ impl JobShape {
             memory_mib: job.memory_mib,
             gpu_models: job.gpu_models,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ClusterSpec, JobId};
+
+    fn topo() -> Topology {
+        let spec = ClusterSpec::from_toml(
+            "name='c'\n[[nodes]]\ncount=2\ngpu_model='H100'\ngpus=8\ncpu_milli=64000\nmemory_mib=262144\n",
+        )
+        .unwrap();
+        Topology::build(&spec).unwrap()
+    }
+
+    fn job(id: u32, workers: u32, gpus: u16, cpu_milli: u32) -> Job {
+        Job {
+            workers,
+            gpu: GpuDemand::Whole(gpus),
+            cpu_milli,
+            ..Job::whole_gpus(JobId(id), 1, 0.0, 0.0)
+        }
+    }
+
+    #[test]
+    fn the_memo_answers_as_can_ever_fit_does_per_shape_and_stays_bounded() {
+        let topo = topo();
+        let mut memo = EverFitMemo::default();
+        let shapes = [
+            job(1, 1, 8, 1000),
+            job(2, 2, 8, 1000),
+            job(3, 3, 8, 1000),  // three full nodes on a two-node cluster
+            job(4, 1, 16, 1000), // more GPUs than a node has
+            job(5, 1, 1, 128_000),
+        ];
+        for j in &shapes {
+            assert_eq!(
+                memo.check(j, &topo),
+                can_ever_fit(j, &topo),
+                "job {:?}",
+                j.id
+            );
+        }
+        assert!(memo.check(&shapes[0], &topo).is_ok());
+        assert!(memo.check(&shapes[2], &topo).is_err());
+        // Another job of a remembered shape gets the remembered answer.
+        assert_eq!(
+            memo.check(&job(9, 3, 8, 1000), &topo),
+            can_ever_fit(&shapes[2], &topo)
+        );
+        assert_eq!(memo.answers.len(), shapes.len());
+        for cpu in 0..(EverFitMemo::CAPACITY as u32 + 10) {
+            let j = job(100, 1, 1, cpu + 1);
+            assert_eq!(memo.check(&j, &topo), can_ever_fit(&j, &topo));
+        }
+        assert!(memo.answers.len() <= EverFitMemo::CAPACITY);
     }
 }

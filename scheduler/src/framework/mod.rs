@@ -25,7 +25,7 @@ mod reserve;
 
 pub use consolidate::{ConsolidateConfig, Consolidation, RemainingEstimate, gain_and_cost};
 pub use cpu_nodes_first::CpuNodesFirst;
-pub use cycle::{CycleDecisions, Pending, Running, can_ever_fit, run_cycle};
+pub use cycle::{CycleDecisions, EverFitMemo, Pending, Running, can_ever_fit, run_cycle};
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
 };

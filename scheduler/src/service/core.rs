@@ -96,6 +96,8 @@ pub struct Inner {
     pub nodes: Vec<NodeRecord>,
     pub node_index: HashMap<String, NodeId>,
     pub(crate) idempotency: HashMap<String, u32>,
+    /// Submit's "can it ever fit" answers per job shape (the inventory is fixed).
+    pub(crate) ever_fits: crate::framework::EverFitMemo,
     pub(crate) next_job: u32,
     pub(crate) next_decision: u64,
     pub(crate) event_seq: u64,
@@ -193,6 +195,7 @@ impl Core {
             nodes: vec![NodeRecord::default(); topo.nodes().len()],
             node_index,
             idempotency: HashMap::new(),
+            ever_fits: Default::default(),
             next_job: loaded.next_job.clamp(1, u32::MAX as u64) as u32,
             next_decision: loaded.next_decision.max(1),
             event_seq: 0,

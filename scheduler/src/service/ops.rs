@@ -2,7 +2,6 @@
 //! agent reports, node registration with reconciliation, drain, cordon, telemetry.
 
 use crate::domain::{JobId, NodeId};
-use crate::framework::can_ever_fit;
 use crate::service::convert::{job_from_spec, node_counts, node_group};
 use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
@@ -107,7 +106,7 @@ impl Inner {
         let (job, key) = job_from_spec(spec, JobId(id), now as f64 / 1e6, &self.topo.catalog)?;
         self.next_job += 1;
         self.dirty.meta = true;
-        let fits = can_ever_fit(&job, &self.topo);
+        let fits = self.ever_fits.check(&job, &self.topo);
         let mut record = JobRecord::new(job, key.clone(), now);
         if let Some(key) = key {
             self.idempotency.insert(key, id);
