@@ -8,7 +8,9 @@
 //!   (11- and 5-column) → [`parse_openb_pods`]; with the incumbent's scheduled times
 //!   (shadow mode) → [`parse_openb_recorded`], [`load_recorded_trace`].
 //! - An incumbent's outcomes for a live shadow log (`job,scheduled_time,deletion_time`)
-//!   → [`parse_incumbent_outcomes`].
+//!   → [`parse_incumbent_outcomes`]; that CSV written from Slurm's `sacct` →
+//!   [`parse_sacct`], or from `kubectl get pods -o json` → [`parse_kubectl_pods`], then
+//!   [`write_incumbent_outcomes`].
 //! - Microsoft Philly (2017, Pollux's copy): jobs → [`parse_philly`], 7-day windows →
 //!   [`philly_window`], machines → [`philly_cluster`].
 //! - Microsoft ITP (ElasticFlow's release, raw and processed) → [`parse_itp`].
@@ -100,6 +102,7 @@ mod gavel;
 mod gavel_throughputs;
 mod genai;
 mod gzip;
+mod incumbent_export;
 mod itp;
 mod jobs;
 mod links;
@@ -138,6 +141,10 @@ pub use gavel_throughputs::{
 pub use genai::{
     GenAiMetric, GenAiSeries, PodSeries, PodSummary, load_genai_series, parse_genai_archive,
     parse_genai_series,
+};
+pub use incumbent_export::{
+    IncumbentExport, PodId, first_host, parse_kubectl_pods, parse_sacct, parse_utc_offset,
+    write_incumbent_outcomes,
 };
 pub use itp::parse_itp;
 pub use lucid::{

@@ -97,9 +97,22 @@ impl<'a> Table<'a> {
     /// Reads the header (the first non-blank line). `expected` is the header the caller
     /// wants, quoted in errors.
     pub fn open(file: &'a str, text: &'a str, expected: &str) -> Result<Self, DatasetError> {
+        Self::open_delimited(file, text, expected, b',')
+    }
+
+    /// [`Table::open`] for a file whose fields are separated by `delimiter`. Any delimiter
+    /// but a comma turns quoting off: such files (`sacct --parsable2`, `|`) do not quote.
+    pub fn open_delimited(
+        file: &'a str,
+        text: &'a str,
+        expected: &str,
+        delimiter: u8,
+    ) -> Result<Self, DatasetError> {
         let mut records = ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
+            .delimiter(delimiter)
+            .quoting(delimiter == b',')
             .from_reader(text.as_bytes())
             .into_records();
         let mut lines = LineCounter {
@@ -173,7 +186,33 @@ impl<'a> Table<'a> {
 
     /// Locates a required column; its absence is an error naming the file and the column.
     pub fn column(&self, name: &'static str, expected: &str) -> Result<Col, DatasetError> {
-        match self.header.iter().position(|h| h == name) {
+        self.locate(name, expected, |h| h == name)
+    }
+
+    /// [`Table::column`], ignoring ASCII case (`JobID`, `jobid`).
+    pub fn column_ignore_case(
+        &self,
+        name: &'static str,
+        expected: &str,
+    ) -> Result<Col, DatasetError> {
+        self.locate(name, expected, |h| h.eq_ignore_ascii_case(name))
+    }
+
+    /// An optional column, ignoring ASCII case.
+    pub fn find_ignore_case(&self, name: &'static str) -> Option<Col> {
+        self.header
+            .iter()
+            .position(|h| h.eq_ignore_ascii_case(name))
+            .map(|index| Col { index, name })
+    }
+
+    fn locate(
+        &self,
+        name: &'static str,
+        expected: &str,
+        matches: impl Fn(&str) -> bool,
+    ) -> Result<Col, DatasetError> {
+        match self.header.iter().position(|h| matches(h)) {
             Some(index) => Ok(Col { index, name }),
             None => Err(malformed(
                 self.file,

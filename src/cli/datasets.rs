@@ -37,6 +37,9 @@ enum DatasetsCommand {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// The incumbent's outcomes CSV for `marshal shadow --outcomes`, from `sacct` or
+    /// `kubectl get pods -o json`.
+    Outcomes(crate::cli::outcomes_export::OutcomesArgs),
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +124,7 @@ pub fn run(args: DatasetsArgs) -> anyhow::Result<()> {
         }
         DatasetsCommand::Calibrate => calibrate(),
         DatasetsCommand::Workloads { format } => workloads(format),
+        DatasetsCommand::Outcomes(a) => crate::cli::outcomes_export::run(a),
         DatasetsCommand::Synth(a) => {
             let (topo, template) = load(&a.like, a.cluster.as_deref())?;
             let arrivals = match a.burst_factor {

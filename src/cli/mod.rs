@@ -4,6 +4,7 @@ mod datasets;
 mod demo;
 mod eval;
 mod model;
+mod outcomes_export;
 mod output;
 mod policy;
 mod policy_log;

@@ -1,0 +1,148 @@
+//! Slurm: `sacct --allocations --parsable2 --format=JobID,Submit,Start,End,State,NodeList`.
+
+use chrono::{FixedOffset, NaiveDateTime};
+
+use super::{IncumbentExport, first_host, outcome};
+use crate::jobs::Unique;
+use crate::table::{Bad, Col, Table};
+use crate::{DatasetError, ParseReport};
+
+const HEADER: &str = "JobID|Submit|Start|End|State|NodeList";
+
+/// Parses `sacct --parsable2` output (`|`-separated, header line present, columns found
+/// by name ignoring case; `JobID`, `Start` and `End` required, `State` and `NodeList`
+/// used when present, others ignored; `--parsable`'s trailing `|` is accepted).
+///
+/// - `job` is `JobID` as is (`1234`, array task `1234_7`, het component `1234+0`): the
+///   id a Slurm plugin passes to `Advise`. Step rows (`1234.batch`, `1234.0`, what
+///   `sacct` prints without `--allocations`) are left out and counted in
+///   [`IncumbentExport::steps_left_out`].
+/// - Times are `YYYY-MM-DDTHH:MM:SS` on the cluster's wall clock, converted with
+///   `utc_offset`, or Unix seconds (`SLURM_TIME_FORMAT=%s`), told apart per value.
+///   `Start` `Unknown`/`None`, or a `PENDING` state (whose `Start` is only the expected
+///   start), is a job never started; `End` `Unknown` one still running.
+/// - `node` is the first host of `NodeList` (`gpu[01-03,07]` → `gpu01`), empty for
+///   `None assigned`.
+///
+/// A row with a bad time or host list, or whose job repeats an earlier row, is skipped
+/// with its line; a missing required column, or no usable row, is an error.
+pub fn parse_sacct(
+    name: &str,
+    text: &str,
+    utc_offset: FixedOffset,
+) -> Result<IncumbentExport, DatasetError> {
+    let table = Table::open_delimited(name, text, HEADER, b'|')?;
+    let cols = Cols {
+        job: table.column_ignore_case("JobID", HEADER)?,
+        start: table.column_ignore_case("Start", HEADER)?,
+        end: table.column_ignore_case("End", HEADER)?,
+        state: table.find_ignore_case("State"),
+        nodes: table.find_ignore_case("NodeList"),
+    };
+    let mut export = IncumbentExport {
+        rows: Vec::new(),
+        report: ParseReport::new(name),
+        steps_left_out: 0,
+        local_times: 0,
+    };
+    let mut jobs = Unique::default();
+    let mut report = ParseReport::new(name);
+    table.for_each_row(&mut report, |row| {
+        let job = row.text(cols.job)?;
+        if job.contains('.') {
+            export.steps_left_out += 1;
+            return Ok(());
+        }
+        let mut time = |col: Col| {
+            sacct_time(row.get(col)?, utc_offset, &mut export.local_times)
+                .map_err(|reason| Bad::new(col.name, reason))
+        };
+        let pending = match cols.state {
+            Some(c) => row.get(c)?.to_ascii_uppercase().starts_with("PENDING"),
+            None => false,
+        };
+        let start = time(cols.start)?.filter(|_| !pending);
+        let end = time(cols.end)?;
+        let node = match cols.nodes {
+            Some(c) => first_host(row.get(c)?).map_err(|reason| Bad::new(c.name, reason))?,
+            None => None,
+        };
+        let outcome = outcome(job.to_string(), start, end, node, cols.end.name)?;
+        jobs.insert(job, cols.job.name)?;
+        export.rows.push(outcome);
+        Ok(())
+    });
+    // Step rows were read but are neither kept nor skipped.
+    report.rows_read -= export.steps_left_out;
+    export.report = report;
+    if export.rows.is_empty() {
+        return Err(export.report.no_valid_rows());
+    }
+    Ok(export)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Cols {
+    job: Col,
+    start: Col,
+    end: Col,
+    state: Option<Col>,
+    nodes: Option<Col>,
+}
+
+/// One `sacct` time: `None` for `Unknown`, `None` or empty.
+fn sacct_time(
+    s: &str,
+    utc_offset: FixedOffset,
+    local_times: &mut usize,
+) -> Result<Option<f64>, String> {
+    if s.is_empty() || s.eq_ignore_ascii_case("Unknown") || s.eq_ignore_ascii_case("None") {
+        return Ok(None);
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse::<i64>()
+            .map(|t| Some(t as f64))
+            .map_err(|e| format!("{s:?}: {e}"));
+    }
+    let local = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S")
+        .map_err(|e| format!("{s:?} is neither YYYY-MM-DDTHH:MM:SS nor Unix seconds ({e})"))?;
+    *local_times += 1;
+    let unix = local.and_utc().timestamp() - i64::from(utc_offset.local_minus_utc());
+    if unix < 0 {
+        return Err(format!("{s:?} is before 1970"));
+    }
+    Ok(Some(unix as f64))
+}
+
+/// A UTC offset: `+HH:MM`, `-HH:MM`, `+HHMM`, `+HH`, or `Z`/`UTC` for zero.
+pub fn parse_utc_offset(s: &str) -> Result<FixedOffset, String> {
+    let bad = || format!("{s:?} is not a UTC offset like +02:00 or -05:30");
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("Z") || t.eq_ignore_ascii_case("UTC") {
+        return FixedOffset::east_opt(0).ok_or_else(bad);
+    }
+    let (sign, rest) = match t.as_bytes().first() {
+        Some(b'+') => (1, &t[1..]),
+        Some(b'-') => (-1, &t[1..]),
+        _ => return Err(bad()),
+    };
+    let digits: String = rest.chars().filter(|&c| c != ':').collect();
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let colons = rest.matches(':').count();
+    let (h, m) = match (digits.len(), colons) {
+        (2, 0) => (&digits[..2], "00"),
+        (4, 0) => (&digits[..2], &digits[2..]),
+        (4, 1) if rest.find(':') == Some(2) => (&digits[..2], &digits[2..]),
+        _ => return Err(bad()),
+    };
+    let (Ok(h), Ok(m)) = (h.parse::<i32>(), m.parse::<i32>()) else {
+        return Err(bad());
+    };
+    if h > 23 || m > 59 {
+        return Err(bad());
+    }
+    FixedOffset::east_opt(sign * (h * 3600 + m * 60)).ok_or_else(bad)
+}
