@@ -288,8 +288,12 @@ pub fn advise(
     let mut records = Vec::with_capacity(jobs.len());
     for ((p, job), (verdict, reason, placement)) in req.pending.iter().zip(&jobs).zip(verdicts) {
         let empty = Placement::default();
-        let (feasible, mut list, ids) =
-            candidates(job, &before, placement.as_ref().unwrap_or(&empty));
+        let (feasible, mut list, ids) = candidates(
+            job,
+            &before,
+            placement.as_ref().unwrap_or(&empty),
+            cpu_nodes_first,
+        );
         let heuristic_scored = !learned_policy
             && crate::service::records::score_candidates(
                 policy.placer.as_ref(),

@@ -224,7 +224,12 @@ impl Inner {
         self.dirty.meta = true;
         let job = &self.jobs[&id].job;
         let empty = Placement::default();
-        let (feasible, mut list, ids) = candidates(job, before, placement.unwrap_or(&empty));
+        let (feasible, mut list, ids) = candidates(
+            job,
+            before,
+            placement.unwrap_or(&empty),
+            self.cpu_nodes_first,
+        );
         let learned = self.model_generation > 0;
         let path = match trace {
             Some(t) => DecisionPath {

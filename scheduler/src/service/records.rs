@@ -307,19 +307,33 @@ pub fn heuristic_score_note(policy: &str, scored: bool) -> String {
 }
 
 /// The nodes where one worker of `job` fits on `state`, most idle GPUs first (with
-/// their ids, in the same order).
+/// their ids, in the same order). With `cpu_nodes_first` (the policy's rule, see
+/// [`crate::framework::CpuNodesFirst`]) and a CPU-only job placed on CPU-only nodes
+/// only, the placer was shown only those: so are the candidates, and the feasible count.
 pub fn candidates(
     job: &Job,
     state: &crate::domain::ClusterState,
     chosen: &Placement,
+    cpu_nodes_first: bool,
 ) -> (u32, Vec<CandidateRecord>, Vec<crate::domain::NodeId>) {
     let topo = state.topology();
+    let cpu_nodes_only = cpu_nodes_first
+        && job.gpu == crate::domain::GpuDemand::None
+        && !chosen.workers.is_empty()
+        && chosen
+            .workers
+            .iter()
+            .all(|w| topo.node(w.node).model.is_none());
     // One pass keeping the best MAX_CANDIDATES in order: this runs for every decision,
     // over every node of the cluster, and most nodes lose to the list at once.
     let mut best: Vec<(bool, std::cmp::Reverse<u16>, crate::domain::NodeId)> =
         Vec::with_capacity(MAX_CANDIDATES + 1);
     let mut feasible = 0u32;
-    for n in topo.node_ids().filter(|&n| state.worker_fits(job, n)) {
+    let shown = |n: crate::domain::NodeId| !cpu_nodes_only || topo.node(n).model.is_none();
+    for n in topo
+        .node_ids()
+        .filter(|&n| shown(n) && state.worker_fits(job, n))
+    {
         feasible += 1;
         let key = (
             !chosen.workers.iter().any(|w| w.node == n),
@@ -598,7 +612,7 @@ mod tests {
                 gpus: vec![],
             }],
         };
-        let (feasible, list, ids) = candidates(&job, &state, &chosen);
+        let (feasible, list, ids) = candidates(&job, &state, &chosen, false);
         let mut reference: Vec<NodeId> = state
             .topology()
             .node_ids()
@@ -621,6 +635,61 @@ mod tests {
             list[1..]
                 .windows(2)
                 .all(|w| w[0].idle_gpus >= w[1].idle_gpus)
+        );
+    }
+}
+
+#[cfg(test)]
+mod cpu_nodes_first_tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::domain::{
+        ClusterSpec, ClusterState, GpuDemand, JobId, NodeId, Topology, WorkerPlacement,
+    };
+
+    /// Two 8-GPU nodes (ids 0, 1), then three CPU-only nodes (ids 2, 3, 4).
+    fn mixed() -> ClusterState {
+        let spec = ClusterSpec::from_toml(
+            "name='m'\n[[nodes]]\ncount=2\ngpu_model='V100M32'\ngpus=8\ncpu_milli=128000\nmemory_mib=524288\n\
+             [[nodes]]\ncount=3\ncpu_milli=64000\nmemory_mib=65536\n",
+        )
+        .unwrap();
+        ClusterState::new(Arc::new(Topology::build(&spec).unwrap()))
+    }
+
+    fn cpu_job() -> Job {
+        let mut j = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        (j.gpu, j.cpu_milli, j.memory_mib) = (GpuDemand::None, 8000, 1024);
+        j
+    }
+
+    fn on(node: u32) -> Placement {
+        Placement {
+            workers: vec![WorkerPlacement {
+                node: NodeId(node),
+                gpus: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn with_the_rule_a_cpu_job_on_a_cpu_node_lists_only_the_cpu_nodes_it_was_offered() {
+        let state = mixed();
+        let (feasible, _, ids) = candidates(&cpu_job(), &state, &on(3), true);
+        assert_eq!(feasible, 3);
+        assert_eq!(ids, vec![NodeId(3), NodeId(2), NodeId(4)]);
+        // Without the rule every node that fits is a candidate, GPU nodes first (most
+        // idle GPUs).
+        let (feasible, _, ids) = candidates(&cpu_job(), &state, &on(3), false);
+        assert_eq!(feasible, 5);
+        assert_eq!(ids[..3], [NodeId(3), NodeId(0), NodeId(1)]);
+        // Spilled over onto a GPU node (the rule's fallback), or not placed: the placer
+        // saw the whole cluster.
+        assert_eq!(candidates(&cpu_job(), &state, &on(0), true).0, 5);
+        assert_eq!(
+            candidates(&cpu_job(), &state, &Placement::default(), true).0,
+            5
         );
     }
 }
