@@ -349,6 +349,7 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
                 // Every node of a multi-node job reports, as its agent would: the job
                 // ends (and frees its GPUs) only when the last node has.
                 let mut nodes: Vec<&str> = job.placement.iter().map(|w| w.node.as_str()).collect();
+                nodes.sort_unstable();
                 nodes.dedup();
                 for node in nodes {
                     agent
