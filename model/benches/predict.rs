@@ -10,6 +10,10 @@ use marshal_model::{PredictorConfig, fit, synthetic};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+/// The allocator the `marshal` binary uses, so the latency measured is the one served.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: usize = 64;
 const GPUS: usize = 8;
 
