@@ -319,6 +319,27 @@ async fn submit(addr: SocketAddr, specs: &[pb::JobSpec]) -> Vec<u64> {
 }
 
 /// All jobs, or `None` while the scheduler is unreachable.
+/// Cancels job `id` as a client would.
+async fn cancel(addr: SocketAddr, id: u64) {
+    jobs_client(addr)
+        .await
+        .cancel(pb::CancelRequest {
+            job_id: id,
+            reason: "test".into(),
+        })
+        .await
+        .unwrap();
+}
+
+/// Polls `done` every 20 ms until it holds; fails with `what` after `limit`.
+async fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < limit, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn list(addr: SocketAddr) -> Option<Vec<pb::Job>> {
     let mut c = JobServiceClient::connect(format!("http://{addr}"))
         .await
@@ -785,28 +806,20 @@ fn exec_reports_exit_status_sets_the_environment_and_kills_on_cancel() {
             assert!(t.elapsed() < Duration::from_secs(10));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        jobs_client(addr)
-            .await
-            .cancel(pb::CancelRequest {
-                job_id: long,
-                reason: "test".into(),
-            })
-            .await
-            .unwrap();
-        let t = Instant::now();
-        while !agent
-            .journal
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| e.incarnation.job == long && !e.started)
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "the cancelled job was not stopped"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        cancel(addr, long).await;
+        wait_until(
+            Duration::from_secs(5),
+            "the cancelled job was not stopped",
+            || {
+                agent
+                    .journal
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|e| e.incarnation.job == long && !e.started)
+            },
+        )
+        .await;
         let j = list(addr)
             .await
             .unwrap()
@@ -947,11 +960,10 @@ fn exec_workers_outlive_an_agent_restart_and_are_reported_once_by_the_next() {
             .filter(|e| !e.started)
             .count();
         assert_eq!(ends, 2);
-        let t = Instant::now();
-        while std::fs::read_dir(&state_dir).unwrap().count() > 0 {
-            assert!(t.elapsed() < Duration::from_secs(5), "state records left");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(Duration::from_secs(5), "state records left", || {
+            std::fs::read_dir(&state_dir).unwrap().count() == 0
+        })
+        .await;
         second.stop().await;
         server.shutdown().await.unwrap();
     });
@@ -1006,14 +1018,7 @@ fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
         let second = start_agent_with(rt.handle(), addr, 0, Mode::Exec(cmd), dir.path(), options);
         wait_running(addr, &[id], 2).await;
         assert!(second.journal.lock().unwrap().iter().all(|e| !e.adopted));
-        jobs_client(addr)
-            .await
-            .cancel(pb::CancelRequest {
-                job_id: id,
-                reason: "test".into(),
-            })
-            .await
-            .unwrap();
+        cancel(addr, id).await;
         second.stop().await;
         server.shutdown().await.unwrap();
     });
@@ -1080,22 +1085,13 @@ fn a_touched_checkpoint_file_is_reported_as_the_jobs_last_checkpoint() {
         let second = reported_after(first).await;
         assert_eq!(second, mtime(&file));
         assert!(second >= first + 1.0);
-        jobs_client(addr)
-            .await
-            .cancel(pb::CancelRequest {
-                job_id: id,
-                reason: "test".into(),
-            })
-            .await
-            .unwrap();
-        let t = Instant::now();
-        while file.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "the ended worker's checkpoint file stays"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        cancel(addr, id).await;
+        wait_until(
+            Duration::from_secs(5),
+            "the ended worker's checkpoint file stays",
+            || !file.exists(),
+        )
+        .await;
         agent.stop().await;
         server.shutdown().await.unwrap();
     });

@@ -86,7 +86,7 @@ impl Placer for TopoPack {
                 domains.truncate(DOMAINS_PER_LEVEL);
             }
             domains.sort_unstable_by_key(key);
-            for (_, _, nodes) in domains.into_iter().take(DOMAINS_PER_LEVEL) {
+            for (_, _, nodes) in domains {
                 if let Some(p) = fill_domain(job, state, nodes) {
                     return Ok(p);
                 }
