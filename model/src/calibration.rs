@@ -8,9 +8,25 @@
 //! that 90 % of the calibration truths fall inside `μ ± 1.645·m·σ`.
 //!
 //! There are two multipliers: one for graphs whose [`ShapeClass`] occurs in training and
-//! one for novel shapes (calibrated on shape classes held out of training, never below
-//! the first). The training shape classes are kept with them, so the serving side can
-//! tell which applies.
+//! one for novel shapes (never below the first). The training shape classes are kept with
+//! them, so the serving side can tell which applies.
+//!
+//! The novel multiplier is `seen × ratio`, the ratio being the conformal quantile of
+//! *normalised novel residuals* `r = |z| / (1.645·m_seen)`: how many seen-shape interval
+//! half-widths a novel truth lies from the predicted mean. They may come from the same
+//! network ([`Calibration::fit`]) or be pooled over several auxiliary networks trained
+//! with shape classes held out, each residual relative to its own network's seen
+//! multiplier ([`Calibration::fit_novel_ratios`], cross-conformal over shape classes).
+//! The ratio is a finite-sample conformal quantile, honest about small samples:
+//! - below [`FEW_NOVEL_RESIDUALS`] residuals the rule says so ([`NovelRule::FewResiduals`]);
+//! - with `n < coverage / (1 − coverage)` residuals (8 or fewer at 90 %), the conformal
+//!   rank `⌈(n + 1)·0.9⌉` exceeds `n`: the quantile is +∞, the sample cannot vouch for any
+//!   finite width. An infinite σ would make every prediction non-finite, so the
+//!   documented wide ratio [`WIDE_NOVEL_RATIO`] is used instead ([`NovelRule::WideFallback`]).
+//!
+//! `novel_rule` and `novel_folds` were added to `meta.json` without a schema bump: both
+//! are optional ([`NovelRule::Unrecorded`] and 0 when absent), so an older artifact loads
+//! and means what it always meant, and an older build ignores them.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,10 +34,65 @@ use crate::error::{ModelError, Result};
 use crate::features::ShapeClass;
 
 /// Standard-normal quantile of 0.95 (so ±Z spans the 5 %–95 % interval).
-pub(crate) const Z95: f32 = 1.644_853_6;
+pub const Z95: f32 = 1.644_853_6;
 
 /// Multipliers outside this range are refused on load (a damaged file, not a model).
 const MAX_MULTIPLIER: f32 = 1e4;
+
+/// Below this many novel residuals the novel multiplier rests on few examples: the rule
+/// ([`NovelRule::FewResiduals`]) and the training report say so.
+pub const FEW_NOVEL_RESIDUALS: usize = 30;
+
+/// The novel/seen ratio used when there are too few novel residuals for a finite
+/// conformal quantile ([`NovelRule::WideFallback`]): novel intervals an order of magnitude
+/// wider than seen ones (and never narrower than the network's own σ). A fixed, a-priori
+/// choice, not fitted to any test set, and no guarantee: the pooled novel/seen ratios
+/// measured so far (README, issue 5) range from about 1.2 (Pollux's measured step times)
+/// to about 40 (simulated telemetry with stragglers). It marks the multiplier as a
+/// guess, which the rule and the training report say.
+pub const WIDE_NOVEL_RATIO: f32 = 10.0;
+
+/// How [`Calibration::novel_multiplier`] was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NovelRule {
+    /// Not recorded: an artifact written before the rule was (it means what it always
+    /// meant: a conformal quantile when `novel_residuals > 0`, else the seen multiplier).
+    #[default]
+    Unrecorded,
+    /// No novel residuals: the seen multiplier, at least 1 (the network's own σ).
+    NoResiduals,
+    /// The finite-sample conformal quantile of at least [`FEW_NOVEL_RESIDUALS`] residuals.
+    Quantile,
+    /// The finite-sample conformal quantile of fewer than [`FEW_NOVEL_RESIDUALS`] (one of
+    /// the largest residuals: conservative, but itself uncertain).
+    FewResiduals,
+    /// Too few residuals for a finite conformal quantile: [`WIDE_NOVEL_RATIO`].
+    WideFallback,
+}
+
+impl NovelRule {
+    /// The rule the count of novel residuals implies, for a quantile that is finite or not.
+    fn for_count(n: usize, finite: bool) -> Self {
+        match n {
+            0 => Self::NoResiduals,
+            _ if !finite => Self::WideFallback,
+            n if n < FEW_NOVEL_RESIDUALS => Self::FewResiduals,
+            _ => Self::Quantile,
+        }
+    }
+
+    /// A short label for reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unrecorded => "rule not recorded",
+            Self::NoResiduals => "no novel residuals: seen multiplier, at least 1",
+            Self::Quantile => "conformal quantile",
+            Self::FewResiduals => "FEW residuals: finite-sample conformal quantile",
+            Self::WideFallback => "TOO FEW residuals for a finite quantile: wide fallback ratio",
+        }
+    }
+}
 
 /// σ multipliers for shapes seen and not seen in training; stored in `meta.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,6 +109,13 @@ pub struct Calibration {
     pub seen_residuals: usize,
     /// Calibration examples behind `novel_multiplier` (0: the seen multiplier is used).
     pub novel_residuals: usize,
+    /// How `novel_multiplier` was chosen (absent in older artifacts).
+    #[serde(default)]
+    pub novel_rule: NovelRule,
+    /// Auxiliary networks (shape-class folds) the novel residuals were pooled from; 0 when
+    /// they came from the network itself or were not recorded.
+    #[serde(default)]
+    pub novel_folds: usize,
 }
 
 impl Calibration {
@@ -53,6 +131,8 @@ impl Calibration {
             novel_multiplier: 1.0,
             seen_residuals: 0,
             novel_residuals: 0,
+            novel_rule: NovelRule::NoResiduals,
+            novel_folds: 0,
         }
     }
 
@@ -82,15 +162,35 @@ impl Calibration {
         };
         let (seen, novel) = (pick(false), pick(true));
         self.seen_residuals = seen.len();
-        self.novel_residuals = novel.len();
         self.seen_multiplier = conformal_multiplier(seen, self.coverage).unwrap_or(1.0);
-        // With no novel residuals nothing says how wrong the network is off its training
-        // shapes: never narrower than its own σ then (a seen multiplier near 0, from a
-        // network that fits its training shapes almost exactly, would give novel shapes
-        // zero-width intervals).
-        self.novel_multiplier = conformal_multiplier(novel, self.coverage)
-            .unwrap_or(self.seen_multiplier.max(1.0))
-            .max(self.seen_multiplier);
+        let half_width = Z95 * self.seen_multiplier;
+        let ratios: Vec<f32> = novel.into_iter().map(|z| z / half_width).collect();
+        self.fit_novel_ratios(&ratios, 0);
+    }
+
+    /// Sets the novel multiplier from normalised novel residuals `r = |z| / (1.645·m)`,
+    /// `m` the seen multiplier of the network each residual came from (so residuals of
+    /// differently scaled networks pool): `seen × ratio`, the ratio the finite-sample
+    /// conformal quantile of `r` (see the module doc for small samples), never below 1.
+    /// `folds` is the number of auxiliary networks the residuals were pooled from.
+    pub fn fit_novel_ratios(&mut self, ratios: &[f32], folds: usize) {
+        let ratios: Vec<f32> = ratios.iter().copied().filter(|r| r.is_finite()).collect();
+        self.novel_residuals = ratios.len();
+        self.novel_folds = folds;
+        let q = conformal_quantile(ratios, self.coverage);
+        self.novel_rule = NovelRule::for_count(self.novel_residuals, q.is_some_and(f32::is_finite));
+        self.novel_multiplier = match self.novel_rule {
+            // With no novel residuals nothing says how wrong the network is off its
+            // training shapes: never narrower than its own σ then (a seen multiplier near
+            // 0, from a network that fits its training shapes almost exactly, would give
+            // novel shapes zero-width intervals).
+            NovelRule::NoResiduals | NovelRule::Unrecorded => self.seen_multiplier.max(1.0),
+            NovelRule::WideFallback => (self.seen_multiplier * WIDE_NOVEL_RATIO).max(1.0),
+            NovelRule::Quantile | NovelRule::FewResiduals => {
+                self.seen_multiplier * q.unwrap_or(1.0).max(1.0)
+            }
+        }
+        .min(MAX_MULTIPLIER);
     }
 
     /// Checks a loaded calibration; the error names the field.
@@ -111,6 +211,21 @@ impl Calibration {
                     format!("must be finite and in (0, {MAX_MULTIPLIER}], got {m}"),
                 ));
             }
+        }
+        let n = self.novel_residuals;
+        let consistent = match self.novel_rule {
+            NovelRule::Unrecorded => true,
+            NovelRule::NoResiduals => n == 0,
+            NovelRule::WideFallback | NovelRule::FewResiduals => {
+                (1..FEW_NOVEL_RESIDUALS).contains(&n)
+            }
+            NovelRule::Quantile => n >= FEW_NOVEL_RESIDUALS,
+        };
+        if !consistent {
+            return Err(ModelError::invalid(
+                "calibration.novel_rule",
+                format!("{:?} does not fit {n} novel residuals", self.novel_rule),
+            ));
         }
         if self.training_shapes.is_empty() {
             return Err(ModelError::invalid(
@@ -139,6 +254,23 @@ pub fn conformal_multiplier(mut abs_z: Vec<f32>, coverage: f64) -> Option<f32> {
     let rank = (((n + 1) as f64) * coverage).ceil() as usize;
     let q = abs_z[rank.clamp(1, n) - 1];
     Some((q / Z95).max(1e-3))
+}
+
+/// The finite-sample split-conformal quantile: the `⌈(n + 1)·coverage⌉`-th smallest
+/// value, +∞ when that rank exceeds `n` (too few values to vouch for any finite bound);
+/// `None` without values.
+pub fn conformal_quantile(mut values: Vec<f32>, coverage: f64) -> Option<f32> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f32::total_cmp);
+    let n = values.len();
+    let rank = (((n + 1) as f64) * coverage).ceil() as usize;
+    Some(if rank > n {
+        f32::INFINITY
+    } else {
+        values[rank.max(1) - 1]
+    })
 }
 
 #[cfg(test)]
@@ -200,20 +332,119 @@ mod tests {
         assert!((c.novel_multiplier - 18.0 / Z95).abs() < 1e-5);
         assert_eq!(c.multiplier((2, 1)), c.seen_multiplier);
         assert_eq!(c.multiplier((16, 4)), c.novel_multiplier);
-        // A novel group narrower than the seen one is raised to it; none falls back to it,
-        // or to the network's own σ when the seen one is narrower than that.
+        assert_eq!(c.novel_rule, NovelRule::FewResiduals);
+        c.validate().unwrap();
+        // A novel group narrower than the seen one is raised to it.
         let mut c2 = c.clone();
-        c2.fit(&[(3.0, false), (0.1, true)]);
+        let many: Vec<(f32, bool)> = std::iter::once((3.0, false))
+            .chain((0..40).map(|_| (0.1, true)))
+            .collect();
+        c2.fit(&many);
         assert_eq!(c2.novel_multiplier, c2.seen_multiplier);
+        assert_eq!(
+            (c2.novel_residuals, c2.novel_rule),
+            (40, NovelRule::Quantile)
+        );
+        // None falls back to it, or to the network's own σ when the seen one is narrower.
         c2.fit(&[(3.0, false)]);
         assert_eq!(
-            (c2.novel_residuals, c2.novel_multiplier),
-            (0, c2.seen_multiplier)
+            (c2.novel_residuals, c2.novel_multiplier, c2.novel_rule),
+            (0, c2.seen_multiplier, NovelRule::NoResiduals)
         );
         c2.fit(&[(0.01, false)]);
         assert!(c2.seen_multiplier < 0.01);
         assert_eq!((c2.novel_residuals, c2.novel_multiplier), (0, 1.0));
+        // One small novel residual is no evidence of a narrow interval: the wide fallback.
+        c2.fit(&[(3.0, false), (0.1, true)]);
+        assert_eq!(c2.novel_rule, NovelRule::WideFallback);
+        assert_eq!(c2.novel_multiplier, c2.seen_multiplier * WIDE_NOVEL_RATIO);
+        c2.validate().unwrap();
+    }
+
+    #[test]
+    fn the_finite_sample_quantile_is_infinite_below_nine_values() {
+        // n = 8: rank ⌈9·0.9⌉ = 9 > 8.
+        let v: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        assert_eq!(conformal_quantile(v, 0.9), Some(f32::INFINITY));
+        // n = 9: rank ⌈10·0.9⌉ = 9, the largest.
+        let v: Vec<f32> = (1..=9).rev().map(|v| v as f32).collect();
+        assert_eq!(conformal_quantile(v, 0.9), Some(9.0));
+        // n = 29: rank 27; n = 100: rank ⌈90.9⌉ = 91.
+        let v: Vec<f32> = (1..=29).map(|v| v as f32).collect();
+        assert_eq!(conformal_quantile(v, 0.9), Some(27.0));
+        let v: Vec<f32> = (1..=100).map(|v| v as f32).collect();
+        assert_eq!(conformal_quantile(v, 0.9), Some(91.0));
+        assert_eq!(conformal_quantile(vec![], 0.9), None);
+    }
+
+    #[test]
+    fn pooled_novel_ratios_give_the_known_multiplier_and_flag_small_samples() {
+        let mut c = Calibration::uncalibrated([(2, 1)]);
+        c.seen_multiplier = 0.5;
+        // 100 ratios 0.05, 0.10, …, 5.0 (shuffled): rank 91 → 4.55; novel = 0.5 × 4.55.
+        let mut r: Vec<f32> = (1..=100).map(|v| v as f32 * 0.05).collect();
+        r.reverse();
+        r.swap(3, 70);
+        r.push(f32::NAN); // not counted
+        c.fit_novel_ratios(&r, 3);
+        assert_eq!(
+            (c.novel_residuals, c.novel_folds, c.novel_rule),
+            (100, 3, NovelRule::Quantile)
+        );
+        assert!(
+            (c.novel_multiplier - 0.5 * 4.55).abs() < 1e-5,
+            "{}",
+            c.novel_multiplier
+        );
         c.validate().unwrap();
+        // Ratios below 1 never make novel intervals narrower than seen ones.
+        c.fit_novel_ratios(&[0.2; 50], 3);
+        assert_eq!(c.novel_multiplier, 0.5);
+        // 20 residuals: the 19th smallest, flagged as few.
+        let r: Vec<f32> = (1..=20).map(|v| v as f32).collect();
+        c.fit_novel_ratios(&r, 3);
+        assert_eq!(
+            (c.novel_rule, c.novel_multiplier),
+            (NovelRule::FewResiduals, 0.5 * 19.0)
+        );
+        // 4 residuals (the case that held 24 % of truths): no finite quantile, so the
+        // documented wide ratio, however small the residuals were.
+        c.fit_novel_ratios(&[1.2, 0.3, 2.0, 0.9], 3);
+        assert_eq!(c.novel_rule, NovelRule::WideFallback);
+        assert_eq!(c.novel_multiplier, (0.5 * WIDE_NOVEL_RATIO).max(1.0));
+        c.validate().unwrap();
+        // Nothing at all: the seen multiplier, at least the network's own σ.
+        c.fit_novel_ratios(&[], 0);
+        assert_eq!(
+            (c.novel_rule, c.novel_multiplier),
+            (NovelRule::NoResiduals, 1.0)
+        );
+    }
+
+    #[test]
+    fn older_calibrations_without_the_rule_still_load() {
+        let mut c = Calibration::uncalibrated([(1, 0), (4, 1)]);
+        c.fit_novel_ratios(&[1.5; 40], 3);
+        let mut v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["novel_rule"], "quantile");
+        let obj = v.as_object_mut().unwrap();
+        obj.remove("novel_rule");
+        obj.remove("novel_folds");
+        let old: Calibration = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            (old.novel_rule, old.novel_folds),
+            (NovelRule::Unrecorded, 0)
+        );
+        old.validate().unwrap();
+        // A rule that contradicts its residual count is refused, naming the field.
+        let mut bad = c.clone();
+        bad.novel_residuals = 5;
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("novel_rule")
+        );
     }
 
     #[test]

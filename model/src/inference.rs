@@ -91,12 +91,23 @@ impl TrainedPredictor {
     /// training set the multiplier for seen shapes, the others the one for novel shapes.
     /// Replaces any earlier calibration.
     pub fn calibrate(mut self, data: &[(PlacementGraph, Targets)]) -> Result<Self> {
+        let residuals = self.standardized_residuals(data)?;
+        self.calibration.fit(&residuals);
+        Ok(self)
+    }
+
+    /// Uncalibrated standardised residuals `z = (ln y − μ) / σ` of `data`, each with
+    /// whether its shape class is novel to this network.
+    pub fn standardized_residuals(
+        &self,
+        data: &[(PlacementGraph, Targets)],
+    ) -> Result<Vec<(f32, bool)>> {
         for (i, (g, t)) in data.iter().enumerate() {
             g.validate(&format!("calibration[{i}].graph"))?;
             t.validate(&format!("calibration[{i}].targets"))?;
         }
         let mut scratch = Scratch::default();
-        let residuals: Vec<(f32, bool)> = data
+        Ok(data
             .iter()
             .map(|(g, t)| {
                 let raw = self.plain.forward(g, &self.normalization, &mut scratch);
@@ -104,19 +115,15 @@ impl TrainedPredictor {
                 let z = (t.step_time_s.ln() - mu) / sigma;
                 (z, self.calibration.is_novel(g.shape_class()))
             })
-            .collect();
-        self.calibration.fit(&residuals);
-        Ok(self)
+            .collect())
     }
 
-    /// Sets the multiplier for novel shapes from a calibration made elsewhere (e.g. on a
-    /// second network trained with some shape classes held out), raised to at least the
-    /// multiplier for trained shapes.
-    pub fn with_novel_multiplier(mut self, multiplier: f32, residuals: usize) -> Result<Self> {
-        let c = &mut self.calibration;
-        c.novel_multiplier = multiplier.max(c.seen_multiplier);
-        c.novel_residuals = residuals;
-        c.validate()?;
+    /// Sets the multiplier for novel shapes from normalised novel residuals made
+    /// elsewhere (e.g. pooled over `folds` networks trained with shape classes held out),
+    /// see [`Calibration::fit_novel_ratios`].
+    pub fn with_novel_ratios(mut self, ratios: &[f32], folds: usize) -> Result<Self> {
+        self.calibration.fit_novel_ratios(ratios, folds);
+        self.calibration.validate()?;
         Ok(self)
     }
 

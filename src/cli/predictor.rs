@@ -270,8 +270,8 @@ fn measured_report(
     for f in folds {
         let started = std::time::Instant::now();
         let ctx = base.with_kinds(f.prior_catalog(base)?);
-        let mut epochs = 0;
-        let (predictor, history) = train_calibrated(&ctx, &f.split, config, &mut epochs)?;
+        let mut cost = TrainingCost::default();
+        let (predictor, history) = train_calibrated(&ctx, &f.split, config, &mut cost)?;
         let (learned, coverage) = model_errors(&predictor, &ctx, &history, &f.split.test)?;
         let (prior, _) = prior_errors(&ctx, &history, &f.split.test);
         let (lookup, linear) = baseline_errors(&f.split)?;
@@ -288,12 +288,16 @@ fn measured_report(
         };
         eprintln!(
             "{} {}: {} / {} examples, learned {learned:.1} % ({coverage:.0} % inside), prior \
-             {prior:.1} %, lookup {lookup:.1} %, linear {linear:.1} %; {epochs} epochs, {:.1} s",
+             {prior:.1} %, lookup {lookup:.1} %, linear {linear:.1} %; {} epochs, {:.1} s \
+             ({:.1} s calibration runs); {}",
             row.group,
             row.label,
             row.train,
             row.test,
-            started.elapsed().as_secs_f64()
+            cost.epochs,
+            started.elapsed().as_secs_f64(),
+            cost.aux_seconds,
+            novel_summary(predictor.calibration()),
         );
         rows.push(row);
     }
@@ -387,77 +391,190 @@ fn speed(ctx: &ClusterContext) -> impl Fn(&StepExample) -> f64 + '_ {
     |e| ctx.placement_speed(e).factor()
 }
 
-/// Multi-GPU shape classes of `train` set aside to calibrate the interval on shapes the
-/// network has not seen: every third class in sorted order (starting with the second),
-/// so that each interconnect level keeps most of its classes in training.
-fn calibration_classes(train: &[StepExample]) -> Vec<(&str, u32)> {
-    train
+/// Number of auxiliary calibration runs of [`train_calibrated`] (cross-conformal folds
+/// over the training side's shape classes).
+const CALIBRATION_FOLDS: usize = 3;
+
+/// The multi-GPU (span, GPU count) classes of `train`, assigned to folds by
+/// [`fold_classes`].
+fn calibration_folds(train: &[StepExample], k: usize, seed: u64) -> Vec<Vec<(&str, u32)>> {
+    let classes: Vec<(&str, u32)> = train
         .iter()
         .filter(|e| e.num_gpus > 1)
         .map(|e| (e.span.as_str(), e.num_gpus))
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
-        .skip(1)
-        .step_by(3)
-        .collect()
+        .collect();
+    fold_classes(&classes, k, seed)
 }
 
-/// Epoch cap and patience of the auxiliary calibration run of [`train_calibrated`].
+/// Splits shape classes into `k` (at least 2) folds, each to be held out of one auxiliary
+/// training run. Per interconnect level (span), the level's classes in GPU-count order go
+/// round-robin over the folds from a starting fold drawn from `seed` and the level's name:
+/// every class of a level with two or more classes is held out exactly once, neighbouring
+/// GPU counts land in different folds, and no fold holds out more than `⌈c/k⌉ < c` of a
+/// level's `c` classes, so every level keeps training classes in every fold (the novelty
+/// calibrated is a new GPU count or spread at a known interconnect, the novelty of the
+/// "unseen shapes" test, not a level never trained on). A level's only class is never
+/// held out: without it the fold's network would not know the level at all.
+fn fold_classes<'a>(classes: &[(&'a str, u32)], k: usize, seed: u64) -> Vec<Vec<(&'a str, u32)>> {
+    let k = k.max(2);
+    let mut levels: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for &(span, n) in classes {
+        levels.entry(span).or_default().push(n);
+    }
+    let mut folds = vec![Vec::new(); k];
+    for (span, mut counts) in levels {
+        counts.sort_unstable();
+        counts.dedup();
+        if counts.len() < 2 {
+            continue;
+        }
+        // SplitMix64 of the seed and an FNV-1a of the level's name: a start that depends
+        // on both and on nothing else (no platform or library hashing).
+        let mut h = span.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        }) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let start = ((h ^ (h >> 31)) % k as u64) as usize;
+        for (i, n) in counts.into_iter().enumerate() {
+            folds[(start + i) % k].push((span, n));
+        }
+    }
+    folds
+}
+
+/// Epoch cap and patience of the auxiliary calibration runs of [`train_calibrated`].
 const AUX_MAX_EPOCHS: usize = 40;
 const AUX_PATIENCE: usize = 8;
 
+/// What [`train_calibrated`] spent.
+#[derive(Debug, Default)]
+struct TrainingCost {
+    /// Epochs of the main run.
+    epochs: usize,
+    /// Seconds of the auxiliary calibration runs (training and residuals).
+    aux_seconds: f64,
+}
+
 /// Trains on `split` and calibrates the interval (split conformal, see
-/// `marshal_model::calibration`): the multiplier for trained shapes on the validation
-/// jobs; the one for novel shapes on [`calibration_classes`] held out of a second
-/// training on the same split (so the first keeps all its training data), then carried
-/// over. Returns the predictor and its history.
+/// `marshal_model::calibration`). The multiplier for trained shapes comes from the
+/// validation jobs. The one for novel shapes is cross-conformal over shape classes: the
+/// training side's multi-GPU classes are split into [`CALIBRATION_FOLDS`] folds
+/// ([`fold_classes`]), and for each fold a short auxiliary network is trained without
+/// that fold's classes (and without their jobs). Each auxiliary network gives
+/// - its own seen multiplier `m_f`, on the validation examples of shapes it trained on
+///   (also its early-stopping set, so nothing novel steers its training);
+/// - normalised residuals `|ln y − μ| / (1.645·σ·m_f)` on the examples of shapes it never
+///   saw (the fold's training-side examples plus validation examples of novel shapes).
+///
+/// The residuals of all folds are pooled and their finite-sample conformal quantile,
+/// times the main network's seen multiplier, is the novel multiplier (with the
+/// small-sample rules of `marshal_model::calibration`).
+///
+/// Why normalise by each fold's own seen multiplier rather than pool raw `|z|`: the σ
+/// scale differs from network to network (the seen multipliers of runs on the same data
+/// have ranged from 0.02 to 0.13), and none of the auxiliary networks is the one served.
+/// What is assumed to carry over to the main network is how much wider than on trained
+/// shapes the interval must be on novel ones, so each residual is measured in its own
+/// network's seen-interval half-widths. Pooling over folds (cross-conformal, Vovk 2015)
+/// turns the few examples of one held-out group into every multi-GPU training example
+/// of a level with two or more classes; its coverage guarantee is approximate (the folds'
+/// networks differ, and `m_f` is itself estimated), not the exact one of a single split.
+/// Examples are pooled unweighted: the 85–95 % target is over examples, and a class
+/// weighting would trade that for a per-class guarantee no test reports.
 fn train_calibrated(
     ctx: &ClusterContext,
     split: &Split,
     config: &PredictorConfig,
-    epochs: &mut usize,
+    cost: &mut TrainingCost,
 ) -> anyhow::Result<(marshal_model::TrainedPredictor, StepHistory)> {
     let history = StepHistory::fit(&split.train, speed(ctx));
     let predictor = marshal_model::train::fit(
         &rebalanced(graphs(ctx, &history, &split.train)),
         &graphs(ctx, &history, &split.valid),
         config,
-        &mut |r| *epochs = r.epoch,
+        &mut |r| cost.epochs = r.epoch,
     )?;
     let valid = graphs(ctx, &history, &split.valid);
-    let mut predictor = predictor.calibrate(&valid)?;
+    let predictor = predictor.calibrate(&valid)?;
 
-    let classes = calibration_classes(&split.train);
-    let inner = split_unseen_placements(&split.train, &classes, config.seed, 0.0);
-    if !(inner.train.is_empty() || inner.test.is_empty()) {
-        let inner_history = StepHistory::fit(&inner.train, speed(ctx));
-        // Only its σ's miss on novel shapes relative to trained ones is used, so a shorter
-        // run will do.
-        let aux_config = config
-            .clone()
-            .with_max_epochs(config.max_epochs.min(AUX_MAX_EPOCHS))
-            .with_patience(config.patience.min(AUX_PATIENCE));
-        let aux = marshal_model::train::fit(
-            &rebalanced(graphs(ctx, &inner_history, &inner.train)),
-            &graphs(ctx, &inner_history, &split.valid),
-            &aux_config,
-            &mut |_| {},
-        )?;
-        let held: Vec<_> = graphs(ctx, &inner_history, &inner.test)
-            .into_iter()
-            .chain(graphs(ctx, &inner_history, &split.valid))
-            .collect();
-        let aux = aux.calibrate(&held)?;
-        let a = aux.calibration();
-        if a.novel_residuals > 0 {
-            // How much wider than on trained shapes the novel ones need, on the auxiliary
-            // network, applied to the main one.
-            let ratio = a.novel_multiplier / a.seen_multiplier;
-            let novel = predictor.calibration().seen_multiplier * ratio;
-            predictor = predictor.with_novel_multiplier(novel, a.novel_residuals)?;
+    let started = std::time::Instant::now();
+    // Only each network's miss on novel shapes relative to trained ones is used, so
+    // shorter runs will do.
+    let aux_config = config
+        .clone()
+        .with_max_epochs(config.max_epochs.min(AUX_MAX_EPOCHS))
+        .with_patience(config.patience.min(AUX_PATIENCE));
+    let folds = calibration_folds(&split.train, CALIBRATION_FOLDS, config.seed);
+    let (mut pooled, mut used) = (Vec::new(), 0);
+    for (f, held) in folds.iter().enumerate() {
+        let inner = split_unseen_placements(&split.train, held, config.seed, 0.0);
+        if held.is_empty() || inner.train.is_empty() || inner.test.is_empty() {
+            continue;
         }
+        let fold_started = std::time::Instant::now();
+        let inner_history = StepHistory::fit(&inner.train, speed(ctx));
+        let train = rebalanced(graphs(ctx, &inner_history, &inner.train));
+        let trained: std::collections::BTreeSet<_> =
+            train.iter().map(|(g, _)| g.shape_class()).collect();
+        let (seen_valid, novel_valid): (Vec<_>, Vec<_>) = graphs(ctx, &inner_history, &split.valid)
+            .into_iter()
+            .partition(|(g, _)| trained.contains(&g.shape_class()));
+        if seen_valid.is_empty() {
+            continue;
+        }
+        let mut aux_epochs = 0;
+        let aux = marshal_model::train::fit(&train, &seen_valid, &aux_config, &mut |r| {
+            aux_epochs = r.epoch
+        })?
+        .calibrate(&seen_valid)?;
+        let half_width = marshal_model::calibration::Z95 * aux.calibration().seen_multiplier;
+        let novel: Vec<_> = graphs(ctx, &inner_history, &inner.test)
+            .into_iter()
+            .chain(novel_valid)
+            .collect();
+        let before = pooled.len();
+        pooled.extend(
+            aux.standardized_residuals(&novel)?
+                .into_iter()
+                .filter(|&(z, is_novel)| is_novel && z.is_finite())
+                .map(|(z, _)| z.abs() / half_width),
+        );
+        used += 1;
+        let classes: Vec<String> = held.iter().map(|(s, n)| format!("{n}@{s}")).collect();
+        eprintln!(
+            "    calibration fold {}/{}: held out {}: {} novel residuals, seen σ × {:.3}, {aux_epochs} epochs, {:.1} s",
+            f + 1,
+            folds.len(),
+            classes.join(" "),
+            pooled.len() - before,
+            aux.calibration().seen_multiplier,
+            fold_started.elapsed().as_secs_f64()
+        );
     }
+    // Without any usable fold (no level with two classes), the main network's own
+    // calibration stands (novel residuals from its validation jobs, if any).
+    let predictor = if used > 0 {
+        predictor.with_novel_ratios(&pooled, used)?
+    } else {
+        predictor
+    };
+    cost.aux_seconds = started.elapsed().as_secs_f64();
     Ok((predictor, history))
+}
+
+/// The novel multiplier, its residuals, folds and rule, for reports.
+fn novel_summary(c: &marshal_model::Calibration) -> String {
+    format!(
+        "× {:.2} novel ({} residuals from {} fold{}; {})",
+        c.novel_multiplier,
+        c.novel_residuals,
+        c.novel_folds,
+        if c.novel_folds == 1 { "" } else { "s" },
+        c.novel_rule.label()
+    )
 }
 
 /// Most gangs in a trace are one GPU, whose step time does not depend on placement; the
@@ -576,8 +693,8 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
         }
         let split = &s.split;
         let started = std::time::Instant::now();
-        let mut epochs = 0;
-        let (predictor, history) = train_calibrated(&ctx, split, &config, &mut epochs)?;
+        let mut cost = TrainingCost::default();
+        let (predictor, history) = train_calibrated(&ctx, split, &config, &mut cost)?;
         let (model_mape, coverage) = model_errors(&predictor, &ctx, &history, &split.test)?;
         let (prior_mape, _) = prior_errors(&ctx, &history, &split.test);
         let (lookup, linear) = baseline_errors(split)?;
@@ -585,16 +702,16 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
         println!(
             "{}: learned {model_mape:.1} % (90 % interval holds {coverage:.0} %), prior alone {prior_mape:.1} %, \
              lookup {lookup:.1} %, linear {linear:.1} % step-time MAPE; {} train / {} test examples, \
-             {epochs} epochs in {:.1} s (with the calibration run); σ × {:.2} trained shapes ({} residuals), \
-             × {:.2} novel ({} residuals)",
+             {} epochs in {:.1} s ({:.1} s of it calibration runs); σ × {:.2} trained shapes ({} residuals), {}",
             s.name,
             split.train.len(),
             split.test.len(),
+            cost.epochs,
             started.elapsed().as_secs_f64(),
+            cost.aux_seconds,
             c.seen_multiplier,
             c.seen_residuals,
-            c.novel_multiplier,
-            c.novel_residuals,
+            novel_summary(c),
         );
         for (label, m, cov) in per_class_errors(&predictor, &ctx, &history, &split.test)? {
             println!("    {label}: learned {m:.1} %, interval holds {cov:.0} %");
@@ -723,6 +840,59 @@ mod tests {
             rows[folds.len() + 1].test,
             examples.iter().filter(|e| e.num_gpus > 1).count()
         );
+    }
+
+    #[test]
+    fn every_class_is_held_out_once_and_every_level_keeps_training_classes() {
+        let classes: Vec<(&str, u32)> = [
+            ("nvlink-island", 2),
+            ("nvlink-island", 4),
+            ("nvlink-island", 8),
+            ("node", 8),
+            ("rack", 4),
+            ("rack", 16),
+            ("spine", 2),
+            ("spine", 4),
+            ("spine", 8),
+            ("spine", 16),
+            ("spine", 32),
+        ]
+        .into();
+        let mut assignments = std::collections::BTreeSet::new();
+        for seed in 0..20 {
+            let folds = fold_classes(&classes, 3, seed);
+            assert_eq!(folds.len(), 3);
+            assert_eq!(folds, fold_classes(&classes, 3, seed), "seed {seed}");
+            for &c in &classes {
+                let times = folds.iter().filter(|f| f.contains(&c)).count();
+                // A level's only class stays in training; every other is held out once.
+                let expected = usize::from(c.0 != "node");
+                assert_eq!(times, expected, "seed {seed}: {c:?} in {folds:?}");
+            }
+            for (i, fold) in folds.iter().enumerate() {
+                assert!(!fold.is_empty(), "seed {seed}: fold {i} is empty");
+                for level in ["nvlink-island", "node", "rack", "spine"] {
+                    let kept = classes
+                        .iter()
+                        .filter(|c| c.0 == level && !fold.contains(c))
+                        .count();
+                    assert!(kept >= 1, "seed {seed}: fold {i} holds out all of {level}");
+                }
+                // Neighbouring GPU counts of a level are never held out together.
+                for w in classes.windows(2) {
+                    assert!(
+                        !(w[0].0 == w[1].0 && fold.contains(&w[0]) && fold.contains(&w[1])),
+                        "seed {seed}: {w:?} both in fold {i}"
+                    );
+                }
+            }
+            assignments.insert(folds);
+        }
+        // The seed moves the assignment.
+        assert!(assignments.len() > 1);
+        // k below 2 would hold out whole levels: at least 2 folds.
+        assert_eq!(fold_classes(&classes, 1, 0).len(), 2);
+        assert!(fold_classes(&[("node", 8)], 3, 0).iter().all(Vec::is_empty));
     }
 
     #[test]
