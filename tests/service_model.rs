@@ -732,3 +732,78 @@ fn with_require_promotion_the_server_loads_only_what_promote_installed() {
         handle.shutdown().await.unwrap();
     });
 }
+
+#[test]
+fn with_promotion_public_keys_the_server_loads_only_a_signed_promotion() {
+    use marshal_model::policy::{generate_key_pair, public_key_path};
+    use marshal_trainer::promote::{PromoteOptions, promote_signed};
+    use marshal_trainer::testkit::{inflation_spec, tiny_artifact};
+    let tmp = tempfile::tempdir().unwrap();
+    let current = tmp.path().join("model");
+    let (candidate, second, loser) = (
+        tmp.path().join("candidate"),
+        tmp.path().join("second"),
+        tmp.path().join("loser"),
+    );
+    // As above: an `fgd` candidate beats a `random` current artifact.
+    tiny_artifact(&current, "random", 1, 1.5);
+    tiny_artifact(&candidate, "fgd", 2, 1.5);
+    tiny_artifact(&second, "fgd", 4, 1.5);
+    tiny_artifact(&loser, "random", 3, 1.5);
+    let key = tmp.path().join("promo.key");
+    let signer = generate_key_pair(&key).unwrap();
+    let config = ServiceConfig {
+        require_promotion: true,
+        promotion_public_keys: vec![public_key_path(&key)],
+        ..config(tmp.path(), &current, tmp.path().join("decision-log"))
+    };
+    config.validate().unwrap();
+    let (cur_dir, key_file) = (current.clone(), key.clone());
+    let promote_with = move |cand: PathBuf, sign: bool| {
+        let (cur, key) = (cur_dir.clone(), key_file.clone());
+        tokio::task::spawn_blocking(move || {
+            let signer = sign.then(|| marshal_model::policy::read_signing_key(&key).unwrap());
+            promote_signed(
+                &cand,
+                &cur,
+                &[inflation_spec()],
+                &PromoteOptions::default(),
+                signer.as_ref(),
+                &mut |_| {},
+            )
+            .unwrap()
+        })
+    };
+    runtime().block_on(async move {
+        let (handle, _, mut admin) = serve(config, &current).await;
+        assert!(!info(&mut admin).await.loaded);
+
+        // Promoted without a key: installed and recorded, but refused for want of a
+        // signature, with the reason in ModelInfo and on ReloadModel.
+        let unsigned = promote_with(candidate, false).await.unwrap();
+        assert!(
+            unsigned.promoted && unsigned.signature.is_none(),
+            "{unsigned:?}"
+        );
+        let refused = wait_for(&mut admin, |m| m.last_error.contains("is not signed")).await;
+        assert!(!refused.loaded, "{refused:?}");
+        let rejected = refused.rejected_reloads;
+        assert!(rejected >= 1, "{refused:?}");
+        reload_refused_unpromoted(&mut admin, "is not signed").await;
+        assert!(info(&mut admin).await.rejected_reloads > rejected);
+
+        // The unsigned promotion rolled back by hand (a `random` artifact again), then a
+        // signed promotion: the poll loads it.
+        copy_dir(&loser, &current);
+        let signed = promote_with(second, true).await.unwrap();
+        assert!(signed.promoted, "{signed:?}");
+        assert_eq!(
+            signed.signature.as_ref().map(|s| s.key_id.as_str()),
+            Some(signer.key_id())
+        );
+        let want = signed.candidate_hash.clone();
+        let loaded = wait_for(&mut admin, |m| m.loaded && m.version == want).await;
+        assert_eq!(loaded.reloads, 1, "{loaded:?}");
+        handle.shutdown().await.unwrap();
+    });
+}

@@ -61,6 +61,24 @@ pub enum ModelError {
     /// A tensor backend operation failed.
     #[error("backend error: {0}")]
     Backend(String),
+    /// An artifact has no content digest: a file cannot be read, or an entry is not a
+    /// regular file (a symlink or a subdirectory, whose content the digest cannot pin).
+    #[error("artifact {}: no content digest: {reason}", path.display())]
+    Digest {
+        /// The artifact directory or the offending entry.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A promotion signing or public key file cannot be used (missing, unreadable,
+    /// malformed, or a private key readable by other users).
+    #[error("key file {}: {reason}", path.display())]
+    KeyFile {
+        /// The key file.
+        path: PathBuf,
+        /// Why it was refused.
+        reason: String,
+    },
     /// An I/O error outside the cases above (e.g. the artifact directory is not writable).
     #[error("i/o error at {}: {source}", path.display())]
     Io {

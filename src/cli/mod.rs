@@ -45,7 +45,7 @@ enum Command {
         #[command(subcommand)]
         what: TrainWhat,
     },
-    /// Manage policy artifacts: promote a candidate only if it wins.
+    /// Manage policy artifacts: promote a candidate only if it wins, signing keys.
     Model {
         #[command(subcommand)]
         what: ModelWhat,
@@ -82,6 +82,8 @@ enum ModelWhat {
     /// Evaluate a candidate policy artifact against the current one on validation traces
     /// and install it atomically only if it wins (see the README for the rule).
     Promote(model::PromoteArgs),
+    /// Generate an Ed25519 key pair for signing promotion records (`KEY`, `KEY.pub`).
+    Keygen(model::KeygenArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -104,6 +106,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model {
             what: ModelWhat::Promote(args),
         } => model::run_promote(args),
+        Command::Model {
+            what: ModelWhat::Keygen(args),
+        } => model::run_keygen(args),
         Command::Datasets(args) => datasets::run(args),
         Command::Telemetry(args) => telemetry::run(args),
         Command::Agent(args) => telemetry::agent(args),

@@ -1,11 +1,32 @@
-//! `marshal model promote`: install a candidate policy artifact only if it wins.
+//! `marshal model promote`: install a candidate policy artifact only if it wins;
+//! `marshal model keygen`: the key pair that signs promotion records.
 
 use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::Args;
+use marshal_model::policy::{generate_key_pair, public_key_path, read_signing_key};
 use marshal_trainer::policy::EpisodeSpec;
-use marshal_trainer::promote::{PromoteOptions, TraceRow, promote, record_path};
+use marshal_trainer::promote::{PromoteOptions, TraceRow, promote_signed, record_path};
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// The private key file to create (mode 0600; never overwritten). The public key
+    /// goes to `<OUT>.pub`, for `promotion_public_keys` in the server's configuration.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run_keygen(a: KeygenArgs) -> anyhow::Result<()> {
+    let signer = generate_key_pair(&a.out)?;
+    println!(
+        "key {}: private {} (keep it secret), public {}",
+        signer.key_id(),
+        a.out.display(),
+        public_key_path(&a.out).display()
+    );
+    Ok(())
+}
 
 use crate::cli::policy::parse_episode;
 
@@ -28,6 +49,10 @@ pub struct PromoteArgs {
     /// Largest relative worsening against the current artifact allowed on any trace.
     #[arg(long, default_value_t = 0.02)]
     max_regression: f64,
+    /// Sign the record of a promotion with this private key (`marshal model keygen`),
+    /// for servers with `promotion_public_keys`. Without it the record is unsigned.
+    #[arg(long)]
+    signing_key: Option<PathBuf>,
 }
 
 fn print_row(r: &TraceRow) {
@@ -59,6 +84,8 @@ pub fn run_promote(a: PromoteArgs) -> anyhow::Result<()> {
         max_regression: a.max_regression,
     };
     opts.validate()?;
+    // Read before the (long) evaluation, so a bad key fails at once.
+    let signer = a.signing_key.as_deref().map(read_signing_key).transpose()?;
     let seeds: Vec<u64> = (0..a.seeds).map(|k| 2000 + k).collect();
     // The fallback in each spec is replaced by each artifact's own; these are placeholders.
     let specs: Vec<EpisodeSpec> = a
@@ -70,7 +97,14 @@ pub fn run_promote(a: PromoteArgs) -> anyhow::Result<()> {
         "{:<36} {:>9} {:>14} {:>14} {:>9} {:>18} {:>18}",
         "trace", "objective", "current", "candidate", "change", "cur. fb", "cand. fb"
     );
-    let record = promote(&a.candidate, &a.current, &specs, &opts, &mut print_row)?;
+    let record = promote_signed(
+        &a.candidate,
+        &a.current,
+        &specs,
+        &opts,
+        signer.as_ref(),
+        &mut print_row,
+    )?;
     println!("{}", record.reason);
     if let Some(prev) = &record.previous {
         println!(
@@ -89,8 +123,16 @@ pub fn run_promote(a: PromoteArgs) -> anyhow::Result<()> {
     } else {
         println!("{} is unchanged", a.current.display());
     }
+    let signed = match (&record.signature, record.promoted) {
+        (Some(s), true) => format!(", signed by key {}", s.key_id),
+        (Some(s), false) => format!(
+            " (the installed artifact's signature by key {} kept)",
+            s.key_id
+        ),
+        (None, _) => String::new(),
+    };
     println!(
-        "decision recorded in {}",
+        "decision recorded in {}{signed}",
         record_path(&a.current)?.display()
     );
     Ok(())

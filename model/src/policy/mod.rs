@@ -24,10 +24,13 @@
 
 mod artifact;
 mod config;
+mod digest;
 mod features;
+mod keys;
 mod network;
 mod promotion;
 mod scorer;
+mod signing;
 mod train;
 
 pub use artifact::{
@@ -35,9 +38,14 @@ pub use artifact::{
     load_policy, replace_file, save_policy, write_fallback_gate,
 };
 pub use config::PolicyConfig;
+pub use digest::artifact_sha256;
 pub use features::{
     CANDIDATE_FEATURE_NAMES, CANDIDATE_FEATURES, DecisionFeatures, INPUT_FEATURES,
     JOB_FEATURE_NAMES, JOB_FEATURES, MAX_CANDIDATES,
+};
+pub use keys::{
+    PromotionKey, PromotionKeys, PromotionSigner, generate_key_pair, key_id, public_key_path,
+    read_public_key, read_signing_key,
 };
 pub use network::PolicyNetwork;
 pub use promotion::{
@@ -45,4 +53,7 @@ pub use promotion::{
     read_promotion_record, verify_promotion,
 };
 pub use scorer::{FeatureStats, PolicyScorer, Scored};
+pub use signing::{
+    PromotionSignature, SIGNATURE_FORMAT, sign_promotion, signed_bytes, verify_signature,
+};
 pub use train::{PolicyLearner, Sample, StepReport};

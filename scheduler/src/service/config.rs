@@ -62,6 +62,12 @@ pub struct ServiceConfig {
     /// artifact with the same content hash. Anything else is refused and the current
     /// model (or, at start, the fallback) keeps deciding.
     pub require_promotion: bool,
+    /// Public key files (`marshal model keygen` writes `KEY.pub`) trusted to sign
+    /// promotion records; needs `require_promotion`. When set, a record must also carry
+    /// a valid signature by one of these keys, and the artifact's SHA-256 digest must be
+    /// the signed one. Read (and checked) at start; relative paths are relative to the
+    /// working directory, as every path here.
+    pub promotion_public_keys: Vec<PathBuf>,
     /// Directory of the Parquet decision log; absent: no decision log.
     pub decision_log_dir: Option<PathBuf>,
     /// Rows per decision-log file at most.
@@ -121,6 +127,7 @@ impl Default for ServiceConfig {
             fallback: None,
             model_poll_ms: 2000,
             require_promotion: false,
+            promotion_public_keys: Vec::new(),
             decision_log_dir: None,
             decision_log_file_rows: 8192,
             decision_log_flush_ms: 10_000,
@@ -179,6 +186,18 @@ impl ServiceConfig {
                 "require_promotion applies to policy = \"learned\" only (policy is {:?})",
                 self.policy
             ));
+        }
+        if !self.promotion_public_keys.is_empty() {
+            if !self.require_promotion {
+                return bad(
+                    "promotion_public_keys needs require_promotion = true (the keys sign promotion records)"
+                        .into(),
+                );
+            }
+            if let Err(e) = marshal_model::policy::PromotionKeys::read(&self.promotion_public_keys)
+            {
+                return bad(format!("promotion_public_keys: {e}"));
+            }
         }
         if let Some(f) = &self.fallback
             && let Err(e) = crate::policies::build(f, &[])
@@ -370,10 +389,46 @@ mod tests {
         );
         assert!(err("require_promotion = true").contains("require_promotion applies"));
         assert!(err("policy = \"learned\"\nrequire_promotions = true").contains("unknown field"));
+        assert!(err("promotion_public_keys = [\"k.pub\"]").contains("needs require_promotion"));
+        assert!(
+            err("policy = \"learned\"\nrequire_promotion = true\npromotion_public_keys = [\"/nonexistent/k.pub\"]")
+                .contains("promotion_public_keys: key file /nonexistent/k.pub")
+        );
         let ok = ServiceConfig::from_toml(
             "policy = \"learned\"\nmodel = \"models/x\"\nfallback = \"fgd\"\ndecision_log_dir = \"log\"",
         )
         .unwrap();
         assert_eq!(ok.fallback.as_deref(), Some("fgd"));
+    }
+
+    #[test]
+    fn promotion_public_keys_must_be_readable_public_keys() {
+        let tmp = tempfile::tempdir().unwrap();
+        let key = tmp.path().join("promo.key");
+        marshal_model::policy::generate_key_pair(&key).unwrap();
+        let public = marshal_model::policy::public_key_path(&key);
+        let config = |paths: &[&std::path::Path]| {
+            let list: Vec<String> = paths
+                .iter()
+                .map(|p| format!("{:?}", p.display().to_string()))
+                .collect();
+            ServiceConfig::from_toml(&format!(
+                "policy = \"learned\"\nrequire_promotion = true\npromotion_public_keys = [{}]",
+                list.join(", ")
+            ))
+        };
+        assert_eq!(
+            config(&[&public]).unwrap().promotion_public_keys,
+            std::slice::from_ref(&public)
+        );
+        // The private half, or garbage, is refused naming the file.
+        let e = config(&[&public, &key]).unwrap_err().to_string();
+        assert!(
+            e.contains("promo.key:") && e.contains("marshal-ed25519-secret"),
+            "{e}"
+        );
+        std::fs::write(&key, "marshal-ed25519-public 00").unwrap();
+        let e = config(&[&key]).unwrap_err().to_string();
+        assert!(e.contains("64 hex digits"), "{e}");
     }
 }

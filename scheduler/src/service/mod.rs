@@ -46,7 +46,7 @@ mod testkit;
 
 pub use config::{SecurityConfig, ServiceConfig};
 pub use error::{ServiceError, StartError};
-pub use model::{LearnedSlot, ModelSlot, NoModel, model_slot};
+pub use model::{LearnedSlot, ModelSlot, NoModel, PromotionPolicy, model_slot};
 pub use server::{AdvisorHandle, ServerHandle, start, start_advisor};
 /// Re-exported so clients (tests, the load generator, agents) use the same versions.
 pub use {tokio, tonic, tonic_health};

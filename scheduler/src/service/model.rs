@@ -131,23 +131,94 @@ impl ModelSlot for NoModel {
 /// The artifact's content hash (see [`marshal_model::policy::artifact_fingerprint`]:
 /// `marshal model promote` records the same value).
 pub use marshal_model::policy::artifact_fingerprint;
-use marshal_model::policy::{fingerprint_hex, promotion_record_path, verify_promotion};
+use marshal_model::policy::{
+    PromotionKeys, fingerprint_hex, promotion_record_path, verify_promotion,
+};
 
-/// Loads the artifact in `dir`, whose fingerprint is `fingerprint`; with
-/// `require_promotion`, only if its promotion record proves it was promoted
-/// ([`verify_promotion`]).
+/// What an artifact needs besides being valid to be loaded (`require_promotion`,
+/// `promotion_public_keys`).
+#[derive(Clone, Debug, Default)]
+pub struct PromotionPolicy {
+    /// Only artifacts whose promotion record proves them promoted.
+    pub required: bool,
+    /// Non-empty: the record must also be signed by one of these keys over the
+    /// artifact's SHA-256 digest.
+    pub keys: PromotionKeys,
+    /// The configured keys could not be read when the slot was made (they were checked
+    /// at start, so a file vanished or changed since): every artifact is refused with
+    /// this reason rather than loaded unsigned.
+    pub key_error: Option<String>,
+}
+
+impl PromotionPolicy {
+    /// Any valid artifact loads.
+    pub fn off() -> Self {
+        PromotionPolicy::default()
+    }
+
+    /// A promotion record must prove the artifact (unsigned records suffice).
+    pub fn unsigned() -> Self {
+        PromotionPolicy {
+            required: true,
+            ..PromotionPolicy::default()
+        }
+    }
+
+    /// A promotion record signed by one of `keys` must prove the artifact.
+    pub fn signed(keys: PromotionKeys) -> Self {
+        PromotionPolicy {
+            required: true,
+            keys,
+            key_error: None,
+        }
+    }
+
+    /// From `require_promotion` and `promotion_public_keys` (reading the key files).
+    pub fn from_config(config: &crate::service::ServiceConfig) -> Self {
+        match PromotionKeys::read(&config.promotion_public_keys) {
+            Ok(keys) => PromotionPolicy {
+                required: config.require_promotion,
+                keys,
+                key_error: None,
+            },
+            Err(e) => PromotionPolicy {
+                required: true,
+                keys: PromotionKeys::default(),
+                key_error: Some(format!("promotion_public_keys: {e}")),
+            },
+        }
+    }
+
+    /// `Ok` iff the artifact in `dir` with fingerprint `f` may be loaded as far as
+    /// promotion goes. The SHA-256 digest (signed mode) is computed here, so only when a
+    /// load is tried — the poll does that only when the fingerprint or the record changed.
+    fn check(&self, dir: &Path, f: u64) -> Result<(), String> {
+        if let Some(e) = &self.key_error {
+            return Err(e.clone());
+        }
+        if !self.required {
+            return Ok(());
+        }
+        verify_promotion(dir, f, &self.keys)
+    }
+}
+
+/// Loads the artifact in `dir`, whose fingerprint is `fingerprint`, if `promotion`
+/// allows it ([`verify_promotion`]).
 fn load_artifact(
     dir: &Path,
     fingerprint: Option<u64>,
-    require_promotion: bool,
+    promotion: &PromotionPolicy,
 ) -> Result<LearnedModel, ModelError> {
     let path = dir.display().to_string();
     // An unreadable directory (no fingerprint) is refused by the loader, which says why.
-    if let (true, Some(f)) = (require_promotion, fingerprint) {
-        verify_promotion(dir, f).map_err(|reason| ModelError::Unpromoted {
-            path: path.clone(),
-            reason,
-        })?;
+    if let Some(f) = fingerprint {
+        promotion
+            .check(dir, f)
+            .map_err(|reason| ModelError::Unpromoted {
+                path: path.clone(),
+                reason,
+            })?;
     }
     LearnedModel::try_load(dir).map_err(|reason| ModelError::Rejected { path, reason })
 }
@@ -185,8 +256,8 @@ struct Current {
 pub struct LearnedSlot {
     /// The configured fallback (absent: the artifact's choice).
     fallback: Option<String>,
-    /// Load only artifacts whose promotion record proves them promoted.
-    require_promotion: bool,
+    /// What a promotion record must prove before an artifact loads.
+    promotion: PromotionPolicy,
     current: Mutex<Current>,
     metrics: OnceLock<Arc<Metrics>>,
 }
@@ -196,13 +267,13 @@ pub struct LearnedSlot {
 const OBJECTIVE: &str = "replay";
 
 impl LearnedSlot {
-    /// Loads `dir`; never fails. With `require_promotion`, an artifact without a
-    /// promotion record proving it was promoted is refused like a corrupt one: the
-    /// fallback decides until a promoted one is installed.
-    pub fn open(dir: &Path, fallback: Option<&str>, require_promotion: bool) -> LearnedSlot {
+    /// Loads `dir`; never fails. When `promotion` requires it, an artifact without a
+    /// (signed) promotion record proving it was promoted is refused like a corrupt one:
+    /// the fallback decides until a promoted one is installed.
+    pub fn open(dir: &Path, fallback: Option<&str>, promotion: PromotionPolicy) -> LearnedSlot {
         let seen = artifact_fingerprint(dir);
         let seen_record = record_bytes(dir);
-        let (model, last_error) = match load_artifact(dir, seen, require_promotion) {
+        let (model, last_error) = match load_artifact(dir, seen, &promotion) {
             Ok(m) => (m, None),
             Err(e) => {
                 let why = e.reason().to_string();
@@ -216,7 +287,7 @@ impl LearnedSlot {
         }
         LearnedSlot {
             fallback: fallback.map(String::from),
-            require_promotion,
+            promotion,
             current: Mutex::new(Current {
                 version: if last_error.is_none() {
                     version(seen)
@@ -253,7 +324,7 @@ impl LearnedSlot {
     fn load(&self, dir: &Path, watch: bool) -> Result<ModelStatus, ModelError> {
         let fingerprint = artifact_fingerprint(dir);
         let record = record_bytes(dir);
-        let loaded = load_artifact(dir, fingerprint, self.require_promotion);
+        let loaded = load_artifact(dir, fingerprint, &self.promotion);
         let mut c = self.lock();
         if watch || c.watched == dir {
             c.seen = fingerprint;
@@ -393,7 +464,7 @@ impl ModelSlot for LearnedSlot {
         // With `require_promotion`, a changed record is a reason to retry too (the record
         // that proves a refused artifact may come after it), unless the artifact it is
         // about is already the one serving.
-        let record_changed = self.require_promotion
+        let record_changed = self.promotion.required
             && serving != Some(version(now))
             && record_bytes(&watched) != self.lock().seen_record;
         if now != seen || record_changed {
@@ -415,7 +486,7 @@ pub fn model_slot(config: &crate::service::ServiceConfig, model_dir: &Path) -> A
         Arc::new(LearnedSlot::open(
             model_dir,
             config.fallback.as_deref(),
-            config.require_promotion,
+            PromotionPolicy::from_config(config),
         ))
     } else {
         Arc::new(NoModel)
@@ -442,7 +513,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("model");
         copy_shipped(&dir);
-        let slot = LearnedSlot::open(&dir, None, require_promotion);
+        let promotion = if require_promotion {
+            PromotionPolicy::unsigned()
+        } else {
+            PromotionPolicy::off()
+        };
+        let slot = LearnedSlot::open(&dir, None, promotion);
         (tmp, dir, slot)
     }
 
@@ -544,5 +620,47 @@ mod tests {
             slot.reload(None, LEARNED),
             Err(ModelError::Rejected { .. })
         ));
+    }
+
+    #[test]
+    fn with_keys_only_a_signed_promotion_loads_and_unreadable_keys_refuse_everything() {
+        use marshal_model::policy::{
+            PromotionKeys, artifact_sha256, generate_key_pair, read_promotion_record,
+            sign_promotion,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        copy_shipped(&dir);
+        let signer = generate_key_pair(&tmp.path().join("promo.key")).unwrap();
+        let keys = PromotionKeys::new(vec![signer.public()]);
+        let slot = LearnedSlot::open(&dir, None, PromotionPolicy::signed(keys));
+        assert!(!slot.status(LEARNED).loaded);
+        // Promoted, unsigned: refused, and the reason is reported.
+        let hash = artifact_hash(&dir).unwrap();
+        write_record(&dir, true, &hash);
+        refused_unpromoted(slot.reload(None, LEARNED), "is not signed");
+        assert!(slot.status(LEARNED).last_error.contains("is not signed"));
+        // Signed: the poll sees the record change and loads it.
+        let mut record = read_promotion_record(&dir).unwrap().unwrap();
+        let sha = artifact_sha256(&dir).unwrap();
+        record.signature = sign_promotion(&signer, &sha, &hash, 1.0);
+        record.installed_sha256 = Some(sha);
+        let path = promotion_record_path(&dir).unwrap();
+        std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+        slot.poll();
+        let s = slot.status(LEARNED);
+        assert!(s.loaded && s.version == hash, "{s:?}");
+        assert_eq!((s.reloads, s.rejected_reloads), (1, 1));
+        // Key files that went bad after start: nothing loads, the reason says why.
+        let broken = LearnedSlot::open(
+            &dir,
+            None,
+            PromotionPolicy {
+                key_error: Some("promotion_public_keys: key file k.pub: gone".into()),
+                ..PromotionPolicy::off()
+            },
+        );
+        let s = broken.status(LEARNED);
+        assert!(!s.loaded && s.last_error.contains("k.pub: gone"), "{s:?}");
     }
 }

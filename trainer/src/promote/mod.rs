@@ -14,6 +14,12 @@
 //! current artifact that does not load is judged as what a server with it does: its
 //! fallback decides everything. [`install`] then swaps the candidate in atomically
 //! ([`install`]'s docs), and [`PromotionRecord`] is what `promotion.json` holds.
+//!
+//! With a signing key ([`promote_signed`]) a promotion's record also carries an Ed25519
+//! signature over the installed artifact's SHA-256 digest and fingerprint
+//! ([`marshal_model::policy::signed_bytes`]), which a server with `promotion_public_keys`
+//! requires. A decision that promotes nothing signs nothing: it carries the installed
+//! artifact's proof (fingerprint, digest, signature) over unchanged, as before.
 
 mod install;
 
@@ -23,9 +29,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use marshal_model::policy::{PromotionRecord, TraceRow, artifact_hash};
+pub use marshal_model::policy::{PromotionRecord, PromotionSigner, TraceRow, artifact_hash};
 use marshal_model::policy::{
-    load_policy, promotion_record_path, read_promotion_record, replace_file,
+    artifact_sha256, load_policy, promotion_record_path, read_promotion_record, replace_file,
+    sign_promotion,
 };
 use marshal_scheduler::policies::learned::{Act, LearnedModel};
 use serde::{Deserialize, Serialize};
@@ -211,6 +218,20 @@ pub fn promote(
     opts: &PromoteOptions,
     progress: &mut dyn FnMut(&TraceRow),
 ) -> Result<PromotionRecord, PromoteError> {
+    promote_signed(candidate, current, specs, opts, None, progress)
+}
+
+/// [`promote`], and with `signer` a promotion's record is signed (module docs). A
+/// candidate without a SHA-256 digest (it holds a symlink or a subdirectory) cannot be
+/// signed and is refused before anything runs.
+pub fn promote_signed(
+    candidate: &Path,
+    current: &Path,
+    specs: &[EpisodeSpec],
+    opts: &PromoteOptions,
+    signer: Option<&PromotionSigner>,
+    progress: &mut dyn FnMut(&TraceRow),
+) -> Result<PromotionRecord, PromoteError> {
     opts.validate()?;
     if candidate == current {
         return Err(PromoteError::Settings(
@@ -222,6 +243,18 @@ pub fn promote(
         path: candidate.to_path_buf(),
         reason: "cannot be read".into(),
     })?;
+    // Unsigned, a candidate without a digest is promoted as before (the fingerprint is
+    // its proof); signed, the digest is what the signature is about.
+    let candidate_sha256 = match (artifact_sha256(candidate), signer) {
+        (Ok(d), _) => Some(d),
+        (Err(_), None) => None,
+        (Err(e), Some(_)) => {
+            return Err(PromoteError::Candidate {
+                path: candidate.to_path_buf(),
+                reason: format!("cannot be signed: {e}"),
+            });
+        }
+    };
     // Hashed before loading, as the server does: the record names what was compared.
     let current_hash = artifact_hash(current);
     let (cur, current_hash) = match LearnedModel::try_load(current) {
@@ -237,14 +270,51 @@ pub fn promote(
     // The record about what is installed now (kept with it if it is replaced, restored if
     // the install fails) and the artifact it proves was promoted.
     let old_record = fs::read(&record_file).ok();
-    let old_installed = read_promotion_record(current)
-        .ok()
-        .flatten()
-        .and_then(|r| r.installed().map(String::from));
+    let old = read_promotion_record(current).ok().flatten();
+    let old_installed = old.as_ref().and_then(|r| r.installed().map(String::from));
     let previous = if promoted && current.exists() {
         Some(prev_path(current)?)
     } else {
         None
+    };
+    let decided_at_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    // The installed artifact's proof: the candidate's when promoted (signed with a key),
+    // else the earlier record's, carried over whole while `current` is still that
+    // artifact. A carried digest that no longer matches goes with its signature (the
+    // server would refuse it anyway).
+    let (installed_hash, installed_sha256, signature) = if promoted {
+        let signature = match (signer, &candidate_sha256) {
+            (Some(s), Some(sha)) => Some(
+                sign_promotion(s, sha, &candidate_hash, decided_at_unix_s).ok_or_else(|| {
+                    PromoteError::Candidate {
+                        path: candidate.to_path_buf(),
+                        reason: "its digests are not in canonical form".into(),
+                    }
+                })?,
+            ),
+            _ => None,
+        };
+        (
+            Some(candidate_hash.clone()),
+            candidate_sha256.clone(),
+            signature,
+        )
+    } else {
+        match old_installed.filter(|h| Some(h) == current_hash.as_ref()) {
+            None => (None, None, None),
+            Some(h) => {
+                let old = old.as_ref();
+                let sha = old
+                    .and_then(|r| r.installed_sha256.clone())
+                    .filter(|d| artifact_sha256(current).ok().as_ref() == Some(d));
+                let signature = sha
+                    .as_ref()
+                    .and_then(|_| old.and_then(|r| r.signature.clone()));
+                (Some(h), sha, signature)
+            }
+        }
     };
     let record = PromotionRecord {
         promoted,
@@ -252,18 +322,15 @@ pub fn promote(
         max_regression: opts.max_regression,
         candidate: candidate.display().to_string(),
         current: current.display().to_string(),
-        installed_hash: if promoted {
-            Some(candidate_hash.clone())
-        } else {
-            old_installed.filter(|h| Some(h) == current_hash.as_ref())
-        },
+        installed_hash,
+        candidate_sha256,
+        installed_sha256,
+        signature,
         candidate_hash,
         current_hash,
         traces,
         previous: previous.as_ref().map(|p| p.display().to_string()),
-        decided_at_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64()),
+        decided_at_unix_s,
     };
     // Written before the swap: a server that requires promotion sees its current
     // artifact unchanged until the swap, and the installed one proven once it happens.

@@ -3,7 +3,14 @@ use std::fs;
 
 use super::*;
 use crate::testkit::{inflation_spec, tiny_artifact};
-use marshal_model::policy::{artifact_fingerprint, verify_promotion};
+use marshal_model::policy::{
+    PromotionKeys, artifact_fingerprint, artifact_sha256, generate_key_pair,
+};
+
+/// Unsigned verification (no `promotion_public_keys`).
+fn verify_promotion(dir: &Path, fingerprint: u64) -> Result<(), String> {
+    marshal_model::policy::verify_promotion(dir, fingerprint, &PromotionKeys::default())
+}
 
 fn artifact(dir: &Path, inflation_fallback: &str, seed: u64) {
     // A closed gate: the artifact schedules exactly as its inflation fallback.
@@ -107,6 +114,9 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
         candidate_hash: old_hash.clone().unwrap(),
         current_hash: None,
         installed_hash: old_hash.clone(),
+        candidate_sha256: None,
+        installed_sha256: None,
+        signature: None,
         traces: vec![],
         previous: None,
         decided_at_unix_s: 0.0,
@@ -145,6 +155,80 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
     // A losing candidate's record keeps the installed artifact's proof.
     assert_eq!(record.installed_hash, artifact_hash(&current));
     proven(&current).unwrap();
+}
+
+#[test]
+fn a_signed_promotion_writes_a_record_that_its_public_key_verifies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "random", 1);
+    artifact(&candidate, "fgd", 2);
+    let signer = generate_key_pair(&tmp.path().join("promo.key")).unwrap();
+    let keys = PromotionKeys::new(vec![signer.public()]);
+    let signed = |candidate: &Path| {
+        promote_signed(
+            candidate,
+            &current,
+            &[inflation_spec()],
+            &PromoteOptions::default(),
+            Some(&signer),
+            &mut |_| {},
+        )
+    };
+    let record = signed(&candidate).unwrap();
+    assert!(record.promoted, "{record:?}");
+    let sig = record
+        .signature
+        .clone()
+        .expect("a promotion with a key is signed");
+    assert_eq!(sig.key_id, signer.key_id());
+    assert_eq!(sig.decided_at_unix_s, record.decided_at_unix_s);
+    let digest = artifact_sha256(&current).unwrap();
+    assert_eq!(record.installed_sha256.as_deref(), Some(digest.as_str()));
+    assert_eq!(record.candidate_sha256, record.installed_sha256);
+    // What was written is what was returned, and a server trusting the key loads it.
+    let saved: PromotionRecord =
+        serde_json::from_slice(&fs::read(record_path(&current).unwrap()).unwrap()).unwrap();
+    assert_eq!(saved, record);
+    let f = artifact_fingerprint(&current).unwrap();
+    marshal_model::policy::verify_promotion(&current, f, &keys).unwrap();
+    let stranger = generate_key_pair(&tmp.path().join("other.key")).unwrap();
+    let e = marshal_model::policy::verify_promotion(
+        &current,
+        f,
+        &PromotionKeys::new(vec![stranger.public()]),
+    )
+    .unwrap_err();
+    assert!(e.contains("unknown key"), "{e}");
+    // A losing candidate afterwards, signed or not, keeps the promotion's signature.
+    artifact(&candidate, "random", 3);
+    for key in [Some(&signer), None] {
+        let lost = promote_signed(
+            &candidate,
+            &current,
+            &[inflation_spec()],
+            &PromoteOptions::default(),
+            key,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(!lost.promoted);
+        assert_eq!(lost.signature.as_ref(), Some(&sig));
+        assert_eq!(lost.installed_sha256.as_deref(), Some(digest.as_str()));
+        marshal_model::policy::verify_promotion(&current, f, &keys).unwrap();
+    }
+    // A candidate with no digest cannot be signed: refused before anything is written.
+    #[cfg(unix)]
+    {
+        let before = fs::read(record_path(&current).unwrap()).unwrap();
+        std::os::unix::fs::symlink(candidate.join("meta.json"), candidate.join("extra")).unwrap();
+        let e = signed(&candidate).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot be signed") && e.contains("a symlink"),
+            "{e}"
+        );
+        assert_eq!(fs::read(record_path(&current).unwrap()).unwrap(), before);
+    }
 }
 
 #[test]
