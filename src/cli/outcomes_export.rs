@@ -118,6 +118,12 @@ fn summarise(export: &IncumbentExport, dest: &str, assumed_utc: bool) {
     if export.steps_left_out > 0 {
         line += &format!(", {} job steps left out", export.steps_left_out);
     }
+    if export.runs_merged > 0 {
+        line += &format!(
+            ", {} runs of requeued jobs merged into their job's row",
+            export.runs_merged
+        );
+    }
     line.push(')');
     if assumed_utc && export.local_times > 0 {
         line += &format!(

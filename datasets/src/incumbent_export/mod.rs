@@ -6,8 +6,9 @@
 //!
 //! Both map the same way: a job never started has both times empty (whatever the source
 //! says about its end), one still running an empty `deletion_time`, and `node` is the
-//! first node it ran on. A row the CSV could not hold (a repeated job, an end before the
-//! start) is skipped with its line, so that every CSV written here parses back.
+//! first node it ran on. A row the CSV could not hold (a pod repeated, an end before the
+//! start) is skipped with its line, so that every CSV written here parses back; the runs
+//! of a requeued Slurm job are merged into one row ([`parse_sacct`]).
 //!
 //! [`parse_incumbent_outcomes`]: crate::parse_incumbent_outcomes
 
@@ -37,6 +38,9 @@ pub struct IncumbentExport {
     /// Times read as the cluster's wall clock (`YYYY-MM-DDTHH:MM:SS`) and converted
     /// with the UTC offset given (UTC when none was).
     pub local_times: usize,
+    /// `sacct` rows that were another run of a job already read (a requeued job, as
+    /// `sacct --duplicates` lists them), merged into its row.
+    pub runs_merged: usize,
 }
 
 /// Writes `rows` as the outcomes CSV, header `job,scheduled_time,deletion_time,node`,

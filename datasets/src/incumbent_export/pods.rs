@@ -88,6 +88,7 @@ pub fn parse_kubectl_pods(
         rows,
         report,
         steps_left_out: 0,
+        runs_merged: 0,
         local_times: 0,
     })
 }

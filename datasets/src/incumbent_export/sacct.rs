@@ -2,8 +2,11 @@
 
 use chrono::{FixedOffset, NaiveDateTime};
 
+use std::collections::HashMap;
+
+use marshal_scheduler::shadow::IncumbentOutcome;
+
 use super::{IncumbentExport, first_host, outcome};
-use crate::jobs::Unique;
 use crate::table::{Bad, Col, Table};
 use crate::{DatasetError, ParseReport};
 
@@ -24,8 +27,14 @@ const HEADER: &str = "JobID|Submit|Start|End|State|NodeList";
 /// - `node` is the first host of `NodeList` (`gpu[01-03,07]` → `gpu01`), empty for
 ///   `None assigned`.
 ///
-/// A row with a bad time or host list, or whose job repeats an earlier row, is skipped
-/// with its line; a missing required column, or no usable row, is an error.
+/// - A job with several rows is a job Slurm requeued (`sacct --duplicates` lists every
+///   run; without it only the last): its runs are merged into one row, as the incumbent's
+///   outcome is the job's — `scheduled_time` and `node` are those of its first run,
+///   `deletion_time` the end of its last, empty while any run is still running or
+///   waiting. They are counted in [`IncumbentExport::runs_merged`].
+///
+/// A row with a bad time or host list is skipped with its line; a missing required
+/// column, or no usable row, is an error.
 pub fn parse_sacct(
     name: &str,
     text: &str,
@@ -44,8 +53,10 @@ pub fn parse_sacct(
         report: ParseReport::new(name),
         steps_left_out: 0,
         local_times: 0,
+        runs_merged: 0,
     };
-    let mut jobs = Unique::default();
+    // Where each job's row is, and whether one of its runs has not ended.
+    let mut rows: HashMap<String, (usize, bool)> = HashMap::new();
     let mut report = ParseReport::new(name);
     table.for_each_row(&mut report, |row| {
         let job = row.text(cols.job)?;
@@ -67,9 +78,17 @@ pub fn parse_sacct(
             Some(c) => first_host(row.get(c)?).map_err(|reason| Bad::new(c.name, reason))?,
             None => None,
         };
-        let outcome = outcome(job.to_string(), start, end, node, cols.end.name)?;
-        jobs.insert(job, cols.job.name)?;
-        export.rows.push(outcome);
+        let run = outcome(job.to_string(), start, end, node, cols.end.name)?;
+        match rows.get_mut(job) {
+            Some((at, open)) => {
+                merge_run(&mut export.rows[*at], open, run);
+                export.runs_merged += 1;
+            }
+            None => {
+                rows.insert(job.to_string(), (export.rows.len(), run.deleted.is_none()));
+                export.rows.push(run);
+            }
+        }
         Ok(())
     });
     // Step rows were read but are neither kept nor skipped.
@@ -79,6 +98,27 @@ pub fn parse_sacct(
         return Err(export.report.no_valid_rows());
     }
     Ok(export)
+}
+
+/// Folds another run of a requeued job into its row: the first run started gives the
+/// start and the node, the job has ended only when every run has (`open` says one has
+/// not), and then at the last run's end.
+fn merge_run(row: &mut IncumbentOutcome, open: &mut bool, run: IncumbentOutcome) {
+    let earlier = match (run.scheduled, row.scheduled) {
+        (Some(new), Some(old)) => new < old,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    *open |= run.deleted.is_none();
+    row.deleted = match (*open, row.deleted, run.deleted) {
+        (true, _, _) => None,
+        (false, Some(a), Some(b)) => Some(a.max(b)),
+        (false, a, b) => a.or(b),
+    };
+    if earlier {
+        row.scheduled = run.scheduled;
+        row.node = run.node;
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -96,13 +96,53 @@ fn sacct_epoch_times_steps_reordered_columns_and_bad_rows() {
     );
     assert_eq!(export.steps_left_out, 4);
     assert_eq!(export.local_times, 0);
+    // Line 8 repeats job 101's run: merged, changing nothing.
+    assert_eq!(export.runs_merged, 1);
     assert_eq!(
         export.report.skipped_at(),
-        vec![(8, "JobID"), (9, "End"), (10, "Start"), (11, "NodeList")]
+        vec![(9, "End"), (10, "Start"), (11, "NodeList")]
     );
-    assert!(export.report.skipped[0].reason.contains("duplicate"));
-    assert!(export.report.skipped[1].reason.contains("before its start"));
-    assert_eq!((export.report.rows_read, export.report.rows_kept()), (6, 2));
+    assert!(export.report.skipped[0].reason.contains("before its start"));
+    assert_eq!((export.report.rows_read, export.report.rows_kept()), (6, 3));
+}
+
+/// `sacct --duplicates --allocations`: every run of a requeued job is a row of its own.
+#[test]
+fn sacct_runs_of_a_requeued_job_become_one_row() {
+    let text = "JobID|State|Start|End|NodeList\n\
+                7|REQUEUED|1000|1500|gpu01\n\
+                8|PREEMPTED|2000|2100|gpu02\n\
+                7|COMPLETED|1600|4000|gpu05\n\
+                8|RUNNING|2200|Unknown|gpu03\n\
+                9|NODE_FAIL|3000|3100|gpu04\n\
+                9|PENDING|Unknown|Unknown|None assigned\n\
+                10|COMPLETED|5200|6000|gpu07\n\
+                10|REQUEUED|5000|5100|gpu06\n";
+    let export = parse_sacct("dup.txt", text, utc()).unwrap();
+    assert_eq!(
+        export.rows,
+        vec![
+            // Placed first at 1000 on gpu01, ended with its second run.
+            row("7", Some(1000.0), Some(4000.0), Some("gpu01")),
+            // Its second run is still running: not ended.
+            row("8", Some(2000.0), None, Some("gpu02")),
+            // Waiting again after a node failure: not ended either.
+            row("9", Some(3000.0), None, Some("gpu04")),
+            // Runs listed out of order: the earlier run still gives start and node.
+            row("10", Some(5000.0), Some(6000.0), Some("gpu06")),
+        ]
+    );
+    assert_eq!(export.runs_merged, 4);
+    assert_eq!(export.report.rows_skipped, 0);
+    // A bad run is skipped with its line and leaves the job's other runs as they are.
+    let bad = "JobID|Start|End\n7|1000|1500\n7|1600|1200\n";
+    let export = parse_sacct("bad.txt", bad, utc()).unwrap();
+    assert_eq!(
+        export.rows,
+        vec![row("7", Some(1000.0), Some(1500.0), None)]
+    );
+    assert_eq!(export.report.skipped_at(), vec![(3, "End")]);
+    assert_eq!(export.runs_merged, 0);
 }
 
 #[test]
