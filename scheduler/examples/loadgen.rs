@@ -186,6 +186,18 @@ fn main() {
 const SERVER_THREADS: &str = "marshal-srv";
 const CLIENT_THREADS: &str = "loadgen-cli";
 
+/// Bytes this process has caused to be written to storage so far (Linux's
+/// `/proc/self/io` `write_bytes`; `None` elsewhere): what the durable commits cost the
+/// disk, page write-back included.
+fn storage_bytes_written() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// CPU seconds used so far by this process's threads whose name starts with `prefix`
 /// (Linux; `None` elsewhere).
 fn cpu_seconds_of_threads(prefix: &str) -> Option<f64> {
@@ -219,7 +231,7 @@ fn run(
     server
         .block_on(handle.shutdown())
         .map_err(|e| e.to_string())?;
-    let (latencies, not_placed, wall, cpu) = result?;
+    let (latencies, not_placed, wall, cpu, written) = result?;
     let commits = metrics
         .lines()
         .find(|l| l.starts_with("marshal_commit_duration_seconds_count"))
@@ -267,6 +279,13 @@ fn run(
         gauge("marshal_active_jobs "),
         gauge("marshal_queue_depth ")
     );
+    if let Some(bytes) = written {
+        println!(
+            "written to storage during the load: {:.1} MB ({:.0} bytes per job)",
+            bytes as f64 / 1e6,
+            bytes as f64 / latencies.len().max(1) as f64
+        );
+    }
     if let Some((server_s, client_s)) = cpu {
         let per_job = |s: f64| s / latencies.len().max(1) as f64;
         println!(
@@ -281,8 +300,14 @@ fn run(
 }
 
 /// What the load produced: latencies of placed jobs, jobs not placed at once, wall
-/// time, and (server, client) CPU seconds spent during it.
-type Outcome = (Vec<Duration>, usize, Duration, Option<(f64, f64)>);
+/// time, (server, client) CPU seconds spent during it, and bytes written to storage.
+type Outcome = (
+    Vec<Duration>,
+    usize,
+    Duration,
+    Option<(f64, f64)>,
+    Option<u64>,
+);
 
 async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, String> {
     let url = format!("http://{}", handle.addr);
@@ -319,6 +344,7 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
     let per_client = a.jobs.div_ceil(a.concurrency);
     let cpu_before =
         cpu_seconds_of_threads(SERVER_THREADS).zip(cpu_seconds_of_threads(CLIENT_THREADS));
+    let written_before = storage_bytes_written();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..a.concurrency {
@@ -381,6 +407,9 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
     let cpu = cpu_before
         .zip(cpu_after)
         .map(|((s0, c0), (s1, c1))| (s1 - s0, c1 - c0));
+    let written = written_before
+        .zip(storage_bytes_written())
+        .map(|(b, a)| a.saturating_sub(b));
     latencies.sort();
-    Ok((latencies, not_placed, wall, cpu))
+    Ok((latencies, not_placed, wall, cpu, written))
 }

@@ -19,6 +19,7 @@ use crate::decision_log::{DecisionLog, LogBatch, LogCounts, LogOptions, OutcomeR
 use crate::domain::{ClusterSpec, ClusterState, NodeId, Topology};
 use crate::framework::Policy;
 use crate::policies::learned::{LEARNED, LearnedSetup, TraceSink, build_policy};
+use crate::service::codec;
 use crate::service::config::ServiceConfig;
 use crate::service::error::{ServiceError, StartError};
 use crate::service::jobs::{JobRecord, JobState};
@@ -706,19 +707,23 @@ impl Changes {
     pub(crate) fn serialise(self) -> Batch {
         let mut batch = Batch::default();
         for (id, r) in self.jobs {
-            match serde_json::to_vec(&r) {
+            match codec::encode(&r) {
                 Ok(bytes) => batch.jobs.push((id as u64, bytes)),
                 Err(e) => tracing::error!(job = id, error = %e, "job record not serialisable"),
             }
         }
         for (name, r) in self.nodes {
-            if let Ok(bytes) = serde_json::to_vec(&r) {
-                batch.nodes.push((name, bytes));
+            match codec::encode(&r) {
+                Ok(bytes) => batch.nodes.push((name, bytes)),
+                Err(e) => tracing::error!(node = %name, error = %e, "node record not serialisable"),
             }
         }
         for d in &self.decisions {
-            if let Ok(bytes) = serde_json::to_vec(d) {
-                batch.decisions.push((d.id, bytes));
+            match codec::encode(d) {
+                Ok(bytes) => batch.decisions.push((d.id, bytes)),
+                Err(e) => {
+                    tracing::error!(decision = d.id, error = %e, "decision record not serialisable")
+                }
             }
         }
         batch.meta = self.meta;

@@ -5,7 +5,7 @@
 //!   [`convert`]; policy code never sees them).
 //! - [`jobs`]: the job state machine; [`core`] the in-memory state, recovery and the
 //!   cycle driver with group commit; [`cycle`] and [`ops`] the transitions;
-//!   [`store`] redb persistence; `heartbeat` node liveness; [`advisor`] Advise on a snapshot.
+//!   [`store`] redb persistence (records laid out by `codec`); `heartbeat` node liveness; [`advisor`] Advise on a snapshot.
 //! - [`api`] the gRPC adapters, [`auth`] bearer tokens, [`metrics`] Prometheus,
 //!   [`server`] wiring (TLS, health, reflection, shutdown), [`model`] the learned-model
 //!   slot, [`config`] the TOML configuration; [`shadow`] the advisor-only server of
@@ -26,6 +26,7 @@ pub mod api;
 pub mod auth;
 pub mod checkpoint;
 pub mod client;
+mod codec;
 pub mod config;
 pub mod convert;
 pub mod core;

@@ -259,8 +259,9 @@ pub struct DecisionRecord {
     #[serde(default)]
     pub scored: Vec<ScoredCandidateRecord>,
     /// With [`Verdict::Migrate`]: the move's origin and reasons. Absent from records
-    /// stored before migrations were recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// stored before migrations were recorded. (Always written: the stored layout is
+    /// positional, see `service::codec`.)
+    #[serde(default)]
     pub migration: Option<MigrationRecord>,
     /// The featurised decision, for the Parquet decision log only: kept out of the
     /// database (Explain does not need ~1 KB of floats per decision).

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::service::codec;
 use crate::service::jobs::JobRecord;
 use crate::service::records::{DecisionRecord, NodeRecord};
 
@@ -104,11 +105,11 @@ impl Store {
         for entry in jobs.iter().map_err(|e| self.err(e))? {
             let (k, v) = entry.map_err(|e| self.err(e))?;
             let record: JobRecord =
-                serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt {
+                codec::decode(v.value()).map_err(|message| StoreError::Corrupt {
                     path: self.path.display().to_string(),
                     table: "jobs",
                     key: k.value().to_string(),
-                    message: e.to_string(),
+                    message,
                 })?;
             loaded.jobs.push(record);
         }
@@ -116,11 +117,11 @@ impl Store {
         for entry in nodes.iter().map_err(|e| self.err(e))? {
             let (k, v) = entry.map_err(|e| self.err(e))?;
             let record: NodeRecord =
-                serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt {
+                codec::decode(v.value()).map_err(|message| StoreError::Corrupt {
                     path: self.path.display().to_string(),
                     table: "nodes",
                     key: k.value().to_string(),
-                    message: e.to_string(),
+                    message,
                 })?;
             loaded.nodes.push((k.value().to_string(), record));
         }
@@ -175,13 +176,13 @@ impl Store {
         let Some(v) = table.get(id).map_err(|e| self.err(e))? else {
             return Ok(None);
         };
-        serde_json::from_slice(v.value())
+        codec::decode(v.value())
             .map(Some)
-            .map_err(|e| StoreError::Corrupt {
+            .map_err(|message| StoreError::Corrupt {
                 path: self.path.display().to_string(),
                 table: "decisions",
                 key: id.to_string(),
-                message: e.to_string(),
+                message,
             })
     }
 }
@@ -199,9 +200,14 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         {
             let store = Store::open(&path, true).unwrap();
+            // Job 5 as written before records had a format byte (JSON), job 6 as now.
             let r = JobRecord::new(Job::whole_gpus(JobId(5), 1, 0.0, 1.0), None, 7);
+            let r6 = JobRecord::new(Job::whole_gpus(JobId(6), 1, 0.0, 1.0), None, 8);
             let batch = Batch {
-                jobs: vec![(5, serde_json::to_vec(&r).unwrap())],
+                jobs: vec![
+                    (5, serde_json::to_vec(&r).unwrap()),
+                    (6, codec::encode(&r6).unwrap()),
+                ],
                 nodes: vec![("n1".into(), b"{\"registered\":true,\"cordoned\":false,\"quarantined\":false,\"failures\":0,\"reason\":\"\"}".to_vec())],
                 decisions: vec![],
                 meta: vec![(META_NEXT_JOB, 6)],
@@ -210,8 +216,9 @@ mod tests {
         }
         let store = Store::open(&path, true).unwrap();
         let loaded = store.load().unwrap();
-        assert_eq!(loaded.jobs.len(), 1);
+        assert_eq!(loaded.jobs.len(), 2);
         assert_eq!(loaded.jobs[0].job.id, JobId(5));
+        assert_eq!(loaded.jobs[1].job.id, JobId(6));
         assert!(loaded.nodes[0].1.registered);
         assert_eq!(loaded.next_job, 6);
         assert_eq!(loaded.next_decision, 1);
