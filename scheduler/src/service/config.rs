@@ -47,6 +47,11 @@ pub struct ServiceConfig {
     /// How long jobs on an unreachable node keep their placement before they are
     /// requeued (counted from the moment the node was marked unreachable).
     pub node_grace_ms: u64,
+    /// Jobs in a final state (completed, failed, cancelled, rejected) are deleted, from
+    /// memory and from the database, this many seconds after they ended. Absent: kept
+    /// forever (memory and the database then grow with every job). Their decision
+    /// records stay for `Explain`, and the Parquet decision log keeps its rows.
+    pub finished_job_retention_s: Option<u64>,
     /// The learned policy's model artifact directory (`policy = "learned"` only).
     /// Absent: `models/policy-default` (`marshal serve` also looks next to its source
     /// tree). A missing or bad model is reported by `ModelInfo` and the fallback decides.
@@ -123,6 +128,7 @@ impl Default for ServiceConfig {
             durable_commits: true,
             node_timeout_ms: 30_000,
             node_grace_ms: 60_000,
+            finished_job_retention_s: None,
             model: None,
             fallback: None,
             model_poll_ms: 2000,
@@ -275,6 +281,11 @@ impl ServiceConfig {
                 self.node_grace_ms
             ));
         }
+        if self.finished_job_retention_s == Some(0) {
+            return bad(
+                "finished_job_retention_s = 0: must be at least 1 (absent: keep every job)".into(),
+            );
+        }
         if self.max_attempts == 0 {
             return bad("max_attempts must be at least 1".into());
         }
@@ -322,6 +333,7 @@ mod tests {
         assert!(err("cycle_interval_ms = 0").contains("cycle_interval_ms"));
         assert!(err("node_timeout_ms = 0").contains("node_timeout_ms"));
         assert!(err("node_grace_ms = 100000000").contains("node_grace_ms"));
+        assert!(err("finished_job_retention_s = 0").contains("finished_job_retention_s"));
         assert!(err("[security]\nclient_tokens = [\"short\"]").contains("client_tokens[0]"));
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));

@@ -35,6 +35,8 @@ pub const EVENT_BUFFER: usize = 1 << 16;
 
 /// How often the driver looks for nodes whose heartbeat timed out.
 const HEARTBEAT_CHECK_EVERY: Duration = Duration::from_millis(50);
+/// How often finished jobs are checked against their retention: a scan of every job.
+const PURGE_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 pub fn now_us() -> i64 {
     SystemTime::now()
@@ -74,6 +76,8 @@ pub(crate) struct Dirty {
     pub meta: bool,
     /// Ended placements (and rejections) for the decision log.
     pub outcomes: Vec<OutcomeRow>,
+    /// Finished jobs past their retention, to delete from the store.
+    pub purged_jobs: Vec<u32>,
 }
 
 /// The last durable epoch, or why persisting stopped.
@@ -112,6 +116,8 @@ pub struct Inner {
     /// See [`ServiceConfig::node_timeout_ms`] and [`ServiceConfig::node_grace_ms`].
     pub(crate) node_timeout_us: i64,
     pub(crate) node_grace_us: i64,
+    /// See [`ServiceConfig::finished_job_retention_s`].
+    pub(crate) retention_us: Option<i64>,
     pub(crate) metrics: Arc<Metrics>,
     /// The learned placer's per-decision reports (drained after every cycle).
     pub(crate) trace: TraceSink,
@@ -208,6 +214,9 @@ impl Core {
             quarantine_after: config.quarantine_after,
             node_timeout_us: config.node_timeout_ms.saturating_mul(1000) as i64,
             node_grace_us: config.node_grace_ms.saturating_mul(1000) as i64,
+            retention_us: config
+                .finished_job_retention_s
+                .map(|s| s.saturating_mul(1_000_000).min(i64::MAX as u64) as i64),
             metrics: metrics.clone(),
             trace,
             model_generation: update.as_ref().map_or(0, |u| u.generation),
@@ -374,6 +383,7 @@ impl Core {
     pub async fn drive(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut last_cycle = Instant::now();
         let mut last_heartbeat_check = Instant::now();
+        let mut last_purge = Instant::now();
         let mut in_flight: Option<InFlight> = None;
         loop {
             let stopping = tokio::select! {
@@ -404,6 +414,10 @@ impl Core {
                 if last_heartbeat_check.elapsed() >= HEARTBEAT_CHECK_EVERY {
                     last_heartbeat_check = Instant::now();
                     inner.check_heartbeats(now_us());
+                }
+                if inner.retention_us.is_some() && last_purge.elapsed() >= PURGE_CHECK_EVERY {
+                    last_purge = Instant::now();
+                    inner.purge_finished(now_us());
                 }
                 // A reloaded model takes over here, between cycles: every decision of a
                 // cycle is made by one model.
@@ -681,6 +695,7 @@ impl Inner {
             nodes,
             decisions: dirty.decisions,
             meta,
+            purged_jobs: dirty.purged_jobs,
         };
         (epoch, changes, log, dirty.events)
     }
@@ -694,6 +709,7 @@ pub(crate) struct Changes {
     nodes: Vec<(String, NodeRecord)>,
     decisions: Vec<DecisionRecord>,
     meta: Vec<(&'static str, u64)>,
+    purged_jobs: Vec<u32>,
 }
 
 impl Changes {
@@ -702,6 +718,7 @@ impl Changes {
             && self.nodes.is_empty()
             && self.decisions.is_empty()
             && self.meta.is_empty()
+            && self.purged_jobs.is_empty()
     }
 
     pub(crate) fn serialise(self) -> Batch {
@@ -727,6 +744,7 @@ impl Changes {
             }
         }
         batch.meta = self.meta;
+        batch.deleted_jobs = self.purged_jobs.into_iter().map(u64::from).collect();
         batch
     }
 }

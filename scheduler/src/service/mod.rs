@@ -39,6 +39,7 @@ mod migrate;
 pub mod model;
 mod ops;
 pub mod records;
+mod retention;
 pub mod server;
 pub mod shadow;
 pub mod store;

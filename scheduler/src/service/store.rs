@@ -37,6 +37,8 @@ pub struct Batch {
     pub nodes: Vec<(String, Vec<u8>)>,
     pub decisions: Vec<(u64, Vec<u8>)>,
     pub meta: Vec<(&'static str, u64)>,
+    /// Jobs to delete (finished and past their retention).
+    pub deleted_jobs: Vec<u64>,
 }
 
 impl Batch {
@@ -45,6 +47,7 @@ impl Batch {
             && self.nodes.is_empty()
             && self.decisions.is_empty()
             && self.meta.is_empty()
+            && self.deleted_jobs.is_empty()
     }
 }
 
@@ -150,6 +153,9 @@ impl Store {
             for (k, v) in &batch.jobs {
                 jobs.insert(*k, v.as_slice()).map_err(|e| self.err(e))?;
             }
+            for k in &batch.deleted_jobs {
+                jobs.remove(*k).map_err(|e| self.err(e))?;
+            }
             let mut nodes = txn.open_table(NODES).map_err(|e| self.err(e))?;
             for (k, v) in &batch.nodes {
                 nodes
@@ -211,6 +217,7 @@ mod tests {
                 nodes: vec![("n1".into(), b"{\"registered\":true,\"cordoned\":false,\"quarantined\":false,\"failures\":0,\"reason\":\"\"}".to_vec())],
                 decisions: vec![],
                 meta: vec![(META_NEXT_JOB, 6)],
+                deleted_jobs: vec![],
             };
             store.commit(&batch).unwrap();
         }
