@@ -52,6 +52,11 @@ pub struct ServiceConfig {
     /// forever (memory and the database then grow with every job). Their decision
     /// records stay for `Explain`, and the Parquet decision log keeps its rows.
     pub finished_job_retention_s: Option<u64>,
+    /// Decision records older than this many seconds are deleted (`Explain` then answers
+    /// NOT_FOUND for them); the Parquet decision log keeps its rows. Absent: kept
+    /// forever. Set it longer than jobs run, or the decision behind a running job's
+    /// placement goes first.
+    pub decision_retention_s: Option<u64>,
     /// The learned policy's model artifact directory (`policy = "learned"` only).
     /// Absent: `models/policy-default` (`marshal serve` also looks next to its source
     /// tree). A missing or bad model is reported by `ModelInfo` and the fallback decides.
@@ -129,6 +134,7 @@ impl Default for ServiceConfig {
             node_timeout_ms: 30_000,
             node_grace_ms: 60_000,
             finished_job_retention_s: None,
+            decision_retention_s: None,
             model: None,
             fallback: None,
             model_poll_ms: 2000,
@@ -286,6 +292,11 @@ impl ServiceConfig {
                 "finished_job_retention_s = 0: must be at least 1 (absent: keep every job)".into(),
             );
         }
+        if self.decision_retention_s == Some(0) {
+            return bad(
+                "decision_retention_s = 0: must be at least 1 (absent: keep every decision)".into(),
+            );
+        }
         if self.max_attempts == 0 {
             return bad("max_attempts must be at least 1".into());
         }
@@ -334,6 +345,7 @@ mod tests {
         assert!(err("node_timeout_ms = 0").contains("node_timeout_ms"));
         assert!(err("node_grace_ms = 100000000").contains("node_grace_ms"));
         assert!(err("finished_job_retention_s = 0").contains("finished_job_retention_s"));
+        assert!(err("decision_retention_s = 0").contains("decision_retention_s"));
         assert!(err("[security]\nclient_tokens = [\"short\"]").contains("client_tokens[0]"));
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));

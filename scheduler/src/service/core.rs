@@ -38,6 +38,11 @@ const HEARTBEAT_CHECK_EVERY: Duration = Duration::from_millis(50);
 /// How often finished jobs are checked against their retention: a scan of every job.
 const PURGE_CHECK_EVERY: Duration = Duration::from_secs(10);
 
+/// A configured number of seconds as microseconds, saturating.
+fn seconds_to_us(s: u64) -> i64 {
+    s.saturating_mul(1_000_000).min(i64::MAX as u64) as i64
+}
+
 pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -78,6 +83,8 @@ pub(crate) struct Dirty {
     pub outcomes: Vec<OutcomeRow>,
     /// Finished jobs past their retention, to delete from the store.
     pub purged_jobs: Vec<u32>,
+    /// Decision records with a smaller id are past their retention.
+    pub decisions_before: Option<u64>,
 }
 
 /// The last durable epoch, or why persisting stopped.
@@ -118,6 +125,11 @@ pub struct Inner {
     pub(crate) node_grace_us: i64,
     /// See [`ServiceConfig::finished_job_retention_s`].
     pub(crate) retention_us: Option<i64>,
+    /// See [`ServiceConfig::decision_retention_s`].
+    pub(crate) decision_retention_us: Option<i64>,
+    /// `(next decision id, when)`, noted at every retention check: every decision below
+    /// the id was made before the time (`service::retention`).
+    pub(crate) decision_marks: std::collections::VecDeque<(u64, i64)>,
     pub(crate) metrics: Arc<Metrics>,
     /// The learned placer's per-decision reports (drained after every cycle).
     pub(crate) trace: TraceSink,
@@ -214,9 +226,9 @@ impl Core {
             quarantine_after: config.quarantine_after,
             node_timeout_us: config.node_timeout_ms.saturating_mul(1000) as i64,
             node_grace_us: config.node_grace_ms.saturating_mul(1000) as i64,
-            retention_us: config
-                .finished_job_retention_s
-                .map(|s| s.saturating_mul(1_000_000).min(i64::MAX as u64) as i64),
+            retention_us: config.finished_job_retention_s.map(seconds_to_us),
+            decision_retention_us: config.decision_retention_s.map(seconds_to_us),
+            decision_marks: Default::default(),
             metrics: metrics.clone(),
             trace,
             model_generation: update.as_ref().map_or(0, |u| u.generation),
@@ -415,9 +427,10 @@ impl Core {
                     last_heartbeat_check = Instant::now();
                     inner.check_heartbeats(now_us());
                 }
-                if inner.retention_us.is_some() && last_purge.elapsed() >= PURGE_CHECK_EVERY {
+                if last_purge.elapsed() >= PURGE_CHECK_EVERY {
                     last_purge = Instant::now();
                     inner.purge_finished(now_us());
+                    inner.purge_decisions(now_us());
                 }
                 // A reloaded model takes over here, between cycles: every decision of a
                 // cycle is made by one model.
@@ -696,6 +709,7 @@ impl Inner {
             decisions: dirty.decisions,
             meta,
             purged_jobs: dirty.purged_jobs,
+            decisions_before: dirty.decisions_before,
         };
         (epoch, changes, log, dirty.events)
     }
@@ -710,6 +724,7 @@ pub(crate) struct Changes {
     decisions: Vec<DecisionRecord>,
     meta: Vec<(&'static str, u64)>,
     purged_jobs: Vec<u32>,
+    decisions_before: Option<u64>,
 }
 
 impl Changes {
@@ -719,6 +734,7 @@ impl Changes {
             && self.decisions.is_empty()
             && self.meta.is_empty()
             && self.purged_jobs.is_empty()
+            && self.decisions_before.is_none()
     }
 
     pub(crate) fn serialise(self) -> Batch {
@@ -745,6 +761,7 @@ impl Changes {
         }
         batch.meta = self.meta;
         batch.deleted_jobs = self.purged_jobs.into_iter().map(u64::from).collect();
+        batch.decisions_before = self.decisions_before;
         batch
     }
 }

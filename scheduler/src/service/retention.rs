@@ -8,6 +8,15 @@
 //! persisted on its own). An idempotency key is free again once its job is deleted: a
 //! retried submit that late creates a new job.
 //!
+//! Decision records have a retention of their own
+//! ([`ServiceConfig::decision_retention_s`]). Their ids grow with time, so each check
+//! notes the next id and the time, and once a note is older than the retention every
+//! decision below its id is deleted in one range. After a restart the notes start
+//! again, so decisions made before it go one retention after the restart: later than
+//! due, never earlier.
+//!
+//! [`ServiceConfig::decision_retention_s`]: crate::service::config::ServiceConfig::decision_retention_s
+//!
 //! [`ServiceConfig::finished_job_retention_s`]: crate::service::config::ServiceConfig::finished_job_retention_s
 
 use crate::service::core::Inner;
@@ -45,6 +54,26 @@ impl Inner {
         }
         self.dirty.purged_jobs.extend(&expired);
         expired.len()
+    }
+
+    /// Notes the next decision id at `now_us`, and deletes (in the open epoch) every
+    /// decision made before the newest note older than the retention. Returns the id
+    /// below which decisions go, when it moved.
+    pub fn purge_decisions(&mut self, now_us: i64) -> Option<u64> {
+        let retention = self.decision_retention_us?;
+        self.decision_marks.push_back((self.next_decision, now_us));
+        let cutoff = now_us.saturating_sub(retention);
+        let mut below = None;
+        while let Some(&(id, at)) = self.decision_marks.front()
+            && at < cutoff
+        {
+            below = Some(id);
+            self.decision_marks.pop_front();
+        }
+        let below = below.filter(|&id| self.dirty.decisions_before.is_none_or(|b| id > b))?;
+        self.dirty.decisions_before = Some(below);
+        tracing::info!(below, "decision records past their retention deleted");
+        Some(below)
     }
 }
 
@@ -112,6 +141,51 @@ mod tests {
     }
 
     #[test]
+    fn decisions_older_than_their_retention_are_deleted_in_id_order() {
+        let test = TestCore::new(ServiceConfig {
+            decision_retention_s: Some(100),
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let path = NoModel.decision_path("topo-pack");
+        let t0 = crate::service::core::now_us();
+        register_both(&mut inner, t0);
+        let placed = |inner: &mut crate::service::core::Inner, at: i64| {
+            let id = inner.submit(Some(&whole_gpu_job(1, 1)), at).unwrap();
+            inner.cycle(at, &path);
+            inner.jobs[&id].decision_id
+        };
+        let old = placed(&mut inner, t0);
+        assert_eq!(inner.purge_decisions(t0 + 10 * S), None);
+        let newer = placed(&mut inner, t0 + 20 * S);
+        assert_eq!(inner.purge_decisions(t0 + 30 * S), None);
+        let (_, (batch, _), _) = inner.take_batch();
+        test.core.store.commit(&batch).unwrap();
+        assert!(test.core.store.decision(old).unwrap().is_some());
+
+        // 111 s: the note of 10 s is past the retention, so everything made before it
+        // (the first decision) goes; the one made at 20 s stays.
+        assert_eq!(inner.purge_decisions(t0 + 111 * S), Some(newer));
+        let (_, (batch, _), _) = inner.take_batch();
+        assert_eq!(batch.decisions_before, Some(newer));
+        test.core.store.commit(&batch).unwrap();
+        assert!(test.core.store.decision(old).unwrap().is_none());
+        assert!(test.core.store.decision(newer).unwrap().is_some());
+        // Nothing newer is due yet; the job records are untouched.
+        assert_eq!(inner.purge_decisions(t0 + 112 * S), None);
+        assert_eq!(inner.jobs.len(), 2);
+        // 131 s: the note of 30 s is due, and with it the second decision.
+        assert!(
+            inner
+                .purge_decisions(t0 + 131 * S)
+                .is_some_and(|b| b > newer)
+        );
+        let (_, (batch, _), _) = inner.take_batch();
+        test.core.store.commit(&batch).unwrap();
+        assert!(test.core.store.decision(newer).unwrap().is_none());
+    }
+
+    #[test]
     fn without_a_retention_nothing_is_deleted() {
         let test = TestCore::new(ServiceConfig::default());
         let mut inner = test.core.lock();
@@ -121,5 +195,7 @@ mod tests {
         inner.cancel(id, "not needed", t0).unwrap();
         assert_eq!(inner.purge_finished(t0 + 1_000_000 * S), 0);
         assert!(inner.jobs.contains_key(&id));
+        assert_eq!(inner.purge_decisions(t0 + 1_000_000 * S), None);
+        assert!(inner.decision_marks.is_empty());
     }
 }

@@ -39,6 +39,8 @@ pub struct Batch {
     pub meta: Vec<(&'static str, u64)>,
     /// Jobs to delete (finished and past their retention).
     pub deleted_jobs: Vec<u64>,
+    /// Delete every decision record with a smaller id (past their retention).
+    pub decisions_before: Option<u64>,
 }
 
 impl Batch {
@@ -48,6 +50,7 @@ impl Batch {
             && self.decisions.is_empty()
             && self.meta.is_empty()
             && self.deleted_jobs.is_empty()
+            && self.decisions_before.is_none()
     }
 }
 
@@ -168,6 +171,11 @@ impl Store {
                     .insert(*k, v.as_slice())
                     .map_err(|e| self.err(e))?;
             }
+            if let Some(below) = batch.decisions_before {
+                decisions
+                    .retain_in(..below, |_, _| false)
+                    .map_err(|e| self.err(e))?;
+            }
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             for (k, v) in &batch.meta {
                 meta.insert(*k, *v).map_err(|e| self.err(e))?;
@@ -218,6 +226,7 @@ mod tests {
                 decisions: vec![],
                 meta: vec![(META_NEXT_JOB, 6)],
                 deleted_jobs: vec![],
+                decisions_before: None,
             };
             store.commit(&batch).unwrap();
         }
