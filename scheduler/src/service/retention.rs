@@ -61,7 +61,15 @@ impl Inner {
     /// below which decisions go, when it moved.
     pub fn purge_decisions(&mut self, now_us: i64) -> Option<u64> {
         let retention = self.decision_retention_us?;
-        self.decision_marks.push_back((self.next_decision, now_us));
+        // A note for the same id as the last one says less than it: skip it, so an idle
+        // server keeps one note, not one per check.
+        if self
+            .decision_marks
+            .back()
+            .is_none_or(|&(id, _)| id != self.next_decision)
+        {
+            self.decision_marks.push_back((self.next_decision, now_us));
+        }
         let cutoff = now_us.saturating_sub(retention);
         let mut below = None;
         while let Some(&(id, at)) = self.decision_marks.front()
@@ -171,8 +179,11 @@ mod tests {
         test.core.store.commit(&batch).unwrap();
         assert!(test.core.store.decision(old).unwrap().is_none());
         assert!(test.core.store.decision(newer).unwrap().is_some());
-        // Nothing newer is due yet; the job records are untouched.
+        // Nothing newer is due yet; the job records are untouched, and checks with no
+        // decision in between add no note.
         assert_eq!(inner.purge_decisions(t0 + 112 * S), None);
+        assert_eq!(inner.purge_decisions(t0 + 113 * S), None);
+        assert_eq!(inner.decision_marks.len(), 1);
         assert_eq!(inner.jobs.len(), 2);
         // 131 s: the note of 30 s is due, and with it the second decision.
         assert!(
