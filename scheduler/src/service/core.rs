@@ -35,7 +35,8 @@ pub const EVENT_BUFFER: usize = 1 << 16;
 
 /// How often the driver looks for nodes whose heartbeat timed out.
 const HEARTBEAT_CHECK_EVERY: Duration = Duration::from_millis(50);
-/// How often finished jobs are checked against their retention: a scan of every job.
+/// How often retention runs (`service::retention`): finished jobs are found by a scan of
+/// every job; decisions by a note of the next id.
 const PURGE_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// A configured number of seconds as microseconds, saturating.
@@ -127,8 +128,8 @@ pub struct Inner {
     pub(crate) retention_us: Option<i64>,
     /// See [`ServiceConfig::decision_retention_s`].
     pub(crate) decision_retention_us: Option<i64>,
-    /// `(next decision id, when)`, noted at every retention check: every decision below
-    /// the id was made before the time (`service::retention`).
+    /// `(next decision id, when)`, noted at each retention check that saw new decisions:
+    /// every decision below the id was made before the time (`service::retention`).
     pub(crate) decision_marks: std::collections::VecDeque<(u64, i64)>,
     pub(crate) metrics: Arc<Metrics>,
     /// The learned placer's per-decision reports (drained after every cycle).
