@@ -243,34 +243,30 @@ impl Calibration {
     }
 }
 
-/// The split-conformal σ multiplier for `|z|` values: the `⌈(n + 1)·coverage⌉`-th
-/// smallest (the largest when that rank exceeds `n`) over [`Z95`]; `None` without values.
-pub fn conformal_multiplier(mut abs_z: Vec<f32>, coverage: f64) -> Option<f32> {
-    if abs_z.is_empty() {
+/// `values` sorted, and the split-conformal rank `⌈(n + 1)·coverage⌉` (at least 1; it
+/// exceeds `n` when there are too few values); `None` without values.
+fn conformal_rank(mut values: Vec<f32>, coverage: f64) -> Option<(Vec<f32>, usize)> {
+    if values.is_empty() {
         return None;
     }
-    abs_z.sort_by(f32::total_cmp);
-    let n = abs_z.len();
-    let rank = (((n + 1) as f64) * coverage).ceil() as usize;
-    let q = abs_z[rank.clamp(1, n) - 1];
-    Some((q / Z95).max(1e-3))
+    values.sort_by(f32::total_cmp);
+    let rank = ((((values.len() + 1) as f64) * coverage).ceil() as usize).max(1);
+    Some((values, rank))
+}
+
+/// The split-conformal σ multiplier for `|z|` values: the `⌈(n + 1)·coverage⌉`-th
+/// smallest (the largest when that rank exceeds `n`) over [`Z95`]; `None` without values.
+pub fn conformal_multiplier(abs_z: Vec<f32>, coverage: f64) -> Option<f32> {
+    let (sorted, rank) = conformal_rank(abs_z, coverage)?;
+    Some((sorted[rank.min(sorted.len()) - 1] / Z95).max(1e-3))
 }
 
 /// The finite-sample split-conformal quantile: the `⌈(n + 1)·coverage⌉`-th smallest
 /// value, +∞ when that rank exceeds `n` (too few values to vouch for any finite bound);
 /// `None` without values.
-pub fn conformal_quantile(mut values: Vec<f32>, coverage: f64) -> Option<f32> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f32::total_cmp);
-    let n = values.len();
-    let rank = (((n + 1) as f64) * coverage).ceil() as usize;
-    Some(if rank > n {
-        f32::INFINITY
-    } else {
-        values[rank.max(1) - 1]
-    })
+pub fn conformal_quantile(values: Vec<f32>, coverage: f64) -> Option<f32> {
+    let (sorted, rank) = conformal_rank(values, coverage)?;
+    Some(sorted.get(rank - 1).copied().unwrap_or(f32::INFINITY))
 }
 
 #[cfg(test)]
