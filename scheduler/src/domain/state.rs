@@ -118,7 +118,7 @@ pub fn worker_kind(demand: GpuDemand) -> Option<usize> {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ClusterState {
     topo: Arc<Topology>,
     free_milli: Vec<u16>,
@@ -143,6 +143,83 @@ pub struct ClusterState {
     idle_gpus: u32,
     allocated_milli: u64,
     capacity_milli: u64,
+}
+
+/// `clone_from` reuses the destination's buffers: the service copies the state at the
+/// start of every cycle (decision records are taken against it), and a fresh
+/// allocation of every per-GPU vector each time cost more than the copy itself.
+impl Clone for ClusterState {
+    fn clone(&self) -> Self {
+        let mut copy = ClusterState {
+            topo: self.topo.clone(),
+            free_milli: Vec::new(),
+            mig_compute_free: Vec::new(),
+            mig_memory_free: Vec::new(),
+            mig_milli: Vec::new(),
+            tenants: Vec::new(),
+            node_cpu_free: Vec::new(),
+            node_mem_free: Vec::new(),
+            node_idle_gpus: Vec::new(),
+            node_free_milli: Vec::new(),
+            node_up: Vec::new(),
+            node_version: Vec::new(),
+            instance: StateInstance::fresh(),
+            node_worker_kinds: Vec::new(),
+            rack_idle_gpus: Vec::new(),
+            spine_idle_gpus: Vec::new(),
+            idle_gpus: 0,
+            allocated_milli: 0,
+            capacity_milli: 0,
+        };
+        copy.clone_from(self);
+        copy
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        // Destructured so that a new field cannot be forgotten here.
+        let ClusterState {
+            topo,
+            free_milli,
+            mig_compute_free,
+            mig_memory_free,
+            mig_milli,
+            tenants,
+            node_cpu_free,
+            node_mem_free,
+            node_idle_gpus,
+            node_free_milli,
+            node_up,
+            node_version,
+            instance,
+            node_worker_kinds,
+            rack_idle_gpus,
+            spine_idle_gpus,
+            idle_gpus,
+            allocated_milli,
+            capacity_milli,
+        } = source;
+        self.topo.clone_from(topo);
+        self.free_milli.clone_from(free_milli);
+        self.mig_compute_free.clone_from(mig_compute_free);
+        self.mig_memory_free.clone_from(mig_memory_free);
+        self.mig_milli.clone_from(mig_milli);
+        self.tenants.clone_from(tenants);
+        self.node_cpu_free.clone_from(node_cpu_free);
+        self.node_mem_free.clone_from(node_mem_free);
+        self.node_idle_gpus.clone_from(node_idle_gpus);
+        self.node_free_milli.clone_from(node_free_milli);
+        self.node_up.clone_from(node_up);
+        self.node_version.clone_from(node_version);
+        // A copy can diverge from its source: never the source's id (nor its own old one,
+        // since its contents just changed).
+        self.instance = instance.clone();
+        self.node_worker_kinds.clone_from(node_worker_kinds);
+        self.rack_idle_gpus.clone_from(rack_idle_gpus);
+        self.spine_idle_gpus.clone_from(spine_idle_gpus);
+        self.idle_gpus = *idle_gpus;
+        self.allocated_milli = *allocated_milli;
+        self.capacity_milli = *capacity_milli;
+    }
 }
 
 impl ClusterState {
@@ -765,6 +842,49 @@ mod tests {
         assert_eq!(s.node_version(NodeId(0)), before.1);
         let clone = s.clone();
         assert_ne!(clone.instance(), s.instance());
+    }
+
+    #[test]
+    fn clone_from_over_a_diverged_copy_is_the_source_again_under_a_new_instance() {
+        let mut source = cluster();
+        let job = Job::whole_gpus(JobId(1), 2, 0.0, 1.0);
+        source
+            .allocate(
+                &job,
+                &Placement {
+                    workers: vec![worker(1, &[4], job.gpu), worker(1, &[5], job.gpu)],
+                },
+            )
+            .unwrap();
+        source.set_node_up(NodeId(2), false);
+        let mut copy = cluster();
+        let other = Job::whole_gpus(JobId(2), 1, 0.0, 1.0);
+        copy.allocate(
+            &other,
+            &Placement {
+                workers: vec![worker(0, &[0], other.gpu)],
+            },
+        )
+        .unwrap();
+        let (old_instance, old_allocated) = (copy.instance(), copy.allocated_milli());
+        copy.clone_from(&source);
+        assert_ne!(copy.instance(), source.instance());
+        assert_ne!(copy.instance(), old_instance);
+        assert_ne!(copy.allocated_milli(), old_allocated);
+        assert_eq!(copy.allocated_milli(), source.allocated_milli());
+        assert_eq!(copy.idle_gpus(), source.idle_gpus());
+        assert_eq!(copy.healthy_gpus(), source.healthy_gpus());
+        for n in source.topology().node_ids() {
+            assert_eq!(copy.node_idle_gpus(n), source.node_idle_gpus(n));
+            assert_eq!(copy.node_free_milli(n), source.node_free_milli(n));
+            assert_eq!(copy.node_is_up(n), source.node_is_up(n));
+            assert_eq!(copy.node_version(n), source.node_version(n));
+            assert_eq!(copy.node_worker_kinds(n), source.node_worker_kinds(n));
+        }
+        for g in 0..source.topology().gpu_count() {
+            assert_eq!(copy.free_milli(GpuId(g)), source.free_milli(GpuId(g)));
+        }
+        copy.check_consistency().unwrap();
     }
 
     #[test]

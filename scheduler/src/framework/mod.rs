@@ -37,6 +37,25 @@ use rand_chacha::ChaCha8Rng;
 use crate::domain::{ClusterState, DomainError, GpuShare, Job, NodeId, Placement};
 use crate::sim::SpeedModel;
 
+/// The `k` smallest of `keys`, ascending, in one pass and `k + 1` slots: for scans over
+/// every node of which only the head of the order is used (most keys lose to the list at
+/// once, and nothing the size of the cluster is allocated or sorted).
+pub fn smallest_k<K: Ord>(keys: impl IntoIterator<Item = K>, k: usize) -> Vec<K> {
+    let mut best: Vec<K> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return best;
+    }
+    for key in keys {
+        if best.len() == k && best.last().is_some_and(|worst| key >= *worst) {
+            continue;
+        }
+        let at = best.partition_point(|b| *b < key);
+        best.insert(at, key);
+        best.truncate(k);
+    }
+    best
+}
+
 /// What the scheduler knows about a job beyond its spec.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
 pub struct JobStats {
@@ -209,6 +228,26 @@ impl Policy {
         Policy {
             placer: Box::new(CpuNodesFirst::new(self.placer)),
             ..self
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::smallest_k;
+
+    proptest! {
+        #[test]
+        fn smallest_k_is_the_head_of_a_full_sort(
+            keys in proptest::collection::vec((0u8..6, 0u16..50), 0..200),
+            k in 0usize..20,
+        ) {
+            let mut sorted = keys.clone();
+            sorted.sort();
+            sorted.truncate(k);
+            prop_assert_eq!(smallest_k(keys, k), sorted);
         }
     }
 }

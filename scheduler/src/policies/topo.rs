@@ -6,7 +6,7 @@ use crate::domain::{
     ClusterState, GpuDemand, GpuId, GpuShare, Job, NodeId, Placement, TopoLevel, WorkerPlacement,
 };
 use crate::framework::{
-    Context, Placer, ScoredPlacer, Status, TieBreak, place_workers_tentatively,
+    Context, Placer, ScoredPlacer, Status, TieBreak, place_workers_tentatively, smallest_k,
 };
 use crate::policies::scorers::BestFit;
 
@@ -35,58 +35,46 @@ impl Placer for TopoPack {
             TopoLevel::Spine,
             TopoLevel::Cluster,
         ] {
-            let mut domains: Vec<(u32, u32, std::ops::Range<u32>)> = match level {
-                TopoLevel::Node => topo
-                    .node_ids()
-                    .filter(|&n| state.node_is_up(n) && state.node_idle_gpus(n) as u32 >= need)
-                    .map(|n| (state.node_idle_gpus(n) as u32, n.0, n.0..n.0 + 1))
-                    .collect(),
-                TopoLevel::Rack => topo
-                    .racks()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        (
-                            state.rack_idle_gpus(crate::domain::RackId(i as u32)),
-                            i as u32,
-                            r.nodes.clone(),
-                        )
-                    })
-                    .filter(|(idle, _, _)| *idle >= need)
-                    .collect(),
-                TopoLevel::Spine => topo
-                    .spines()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
+            // (idle GPUs, domain id) of every domain with room: only the first few in
+            // that order are tried, so only they are kept (the node level walks every
+            // node, and this runs for every placement).
+            let with_room: Vec<(u32, u32)> = match level {
+                TopoLevel::Node => smallest_k(
+                    topo.node_ids()
+                        .filter(|&n| state.node_is_up(n))
+                        .map(|n| (state.node_idle_gpus(n) as u32, n.0))
+                        .filter(|&(idle, _)| idle >= need),
+                    DOMAINS_PER_LEVEL,
+                ),
+                TopoLevel::Rack => smallest_k(
+                    (0..topo.racks().len() as u32)
+                        .map(|i| (state.rack_idle_gpus(crate::domain::RackId(i)), i))
+                        .filter(|&(idle, _)| idle >= need),
+                    DOMAINS_PER_LEVEL,
+                ),
+                TopoLevel::Spine => smallest_k(
+                    (0..topo.spines().len() as u32)
+                        .map(|i| (state.spine_idle_gpus(crate::domain::SpineId(i)), i))
+                        .filter(|&(idle, _)| idle >= need),
+                    DOMAINS_PER_LEVEL,
+                ),
+                _ if state.idle_gpus() >= need => vec![(state.idle_gpus(), 0)],
+                _ => vec![],
+            };
+            let nodes_of = |id: u32| -> std::ops::Range<u32> {
+                match level {
+                    TopoLevel::Node => id..id + 1,
+                    TopoLevel::Rack => topo.racks()[id as usize].nodes.clone(),
+                    TopoLevel::Spine => {
+                        let s = &topo.spines()[id as usize];
                         let racks = &topo.racks()[s.racks.start as usize..s.racks.end as usize];
-                        let nodes = racks.first().map_or(0, |r| r.nodes.start)
-                            ..racks.last().map_or(0, |r| r.nodes.end);
-                        (
-                            state.spine_idle_gpus(crate::domain::SpineId(i as u32)),
-                            i as u32,
-                            nodes,
-                        )
-                    })
-                    .filter(|(idle, _, _)| *idle >= need)
-                    .collect(),
-                _ => {
-                    if state.idle_gpus() >= need {
-                        vec![(state.idle_gpus(), 0, 0..topo.nodes().len() as u32)]
-                    } else {
-                        vec![]
+                        racks.first().map_or(0, |r| r.nodes.start)
+                            ..racks.last().map_or(0, |r| r.nodes.end)
                     }
+                    _ => 0..topo.nodes().len() as u32,
                 }
             };
-            // Only the first few domains are tried: select them, then sort those (the
-            // node level lists every node, and this runs for every placement).
-            let key = |&(idle, id, _): &(u32, u32, std::ops::Range<u32>)| (idle, id);
-            if domains.len() > DOMAINS_PER_LEVEL {
-                domains.select_nth_unstable_by_key(DOMAINS_PER_LEVEL - 1, key);
-                domains.truncate(DOMAINS_PER_LEVEL);
-            }
-            domains.sort_unstable_by_key(key);
-            for (_, _, nodes) in domains {
+            for nodes in with_room.into_iter().map(|(_, id)| nodes_of(id)) {
                 if let Some(p) = fill_domain(job, state, nodes) {
                     return Ok(p);
                 }

@@ -144,6 +144,11 @@ pub struct Inner {
     /// Whether the policy, rebuilt on every model reload, keeps CPU-only jobs on CPU
     /// nodes first ([`ServiceConfig::cpu_nodes_first`]).
     pub(crate) cpu_nodes_first: bool,
+    /// The copy of `state` that a cycle's decision records are taken against, kept
+    /// between cycles so that its buffers are reused.
+    pub(crate) before_cycle: Option<ClusterState>,
+    /// Whether a node's status changed since the node gauges were last counted.
+    pub(crate) node_gauges_stale: bool,
 }
 
 #[derive(Debug)]
@@ -237,6 +242,8 @@ impl Core {
             gate_threshold: update.as_ref().and_then(|u| u.gate_threshold()),
             log_enabled: config.decision_log_dir.is_some(),
             cpu_nodes_first: config.cpu_nodes_first,
+            before_cycle: None,
+            node_gauges_stale: true,
         };
         for (name, record) in loaded.nodes {
             match inner.node_index.get(&name) {
@@ -624,6 +631,7 @@ impl Inner {
             && !r.quarantined
             && !r.unreachable;
         self.state.set_node_up(n, up);
+        self.node_gauges_stale = true;
     }
 
     pub fn mark_node(&mut self, n: NodeId) {
@@ -641,10 +649,14 @@ impl Inner {
         self.event_seq
     }
 
-    pub fn update_gauges(&self, m: &Metrics) {
+    pub fn update_gauges(&mut self, m: &Metrics) {
         m.queue_depth.set(self.queue.len() as i64);
         m.active_jobs.set(self.active.len() as i64);
         m.allocated_milli.set(self.state.allocated_milli() as i64);
+        // Counting walks every node, and this runs after every event.
+        if !std::mem::take(&mut self.node_gauges_stale) {
+            return;
+        }
         m.unreachable_nodes
             .set(self.nodes.iter().filter(|r| r.unreachable).count() as i64);
         m.schedulable_nodes.set(

@@ -312,7 +312,13 @@ impl Inner {
             return;
         }
         let now_s = now as f64 / 1e6;
-        let before = self.state.clone();
+        let before = match self.before_cycle.take() {
+            Some(mut copy) => {
+                copy.clone_from(&self.state);
+                copy
+            }
+            None => self.state.clone(),
+        };
         let queue_depth = self.queue.len() as u32;
         let pending_ids: Vec<u32> = self.queue.iter().copied().collect();
         let running_ids: Vec<u32> = self
@@ -465,5 +471,6 @@ impl Inner {
         for (i, error) in decisions.errors {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
+        self.before_cycle = Some(before);
     }
 }

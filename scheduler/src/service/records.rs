@@ -325,29 +325,22 @@ pub fn candidates(
             .workers
             .iter()
             .all(|w| topo.node(w.node).model.is_none());
-    // One pass keeping the best MAX_CANDIDATES in order: this runs for every decision,
-    // over every node of the cluster, and most nodes lose to the list at once.
-    let mut best: Vec<(bool, std::cmp::Reverse<u16>, crate::domain::NodeId)> =
-        Vec::with_capacity(MAX_CANDIDATES + 1);
     let mut feasible = 0u32;
     let shown = |n: crate::domain::NodeId| !cpu_nodes_only || topo.node(n).model.is_none();
-    for n in topo
-        .node_ids()
-        .filter(|&n| shown(n) && state.worker_fits(job, n))
-    {
-        feasible += 1;
-        let key = (
-            !chosen.workers.iter().any(|w| w.node == n),
-            std::cmp::Reverse(state.node_idle_gpus(n)),
-            n,
-        );
-        if best.len() == MAX_CANDIDATES && best.last().is_some_and(|worst| key >= *worst) {
-            continue;
-        }
-        let at = best.partition_point(|b| *b < key);
-        best.insert(at, key);
-        best.truncate(MAX_CANDIDATES);
-    }
+    // This runs for every decision, over every node of the cluster.
+    let best = crate::framework::smallest_k(
+        topo.node_ids()
+            .filter(|&n| shown(n) && state.worker_fits(job, n))
+            .inspect(|_| feasible += 1)
+            .map(|n| {
+                (
+                    !chosen.workers.iter().any(|w| w.node == n),
+                    std::cmp::Reverse(state.node_idle_gpus(n)),
+                    n,
+                )
+            }),
+        MAX_CANDIDATES,
+    );
     let fit: Vec<crate::domain::NodeId> = best.into_iter().map(|(_, _, n)| n).collect();
     let list = fit
         .iter()
