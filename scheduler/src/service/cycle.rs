@@ -314,7 +314,7 @@ impl Inner {
         let now_s = now as f64 / 1e6;
         let before = match self.before_cycle.take() {
             Some(mut copy) => {
-                copy.clone_from(&self.state);
+                copy.refresh_copy_of(&self.state);
                 copy
             }
             None => self.state.clone(),
