@@ -27,6 +27,11 @@
 //! criterion's wall-clock throughput (which also includes fsyncing every file).
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-telemetry cargo bench -p marshal-telemetry`
+//!
+//! `SINK_BENCH_ONLY=<scenario>` runs one scenario and `SINK_BENCH_RUNS=<n>` sets the runs
+//! per report (default 3); with `SINK_BENCH_REPORT_ONLY=1 SINK_BENCH_RUNS=1` the bench
+//! binary runs the sink once, e.g. under `valgrind --tool=callgrind --separate-threads=yes`
+//! (the writer thread's instructions are the `telemetry-sink` thread's file).
 
 use std::hint::black_box;
 use std::path::Path;
@@ -306,7 +311,12 @@ fn report<M: Into<Records> + Clone>(name: &str, data: &[M]) {
     let mut best_wall = f64::MAX;
     let mut rows = 0;
     let dir = tempfile::tempdir().unwrap();
-    for run in 0..3 {
+    let runs: usize = std::env::var("SINK_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    for run in 0..runs {
         let d = tempfile::tempdir().unwrap();
         let target = if run == 0 { dir.path() } else { d.path() };
         let messages = data.to_vec();
@@ -320,7 +330,7 @@ fn report<M: Into<Records> + Clone>(name: &str, data: &[M]) {
     let bytes: u64 = listing.files.iter().map(|f| f.bytes).sum();
     println!(
         "[{name}] {rows} rows in {} files: {bytes} bytes = {:.2} bytes/row on disk; \
-         {:.2} M rows/s per writer-CPU-second, {:.2} M rows/s wall incl. fsync (best of 3)",
+         {:.2} M rows/s per writer-CPU-second, {:.2} M rows/s wall incl. fsync (best of {runs})",
         listing.files.len(),
         bytes as f64 / rows as f64,
         rows as f64 / best_cpu / 1e6,
@@ -354,10 +364,21 @@ fn bench(c: &mut Criterion) {
         ("core_128_rows_per_msg", false, NODES),
         ("per_link_128_rows_per_msg", true, NODES),
     ] {
+        // `SINK_BENCH_ONLY=<name>` runs one scenario (e.g. `batch_core_128_rows_per_msg`).
+        let only = std::env::var("SINK_BENCH_ONLY").ok();
+        let batch_name = format!("batch_{name}");
+        let wanted = |n: &str| only.as_deref().is_none_or(|o| o == n);
+        if !wanted(name) && !wanted(&batch_name) {
+            continue;
+        }
         let data = generate(per_link, nodes_per_msg);
-        let batches = to_batches(&data);
-        bench_one(c, name, &data);
-        bench_one(c, &format!("batch_{name}"), &batches);
+        if wanted(name) {
+            bench_one(c, name, &data);
+        }
+        if wanted(&batch_name) {
+            let batches = to_batches(&data);
+            bench_one(c, &batch_name, &batches);
+        }
     }
 }
 
