@@ -489,6 +489,39 @@ impl ClusterState {
         }
     }
 
+    /// The nodes where one worker of `job` fits, in id order: the same as filtering
+    /// every node with [`ClusterState::worker_fits`], with the job's checks hoisted out
+    /// of the loop and the per-node values read from packed arrays in step. The
+    /// decision record's candidate list runs this over every node for every decision,
+    /// and on 5,000 nodes it was the largest part of a cycle.
+    pub fn fitting_nodes<'a>(&'a self, job: &'a Job) -> impl Iterator<Item = NodeId> + 'a {
+        let (cpu, mem, gpu) = (job.cpu_milli, job.memory_mib, job.gpu);
+        let basics = self
+            .node_up
+            .iter()
+            .zip(&self.node_cpu_free)
+            .zip(&self.node_mem_free)
+            .zip(&self.node_idle_gpus)
+            .zip(self.topo.node_models())
+            .enumerate();
+        basics.filter_map(
+            move |(n, ((((&up, &cpu_free), &mem_free), &idle), &model))| {
+                let node = NodeId(n as u32);
+                let fits = up
+                    && cpu_free >= cpu
+                    && mem_free >= mem
+                    && match gpu {
+                        GpuDemand::None => true,
+                        GpuDemand::Whole(k) => {
+                            idle >= k && model.is_some_and(|m| job.gpu_models.allows(m))
+                        }
+                        GpuDemand::Milli(_) | GpuDemand::Mig { .. } => self.share_fits(job, node),
+                    };
+                fits.then_some(node)
+            },
+        )
+    }
+
     #[inline]
     fn model_allowed(&self, job: &Job, node: NodeId) -> bool {
         matches!(self.topo.node(node).model, Some(model) if job.gpu_models.allows(model))
@@ -741,7 +774,7 @@ impl ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ClusterSpec, JobId};
+    use crate::domain::{ClusterSpec, GpuModelSet, JobId};
 
     fn cluster() -> ClusterState {
         let spec = ClusterSpec::from_toml(
@@ -1076,6 +1109,68 @@ mod tests {
             }
             copy.refresh_copy_of(&source);
             proptest::prop_assert!(same_contents(&copy, &source));
+        }
+    }
+
+    /// Two A100 nodes, an A100-80 node (MIG-capable) and two CPU-only nodes.
+    fn mixed_cluster() -> ClusterState {
+        let spec = ClusterSpec::from_toml(
+            "name='m'\n[[nodes]]\ncount=2\ngpu_model='A100-40'\ngpus=4\nnvlink_domain=4\n\
+             cpu_milli=32000\nmemory_mib=262144\n\
+             [[nodes]]\ncount=1\ngpu_model='A100-80'\ngpus=8\nnvlink_domain=8\n\
+             cpu_milli=64000\nmemory_mib=524288\n\
+             [[nodes]]\ncount=2\ncpu_milli=16000\nmemory_mib=65536\n",
+        )
+        .unwrap();
+        ClusterState::new(Arc::new(Topology::build(&spec).unwrap()))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn fitting_nodes_is_worker_fits_over_every_node(
+            allocations in proptest::collection::vec((0u32..5, 0u16..5, 0u32..20_000), 0..30),
+            down in proptest::collection::vec(0u32..5, 0..3),
+            probe_gpus in 0u16..9,
+            probe_kind in 0u8..4,
+            probe_cpu in 0u32..40_000,
+            probe_mem in 0u64..600_000,
+            probe_model in 0u8..3,
+        ) {
+            let mut s = mixed_cluster();
+            for (i, (node, gpus, cpu)) in allocations.into_iter().enumerate() {
+                let mut job = Job::whole_gpus(JobId(i as u32), 1, 0.0, 1.0);
+                job.cpu_milli = cpu;
+                if let Some(mut placed) = try_allocate(&mut s, i as u32, node, gpus) {
+                    s.release(&placed.0, &placed.1);
+                    placed.0.cpu_milli = cpu;
+                    let _ = s.allocate(&placed.0, &placed.1);
+                }
+            }
+            for n in down {
+                s.set_node_up(NodeId(n), false);
+            }
+            let catalog = &s.topology().catalog;
+            let mut probe = Job::whole_gpus(JobId(9999), 1, 0.0, 1.0);
+            probe.cpu_milli = probe_cpu;
+            probe.memory_mib = probe_mem;
+            probe.gpu = match probe_kind {
+                0 => GpuDemand::None,
+                1 => GpuDemand::Whole(probe_gpus.max(1)),
+                2 => GpuDemand::Milli(125 * (probe_gpus + 1)),
+                _ => GpuDemand::Mig { compute: (probe_gpus as u8 % 7) + 1, memory: 1 },
+            };
+            probe.gpu_models = match probe_model {
+                0 => GpuModelSet::ANY,
+                1 => GpuModelSet::of(catalog.id("A100-40")),
+                _ => GpuModelSet::of(catalog.id("A100-80")),
+            };
+            let fast: Vec<NodeId> = s.fitting_nodes(&probe).collect();
+            let reference: Vec<NodeId> = s
+                .topology()
+                .node_ids()
+                .filter(|&n| s.worker_fits(&probe, n))
+                .collect();
+            proptest::prop_assert_eq!(fast, reference);
         }
     }
 

@@ -103,6 +103,9 @@ pub struct Topology {
     pub catalog: GpuCatalog,
     pub links: LinkSpec,
     nodes: Vec<Node>,
+    /// Each node's GPU model, in node order: `Node::model` packed for scans over every
+    /// node (a `Node` is several cache lines' worth of fields apart from its neighbour).
+    node_models: Vec<Option<GpuModelId>>,
     gpus: Vec<Gpu>,
     racks: Vec<Rack>,
     spines: Vec<Spine>,
@@ -185,6 +188,7 @@ impl Topology {
             name: spec.name.clone(),
             catalog,
             links: spec.links.clone(),
+            node_models: nodes.iter().map(|n| n.model).collect(),
             nodes,
             gpus,
             racks,
@@ -196,6 +200,11 @@ impl Topology {
 
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
+    }
+
+    /// Each node's GPU model (`None` for a CPU-only node), in node order.
+    pub fn node_models(&self) -> &[Option<GpuModelId>] {
+        &self.node_models
     }
 
     pub fn node(&self, id: NodeId) -> &Node {

@@ -12,11 +12,7 @@ pub fn feasible_nodes(job: &Job, state: &ClusterState, ctx: &Context) -> Vec<Nod
             .copied()
             .filter(|&n| state.worker_fits(job, n))
             .collect(),
-        None => state
-            .topology()
-            .node_ids()
-            .filter(|&n| state.worker_fits(job, n))
-            .collect(),
+        None => state.fitting_nodes(job).collect(),
     }
 }
 

@@ -329,8 +329,9 @@ pub fn candidates(
     let shown = |n: crate::domain::NodeId| !cpu_nodes_only || topo.node(n).model.is_none();
     // This runs for every decision, over every node of the cluster.
     let best = crate::framework::smallest_k(
-        topo.node_ids()
-            .filter(|&n| shown(n) && state.worker_fits(job, n))
+        state
+            .fitting_nodes(job)
+            .filter(|&n| shown(n))
             .inspect(|_| feasible += 1)
             .map(|n| {
                 (
