@@ -41,17 +41,30 @@ use crate::sim::SpeedModel;
 /// every node of which only the head of the order is used (most keys lose to the list at
 /// once, and nothing the size of the cluster is allocated or sorted).
 pub fn smallest_k<K: Ord>(keys: impl IntoIterator<Item = K>, k: usize) -> Vec<K> {
+    smallest_k_until(&mut keys.into_iter(), k, |_| false)
+}
+
+/// [`smallest_k`] that stops reading `keys` as soon as `settled(list)` says that no key
+/// still to come can enter the list (the caller knows how the rest is ordered); the rest
+/// of `keys` is left unread. `settled` is asked after every key read.
+pub fn smallest_k_until<K: Ord>(
+    keys: &mut impl Iterator<Item = K>,
+    k: usize,
+    mut settled: impl FnMut(&[K]) -> bool,
+) -> Vec<K> {
     let mut best: Vec<K> = Vec::with_capacity(k + 1);
     if k == 0 {
         return best;
     }
     for key in keys {
-        if best.len() == k && best.last().is_some_and(|worst| key >= *worst) {
-            continue;
+        if best.len() < k || best.last().is_some_and(|worst| key < *worst) {
+            let at = best.partition_point(|b| *b < key);
+            best.insert(at, key);
+            best.truncate(k);
         }
-        let at = best.partition_point(|b| *b < key);
-        best.insert(at, key);
-        best.truncate(k);
+        if settled(&best) {
+            break;
+        }
     }
     best
 }
@@ -248,6 +261,27 @@ mod tests {
             sorted.sort();
             sorted.truncate(k);
             prop_assert_eq!(smallest_k(keys, k), sorted);
+        }
+
+        #[test]
+        fn smallest_k_until_stops_where_told_and_leaves_the_rest_unread(
+            keys in proptest::collection::vec(0u16..100, 0..100),
+            k in 1usize..10,
+            stop_after in 0usize..120,
+        ) {
+            let mut it = keys.iter().copied();
+            let mut asked = 0usize;
+            let best = super::smallest_k_until(&mut it, k, |_| {
+                asked += 1;
+                asked > stop_after
+            });
+            let read = (stop_after + 1).min(keys.len());
+            prop_assert_eq!(asked, read);
+            prop_assert_eq!(it.count(), keys.len() - read);
+            let mut sorted = keys[..read].to_vec();
+            sorted.sort();
+            sorted.truncate(k);
+            prop_assert_eq!(best, sorted);
         }
     }
 }

@@ -325,23 +325,32 @@ pub fn candidates(
             .workers
             .iter()
             .all(|w| topo.node(w.node).model.is_none());
-    let mut feasible = 0u32;
     let shown = |n: crate::domain::NodeId| !cpu_nodes_only || topo.node(n).model.is_none();
-    // This runs for every decision, over every node of the cluster.
-    let best = crate::framework::smallest_k(
-        state
-            .fitting_nodes(job)
-            .filter(|&n| shown(n))
-            .inspect(|_| feasible += 1)
-            .map(|n| {
-                (
-                    !chosen.workers.iter().any(|w| w.node == n),
-                    std::cmp::Reverse(state.node_idle_gpus(n)),
-                    n,
-                )
-            }),
+    let is_chosen = |n: crate::domain::NodeId| chosen.workers.iter().any(|w| w.node == n);
+    // This runs for every decision, over every node of the cluster. Nodes come in id
+    // order, so once the list holds MAX_CANDIDATES unchosen nodes with every GPU idle
+    // and no chosen node is still to come, no later node can enter it (its key is at
+    // least (unchosen, as idle, larger id)): the rest is only counted, which is what
+    // keeps a mostly idle large cluster cheap.
+    let most_idle = std::cmp::Reverse(topo.max_node_gpus());
+    let last_chosen = chosen.workers.iter().map(|w| w.node).max();
+    let read = std::cell::Cell::new((0u32, None::<crate::domain::NodeId>));
+    let mut fitting = state.fitting_nodes(job).filter(|&n| shown(n));
+    let best = crate::framework::smallest_k_until(
+        &mut fitting
+            .by_ref()
+            .inspect(|&n| read.set((read.get().0 + 1, Some(n))))
+            .map(|n| (!is_chosen(n), std::cmp::Reverse(state.node_idle_gpus(n)), n)),
         MAX_CANDIDATES,
+        |best| {
+            best.len() == MAX_CANDIDATES
+                && best
+                    .last()
+                    .is_some_and(|worst| worst.0 && worst.1 == most_idle)
+                && read.get().1 >= last_chosen
+        },
     );
+    let feasible = read.get().0 + fitting.count() as u32;
     let fit: Vec<crate::domain::NodeId> = best.into_iter().map(|(_, _, n)| n).collect();
     let list = fit
         .iter()
@@ -571,12 +580,16 @@ mod tests {
 
     /// 40 nodes of 8 GPUs, node `i` with `(7 * i) % 9` GPUs taken: many ties in idle
     /// GPUs, so the node-id tie-break matters.
-    fn uneven_state() -> ClusterState {
+    fn forty_h100_nodes() -> Arc<Topology> {
         let spec = ClusterSpec::from_toml(
             "name='c'\n[[nodes]]\ncount=40\ngpu_model='H100'\ngpus=8\ncpu_milli=224000\nmemory_mib=2097152\n",
         )
         .unwrap();
-        let topo = Arc::new(Topology::build(&spec).unwrap());
+        Arc::new(Topology::build(&spec).unwrap())
+    }
+
+    fn uneven_state() -> ClusterState {
+        let topo = forty_h100_nodes();
         let mut state = ClusterState::new(topo.clone());
         for i in 0..40u32 {
             let taken = (7 * i) % 9;
@@ -631,6 +644,84 @@ mod tests {
                 .windows(2)
                 .all(|w| w[0].idle_gpus >= w[1].idle_gpus)
         );
+    }
+
+    /// 40 idle nodes of 8 GPUs with `busy` of them partly taken.
+    fn mostly_idle(busy: &[u32]) -> ClusterState {
+        let topo = forty_h100_nodes();
+        let mut state = ClusterState::new(topo.clone());
+        for &i in busy {
+            let n = NodeId(i);
+            let job = one_worker(2000 + i, 3);
+            let placement = Placement {
+                workers: vec![WorkerPlacement {
+                    node: n,
+                    gpus: topo
+                        .node(n)
+                        .gpus
+                        .clone()
+                        .take(3)
+                        .map(|g| GpuShare::whole(GpuId(g)))
+                        .collect(),
+                }],
+            };
+            state.allocate(&job, &placement).unwrap();
+        }
+        state
+    }
+
+    /// The early stop (a full list of unchosen, all-idle nodes) gives the same list and
+    /// count as a full sort, wherever the chosen nodes are.
+    #[test]
+    fn candidates_on_a_mostly_idle_cluster_match_a_full_sort_wherever_the_choice_is() {
+        let patterns: [&[u32]; 4] = [
+            &[],
+            &[0, 1, 2, 3, 4, 5],
+            &[1, 3, 5, 7, 9, 11, 13, 38],
+            &[39],
+        ];
+        for busy in patterns {
+            let state = mostly_idle(busy);
+            for chosen_nodes in [
+                vec![],
+                vec![0],
+                vec![17],
+                vec![39],
+                vec![2, 39],
+                vec![38, 39],
+            ] {
+                let job = one_worker(1, 2);
+                let chosen = Placement {
+                    workers: chosen_nodes
+                        .iter()
+                        .map(|&n| WorkerPlacement {
+                            node: NodeId(n),
+                            gpus: vec![],
+                        })
+                        .collect(),
+                };
+                let (feasible, _, ids) = candidates(&job, &state, &chosen, false);
+                let mut reference: Vec<NodeId> = state
+                    .topology()
+                    .node_ids()
+                    .filter(|&n| state.worker_fits(&job, n))
+                    .collect();
+                assert_eq!(
+                    feasible as usize,
+                    reference.len(),
+                    "{busy:?} {chosen_nodes:?}"
+                );
+                reference.sort_by_key(|&n| {
+                    (
+                        !chosen_nodes.contains(&n.0),
+                        std::cmp::Reverse(state.node_idle_gpus(n)),
+                        n,
+                    )
+                });
+                reference.truncate(MAX_CANDIDATES);
+                assert_eq!(ids, reference, "{busy:?} {chosen_nodes:?}");
+            }
+        }
     }
 }
 
