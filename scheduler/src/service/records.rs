@@ -578,8 +578,6 @@ mod tests {
         }
     }
 
-    /// 40 nodes of 8 GPUs, node `i` with `(7 * i) % 9` GPUs taken: many ties in idle
-    /// GPUs, so the node-id tie-break matters.
     fn forty_h100_nodes() -> Arc<Topology> {
         let spec = ClusterSpec::from_toml(
             "name='c'\n[[nodes]]\ncount=40\ngpu_model='H100'\ngpus=8\ncpu_milli=224000\nmemory_mib=2097152\n",
@@ -588,6 +586,8 @@ mod tests {
         Arc::new(Topology::build(&spec).unwrap())
     }
 
+    /// 40 nodes of 8 GPUs, node `i` with `(7 * i) % 9` GPUs taken: many ties in idle
+    /// GPUs, so the node-id tie-break matters.
     fn uneven_state() -> ClusterState {
         let topo = forty_h100_nodes();
         let mut state = ClusterState::new(topo.clone());
