@@ -1049,7 +1049,19 @@ mod tests {
         node: u32,
         gpus: u16,
     ) -> Option<(Job, Placement)> {
+        try_allocate_with_cpu(s, id, node, gpus, 0)
+    }
+
+    /// [`try_allocate`] for a job that also takes `cpu_milli` of the node's CPU.
+    fn try_allocate_with_cpu(
+        s: &mut ClusterState,
+        id: u32,
+        node: u32,
+        gpus: u16,
+        cpu_milli: u32,
+    ) -> Option<(Job, Placement)> {
         let mut job = Job::whole_gpus(JobId(id), 1, 0.0, 1.0);
+        job.cpu_milli = cpu_milli;
         job.gpu = if gpus == 0 {
             GpuDemand::Milli(250)
         } else {
@@ -1138,13 +1150,7 @@ mod tests {
         ) {
             let mut s = mixed_cluster();
             for (i, (node, gpus, cpu)) in allocations.into_iter().enumerate() {
-                let mut job = Job::whole_gpus(JobId(i as u32), 1, 0.0, 1.0);
-                job.cpu_milli = cpu;
-                if let Some(mut placed) = try_allocate(&mut s, i as u32, node, gpus) {
-                    s.release(&placed.0, &placed.1);
-                    placed.0.cpu_milli = cpu;
-                    let _ = s.allocate(&placed.0, &placed.1);
-                }
+                try_allocate_with_cpu(&mut s, i as u32, node, gpus, cpu);
             }
             for n in down {
                 s.set_node_up(NodeId(n), false);
