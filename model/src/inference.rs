@@ -4,10 +4,10 @@ use burn::module::Module;
 use burn::tensor::Device;
 
 use crate::batch::GraphBatch;
-use crate::calibration::{Calibration, Z95};
+use crate::calibration::{Calibration, HeldOutLogStep, Z95};
 use crate::config::PredictorConfig;
 use crate::error::{ModelError, Result};
-use crate::features::{MEM_PHASES, PlacementGraph, Targets};
+use crate::features::{MEM_PHASES, PRIOR_JOB_SLOT, PlacementGraph, Targets};
 use crate::network::PredictorNetwork;
 use crate::normalize::Normalization;
 use crate::serving::{PlainNetwork, RawOutput, Scratch};
@@ -111,11 +111,47 @@ impl TrainedPredictor {
             .iter()
             .map(|(g, t)| {
                 let raw = self.plain.forward(g, &self.normalization, &mut scratch);
-                let (mu, sigma) = self.log_normal(&raw);
+                let (mu, sigma) = self.log_normal(&raw, g);
                 let z = (t.step_time_s.ln() - mu) / sigma;
                 (z, self.calibration.is_novel(g.shape_class()))
             })
             .collect())
+    }
+
+    /// The network's uncalibrated mean and σ of `ln step time` at full residual weight,
+    /// with the prior and the truth, for each example of `data`: what
+    /// [`crate::choose_novel_weight`] and the novel-shape calibration read.
+    pub fn held_out_log_steps(
+        &self,
+        data: &[(PlacementGraph, Targets)],
+    ) -> Result<Vec<HeldOutLogStep>> {
+        for (i, (g, t)) in data.iter().enumerate() {
+            g.validate(&format!("held_out[{i}].graph"))?;
+            t.validate(&format!("held_out[{i}].targets"))?;
+        }
+        let mut scratch = Scratch::default();
+        Ok(data
+            .iter()
+            .map(|(g, t)| {
+                let raw = self.plain.forward(g, &self.normalization, &mut scratch);
+                let (mu, sigma) = self.unweighted_log_normal(&raw);
+                HeldOutLogStep {
+                    mu,
+                    sigma,
+                    prior: g.job.values[PRIOR_JOB_SLOT],
+                    truth: t.step_time_s.ln(),
+                    novel: self.calibration.is_novel(g.shape_class()),
+                }
+            })
+            .collect())
+    }
+
+    /// Sets the weight of the network's residual on novel shapes
+    /// ([`Calibration::novel_residual_weight`]); an error outside [0, 1].
+    pub fn with_novel_weight(mut self, weight: f32) -> Result<Self> {
+        self.calibration.novel_residual_weight = weight;
+        self.calibration.validate()?;
+        Ok(self)
     }
 
     /// Sets the multiplier for novel shapes from normalised novel residuals made
@@ -206,8 +242,20 @@ impl TrainedPredictor {
         Ok(out)
     }
 
-    /// Mean and standard deviation of `ln(step time)`, before calibration.
-    fn log_normal(&self, raw: &RawOutput) -> (f32, f32) {
+    /// Mean and standard deviation of `ln(step time)` before the interval's calibration,
+    /// with the network's residual weighted for `g`'s shape
+    /// ([`Calibration::residual_weight`]).
+    fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph) -> (f32, f32) {
+        let (mu, sigma) = self.unweighted_log_normal(raw);
+        let w = self.calibration.residual_weight(g.shape_class());
+        if w == 1.0 {
+            return (mu, sigma);
+        }
+        let prior = g.job.values[PRIOR_JOB_SLOT];
+        (prior + w * (mu - prior), sigma)
+    }
+
+    fn unweighted_log_normal(&self, raw: &RawOutput) -> (f32, f32) {
         let norm = &self.normalization;
         let log_std = norm.log_step_time.std[0];
         let mu = norm
@@ -219,7 +267,7 @@ impl TrainedPredictor {
     /// Raw units from standardised outputs; an error when anything is not finite.
     fn prediction(&self, raw: RawOutput, g: &PlacementGraph, index: usize) -> Result<Prediction> {
         let norm = &self.normalization;
-        let (mu, sigma) = self.log_normal(&raw);
+        let (mu, sigma) = self.log_normal(&raw, g);
         let sigma = sigma * self.calibration.multiplier(g.shape_class());
         let mut peak_mem_gib = [0.0; MEM_PHASES];
         for (p, slot) in peak_mem_gib.iter_mut().enumerate() {

@@ -65,7 +65,7 @@ pub mod synthetic;
 pub mod train;
 
 pub use artifact::{ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ArtifactMeta, LoadedArtifact};
-pub use calibration::{Calibration, NovelRule};
+pub use calibration::{Calibration, HeldOutLogStep, NovelRule, choose_novel_weight};
 pub use config::PredictorConfig;
 pub use error::{ModelError, Result};
 pub use features::{

@@ -321,3 +321,52 @@ fn calibration_makes_the_interval_hold_ninety_percent() {
     );
     assert!(c.seen_multiplier > 1.0, "{c:?}");
 }
+
+/// On a shape never trained on, the residual weight moves the prediction from the
+/// network's (weight 1) to the prior alone (weight 0), on both inference paths; seen
+/// shapes keep the network's prediction whatever the weight.
+#[test]
+fn the_novel_residual_weight_blends_towards_the_prior_on_novel_shapes_only() {
+    let data = synthetic::dataset(60, 9, 0.05);
+    let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
+    let c = predictor.calibration().clone();
+    let seen = data
+        .iter()
+        .map(|(g, _)| g.clone())
+        .find(|g| !c.is_novel(g.shape_class()))
+        .unwrap();
+    // A novel shape: more GPUs than any synthetic graph, all on one kind of link.
+    let mut novel = seen.clone();
+    while novel.gpus.len() < 12 {
+        novel.gpus.push(novel.gpus[0]);
+    }
+    let link = seen.links.first().map(|l| l.2).unwrap();
+    novel.links = (0..novel.gpus.len() as u16 - 1)
+        .map(|i| (i, i + 1, link))
+        .collect();
+    assert!(c.is_novel(novel.shape_class()), "{:?}", novel.shape_class());
+    let full = predictor.predict(&[seen.clone(), novel.clone()]).unwrap();
+    let prior_only = predictor.clone().with_novel_weight(0.0).unwrap();
+    for p in [
+        prior_only.predict(&[seen.clone(), novel.clone()]).unwrap(),
+        prior_only
+            .predict_on_device(&[seen.clone(), novel.clone()])
+            .unwrap(),
+    ] {
+        assert_close(p[0].step_time_s, full[0].step_time_s);
+        assert_close(p[1].step_time_s, novel.job.values[PRIOR_JOB_SLOT].exp());
+    }
+    let half = predictor.clone().with_novel_weight(0.5).unwrap();
+    let p = half.predict(&[novel.clone()]).unwrap();
+    let expected = (0.5 * (full[1].step_time_s.ln() + novel.job.values[PRIOR_JOB_SLOT])).exp();
+    assert_close(p[0].step_time_s, expected);
+    assert!(predictor.clone().with_novel_weight(1.5).is_err());
+    // What the weight is chosen from: the unweighted mean, the prior and the truth.
+    let held = predictor.held_out_log_steps(&data[40..]).unwrap();
+    assert_eq!(held.len(), 20);
+    for (h, (g, t)) in held.iter().zip(&data[40..]) {
+        assert_eq!(h.prior, g.job.values[PRIOR_JOB_SLOT]);
+        assert_eq!(h.truth, t.step_time_s.ln());
+        assert!(h.sigma > 0.0 && h.mu.is_finite());
+    }
+}

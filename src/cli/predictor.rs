@@ -8,8 +8,9 @@ use clap::{Args, ValueEnum};
 use marshal_model::{ArtifactInfo, PredictorConfig, Targets};
 use marshal_trainer::{
     ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, MeasuredFold, MeasuredStep,
-    Split, StepExample, StepHistory, leave_one_class_out, leave_one_model_out, load_step_examples,
-    mape, measured_examples, split_by_job, split_unseen_placements,
+    PriorForm, Split, StepExample, StepHistory, fit_measured_prior, leave_one_class_out,
+    leave_one_model_out, load_step_examples, mape, measured_examples, split_by_job,
+    split_unseen_placements,
 };
 
 #[derive(Debug, Args)]
@@ -30,6 +31,11 @@ pub struct PredictorEvalArgs {
     /// Epoch cap of each fold's training (with --measured).
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,
+    /// The prior's form with --measured: `sync` adds fitted synchronisation times
+    /// (growing with the gang and the GPUs per node) to the compute time; `share` keeps
+    /// only the communication share over the bottleneck link, as on telemetry.
+    #[arg(long, value_enum, default_value = "sync")]
+    prior_form: PriorFormArg,
     /// A trained predictor artifact. Without one, only the baselines are evaluated.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -47,6 +53,46 @@ pub enum MeasuredSet {
     /// models by per-GPU batch and placement on AWS g4dn.12xlarge nodes (4 T4 on PCIe,
     /// 50 Gb/s between nodes), evaluated on the `pollux-64` cluster.
     Pollux,
+}
+
+/// `--prior-form`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PriorFormArg {
+    Share,
+    Sync,
+}
+
+impl From<PriorFormArg> for PriorForm {
+    fn from(f: PriorFormArg) -> Self {
+        match f {
+            PriorFormArg::Share => PriorForm::Share,
+            PriorFormArg::Sync => PriorForm::Sync,
+        }
+    }
+}
+
+/// Where each training side's prior constants come from.
+enum PriorSource<'a> {
+    /// The cluster's own context (the simulator's catalog) for every training side.
+    Fixed(&'a ClusterContext),
+    /// Refitted on each training side, the auxiliary calibration runs' included
+    /// ([`fit_measured_prior`]).
+    Fitted {
+        base: &'a ClusterContext,
+        kinds: Vec<String>,
+        form: PriorForm,
+    },
+}
+
+impl PriorSource<'_> {
+    fn context(&self, train: &[StepExample]) -> anyhow::Result<ClusterContext> {
+        Ok(match self {
+            PriorSource::Fixed(ctx) => (*ctx).clone(),
+            PriorSource::Fitted { base, kinds, form } => {
+                fit_measured_prior(base, train, kinds, *form)?
+            }
+        })
+    }
 }
 
 /// The folds of `--measured`.
@@ -165,7 +211,7 @@ fn usable(s: &NamedSplit) -> bool {
 
 pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
     if let Some(set) = a.measured {
-        return eval_measured(set, a.folds, a.seed, a.max_epochs);
+        return eval_measured(set, a.folds, a.seed, a.max_epochs, a.prior_form.into());
     }
     let examples = load(&a.telemetry)?;
     let splits = splits(&examples, a.seed);
@@ -252,6 +298,7 @@ struct MeasuredRow {
     learned: f64,
     coverage: f64,
     prior: f64,
+    prior_linear: f64,
     lookup: f64,
     linear: f64,
 }
@@ -265,15 +312,21 @@ fn measured_report(
     base: &ClusterContext,
     folds: &[MeasuredFold],
     config: &PredictorConfig,
+    form: PriorForm,
 ) -> anyhow::Result<Vec<MeasuredRow>> {
     let mut rows = Vec::new();
     for f in folds {
         let started = std::time::Instant::now();
-        let ctx = base.with_kinds(f.prior_catalog(base)?);
+        let prior = PriorSource::Fitted {
+            base,
+            kinds: f.kinds(),
+            form,
+        };
         let mut cost = TrainingCost::default();
-        let (predictor, history) = train_calibrated(&ctx, &f.split, config, &mut cost)?;
+        let (predictor, history, ctx) = train_calibrated(&prior, &f.split, config, &mut cost)?;
         let (learned, coverage) = model_errors(&predictor, &ctx, &history, &f.split.test)?;
         let (prior, _) = prior_errors(&ctx, &history, &f.split.test);
+        let prior_linear = prior_linear_errors(&ctx, &history, &f.split)?;
         let (lookup, linear) = baseline_errors(&f.split)?;
         let row = MeasuredRow {
             group: f.group,
@@ -283,12 +336,14 @@ fn measured_report(
             learned,
             coverage,
             prior,
+            prior_linear,
             lookup,
             linear,
         };
         eprintln!(
             "{} {}: {} / {} examples, learned {learned:.1} % ({coverage:.0} % inside), prior \
-             {prior:.1} %, lookup {lookup:.1} %, linear {linear:.1} %; {} epochs, {:.1} s \
+             {prior:.1} %, prior + linear {prior_linear:.1} %, lookup {lookup:.1} %, linear \
+             {linear:.1} %; {} epochs, {:.1} s \
              ({:.1} s calibration runs); {}",
             row.group,
             row.label,
@@ -317,6 +372,7 @@ fn measured_report(
             learned: mean(&|r| r.learned),
             coverage: mean(&|r| r.coverage),
             prior: mean(&|r| r.prior),
+            prior_linear: mean(&|r| r.prior_linear),
             lookup: mean(&|r| r.lookup),
             linear: mean(&|r| r.linear),
         });
@@ -331,6 +387,7 @@ fn eval_measured(
     which: MeasuredFolds,
     seed: u64,
     max_epochs: usize,
+    form: PriorForm,
 ) -> anyhow::Result<()> {
     let (examples, cluster) = measured_set(set)?;
     let base = context(cluster)?;
@@ -344,15 +401,15 @@ fn eval_measured(
     let config = PredictorConfig::new()
         .with_seed(seed)
         .with_max_epochs(max_epochs);
-    let rows = measured_report(&base, &folds, &config)?;
+    let rows = measured_report(&base, &folds, &config, form)?;
     println!(
-        "| held out | train / test | learned MAPE | 90 % interval holds | prior alone | lookup | linear | learned vs best baseline |"
+        "| held out | train / test | learned MAPE | 90 % interval holds | prior alone | prior + linear | lookup | linear | learned vs best baseline |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let best = r.lookup.min(r.linear);
         println!(
-            "| {}: {} | {} / {} | {:.1} % | {:.0} % | {:.1} % | {:.1} % | {:.1} % | {:+.0} % |",
+            "| {}: {} | {} / {} | {:.1} % | {:.0} % | {:.1} % | {:.1} % | {:.1} % | {:.1} % | {:+.0} % |",
             r.group,
             r.label,
             r.train,
@@ -360,6 +417,7 @@ fn eval_measured(
             r.learned,
             r.coverage,
             r.prior,
+            r.prior_linear,
             r.lookup,
             r.linear,
             (r.learned / best - 1.0) * 100.0
@@ -388,7 +446,7 @@ fn graphs(
 
 /// The speed factor of an example's placement, for the history.
 fn speed(ctx: &ClusterContext) -> impl Fn(&StepExample) -> f64 + '_ {
-    |e| ctx.placement_speed(e).factor()
+    |e| ctx.history_speed(e)
 }
 
 /// Number of auxiliary calibration runs of [`train_calibrated`] (cross-conformal folds
@@ -485,11 +543,12 @@ struct TrainingCost {
 /// Examples are pooled unweighted: the 85–95 % target is over examples, and a class
 /// weighting would trade that for a per-class guarantee no test reports.
 fn train_calibrated(
-    ctx: &ClusterContext,
+    prior: &PriorSource,
     split: &Split,
     config: &PredictorConfig,
     cost: &mut TrainingCost,
-) -> anyhow::Result<(marshal_model::TrainedPredictor, StepHistory)> {
+) -> anyhow::Result<(marshal_model::TrainedPredictor, StepHistory, ClusterContext)> {
+    let ctx = &prior.context(&split.train)?;
     let history = StepHistory::fit(&split.train, speed(ctx));
     let predictor = marshal_model::train::fit(
         &rebalanced(graphs(ctx, &history, &split.train)),
@@ -515,6 +574,7 @@ fn train_calibrated(
             continue;
         }
         let fold_started = std::time::Instant::now();
+        let ctx = &prior.context(&inner.train)?;
         let inner_history = StepHistory::fit(&inner.train, speed(ctx));
         let train = rebalanced(graphs(ctx, &inner_history, &inner.train));
         let trained: std::collections::BTreeSet<_> =
@@ -537,10 +597,10 @@ fn train_calibrated(
             .collect();
         let before = pooled.len();
         pooled.extend(
-            aux.standardized_residuals(&novel)?
+            aux.held_out_log_steps(&novel)?
                 .into_iter()
-                .filter(|&(z, is_novel)| is_novel && z.is_finite())
-                .map(|(z, _)| z.abs() / half_width),
+                .filter(|h| h.novel && h.mu.is_finite() && h.sigma.is_finite())
+                .map(|h| (h, half_width)),
         );
         used += 1;
         let classes: Vec<String> = held.iter().map(|(s, n)| format!("{n}@{s}")).collect();
@@ -555,25 +615,36 @@ fn train_calibrated(
         );
     }
     // Without any usable fold (no level with two classes), the main network's own
-    // calibration stands (novel residuals from its validation jobs, if any).
+    // calibration stands (novel residuals from its validation jobs, if any, and the
+    // network's full residual).
     let predictor = if used > 0 {
-        predictor.with_novel_ratios(&pooled, used)?
+        let held_out: Vec<_> = pooled.iter().map(|(h, _)| *h).collect();
+        let weight = marshal_model::choose_novel_weight(&held_out);
+        let ratios: Vec<f32> = pooled
+            .iter()
+            .map(|(h, half_width)| (h.truth - h.weighted_mu(weight)).abs() / (h.sigma * half_width))
+            .filter(|r| r.is_finite())
+            .collect();
+        predictor
+            .with_novel_weight(weight)?
+            .with_novel_ratios(&ratios, used)?
     } else {
         predictor
     };
     cost.aux_seconds = started.elapsed().as_secs_f64();
-    Ok((predictor, history))
+    Ok((predictor, history, ctx.clone()))
 }
 
 /// The novel multiplier, its residuals, folds and rule, for reports.
 fn novel_summary(c: &marshal_model::Calibration) -> String {
     format!(
-        "× {:.2} novel ({} residuals from {} fold{}; {})",
+        "× {:.2} novel ({} residuals from {} fold{}; {}), residual weight {:.2} on novel shapes",
         c.novel_multiplier,
         c.novel_residuals,
         c.novel_folds,
         if c.novel_folds == 1 { "" } else { "s" },
-        c.novel_rule.label()
+        c.novel_rule.label(),
+        c.novel_residual_weight
     )
 }
 
@@ -631,6 +702,32 @@ fn prior_errors(ctx: &ClusterContext, history: &StepHistory, test: &[StepExample
     let truth: Vec<f64> = test.iter().map(|e| e.step_time_s).collect();
     let prior: Vec<f64> = test.iter().map(|e| ctx.prior_step_s(e, history)).collect();
     (mape(&prior, &truth), test.len())
+}
+
+/// Step-time MAPE of an ablation: the same prior with a linear residual in place of the
+/// graph network (ridge regression of `ln y − ln prior` on the linear baseline's
+/// features, fitted on the training side).
+fn prior_linear_errors(
+    ctx: &ClusterContext,
+    history: &StepHistory,
+    split: &Split,
+) -> anyhow::Result<f64> {
+    let relative: Vec<StepExample> = split
+        .train
+        .iter()
+        .map(|e| StepExample {
+            step_time_s: e.step_time_s / ctx.prior_step_s(e, history),
+            ..e.clone()
+        })
+        .collect();
+    let residual = LinearBaseline::fit(&relative, 1e-2)?;
+    let predicted: Vec<f64> = split
+        .test
+        .iter()
+        .map(|e| ctx.prior_step_s(e, history) * residual.predict(e))
+        .collect();
+    let truth: Vec<f64> = split.test.iter().map(|e| e.step_time_s).collect();
+    Ok(mape(&predicted, &truth))
 }
 
 /// MAPE and interval coverage per (span, GPU count) class of a test set, multi-GPU only.
@@ -694,14 +791,16 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
         let split = &s.split;
         let started = std::time::Instant::now();
         let mut cost = TrainingCost::default();
-        let (predictor, history) = train_calibrated(&ctx, split, &config, &mut cost)?;
+        let (predictor, history, _) =
+            train_calibrated(&PriorSource::Fixed(&ctx), split, &config, &mut cost)?;
         let (model_mape, coverage) = model_errors(&predictor, &ctx, &history, &split.test)?;
         let (prior_mape, _) = prior_errors(&ctx, &history, &split.test);
+        let prior_linear = prior_linear_errors(&ctx, &history, split)?;
         let (lookup, linear) = baseline_errors(split)?;
         let c = predictor.calibration();
         println!(
             "{}: learned {model_mape:.1} % (90 % interval holds {coverage:.0} %), prior alone {prior_mape:.1} %, \
-             lookup {lookup:.1} %, linear {linear:.1} % step-time MAPE; {} train / {} test examples, \
+             prior + linear {prior_linear:.1} %, lookup {lookup:.1} %, linear {linear:.1} % step-time MAPE; {} train / {} test examples, \
              {} epochs in {:.1} s ({:.1} s of it calibration runs); σ × {:.2} trained shapes ({} residuals), {}",
             s.name,
             split.train.len(),
@@ -720,6 +819,7 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
         scores.insert(format!("{key}_step_time_mape"), model_mape);
         scores.insert(format!("{key}_interval90_coverage_pct"), coverage);
         scores.insert(format!("{key}_prior_mape"), prior_mape);
+        scores.insert(format!("{key}_prior_linear_mape"), prior_linear);
         scores.insert(format!("{key}_lookup_mape"), lookup);
         scores.insert(format!("{key}_linear_mape"), linear);
         if key == "holdout_jobs" {
@@ -808,7 +908,7 @@ mod tests {
             .with_seed(1)
             .with_max_epochs(2)
             .with_patience(1);
-        let rows = measured_report(&base, &folds, &config).unwrap();
+        let rows = measured_report(&base, &folds, &config, PriorForm::Sync).unwrap();
         assert_eq!(rows.len(), folds.len() + 2);
         for (row, fold) in rows.iter().zip(&folds) {
             assert_eq!((row.group, &row.label), (fold.group, &fold.label));
@@ -818,7 +918,7 @@ mod tests {
             );
         }
         for r in &rows {
-            for v in [r.learned, r.prior, r.lookup, r.linear] {
+            for v in [r.learned, r.prior, r.prior_linear, r.lookup, r.linear] {
                 assert!(v.is_finite() && v >= 0.0, "{r:?}");
             }
             assert!((0.0..=100.0).contains(&r.coverage), "{r:?}");

@@ -152,7 +152,7 @@ impl LinearBaseline {
 }
 
 /// Solves `a x = b` for a symmetric positive-definite `a` by Cholesky decomposition.
-fn solve_spd(mut a: Array2<f64>, b: Array1<f64>) -> Option<Array1<f64>> {
+pub(crate) fn solve_spd(mut a: Array2<f64>, b: Array1<f64>) -> Option<Array1<f64>> {
     let n = b.len();
     for j in 0..n {
         let mut d = a[[j, j]];

@@ -33,6 +33,13 @@
 //!
 //! No ring factor `2(n − 1)/n` is applied: the catalog's communication shares are
 //! measured on gangs of the job's own size, so the volume is already in `c`.
+//!
+//! A second form takes over where a [`SyncFit`] has been fitted
+//! ([`ClusterContext::with_sync`]) and covers the example: the step is the kind's
+//! measured single-GPU compute time *plus* a fitted synchronisation time of this
+//! placement, growing with the gang and with the GPUs per node (see [`crate::SyncFit`]). It is for measured data, where the share
+//! form misses what spreading costs; the simulator's telemetry follows the share form
+//! exactly, and `marshal train predictor` keeps it there.
 
 use std::collections::BTreeMap;
 
@@ -44,7 +51,7 @@ use marshal_model::{
 use marshal_scheduler::domain::{TopoLevel, Topology, WorkloadCatalog, WorkloadKind};
 use marshal_scheduler::sim::SpeedModel;
 
-use crate::{StepExample, StepHistory};
+use crate::{StepExample, StepHistory, SyncFit};
 
 /// What the featuriser needs of a cluster.
 #[derive(Clone, Debug)]
@@ -63,6 +70,9 @@ pub struct ClusterContext {
     /// Bandwidth (GB/s) the catalog's communication shares are measured at, and the
     /// shares and interference used for a job without a kind.
     speed: SpeedModel,
+    /// Fitted synchronisation times ([`SyncFit`]); empty unless set with
+    /// [`ClusterContext::with_sync`].
+    sync: SyncFit,
 }
 
 /// The placement-dependent factors of one example's speed (see the module docs).
@@ -156,6 +166,7 @@ impl ClusterContext {
             level_capacity: TopoLevel::ALL.map(|l| topo.max_gpus_within(l)),
             throughput,
             speed: SpeedModel::default(),
+            sync: SyncFit::default(),
         }
     }
 
@@ -165,6 +176,46 @@ impl ClusterContext {
         ClusterContext {
             kinds,
             ..self.clone()
+        }
+    }
+
+    /// The same cluster whose prior takes the synchronisation time from `sync` wherever
+    /// it has a fit for the example (the prior's second form, see the module docs).
+    pub fn with_sync(&self, sync: SyncFit) -> Self {
+        ClusterContext {
+            sync,
+            ..self.clone()
+        }
+    }
+
+    /// [`SyncFit::fit`] on `train`, with the model families of this context's catalog.
+    pub fn fit_sync(&self, train: &[StepExample]) -> SyncFit {
+        SyncFit::fit(train, |e| self.family(e).to_string())
+    }
+
+    /// The model family of an example's kind (its kind name when the catalog does not
+    /// know it).
+    fn family<'a>(&'a self, e: &'a StepExample) -> &'a str {
+        self.kinds
+            .id(&e.model)
+            .and_then(|id| self.kinds.get(id))
+            .map_or(e.model.as_str(), |k| k.family.as_str())
+    }
+
+    /// The fitted (compute, step) times of the example's placement, where there are.
+    fn fitted_step_s(&self, e: &StepExample) -> Option<(f64, f64)> {
+        self.sync.step_s(self.family(e), e)
+    }
+
+    /// The factor that turns a measured step time into the history's packed, unshared
+    /// step time on the reference GPU (`step × factor`): the placement's speed factors in
+    /// the share form; with a fitted synchronisation line, the fitted compute time over
+    /// the fitted step time in place of the locality factor.
+    pub fn history_speed(&self, e: &StepExample) -> f64 {
+        let speed = self.placement_speed(e);
+        match self.fitted_step_s(e) {
+            Some((compute, step)) => compute / step * speed.throughput * speed.interference,
+            None => speed.factor(),
         }
     }
 
@@ -257,10 +308,12 @@ impl ClusterContext {
     }
 
     /// The example's analytic step time, seconds (finite and positive): the history's
-    /// packed, unshared step time of other jobs of its kind over this placement's speed
-    /// factor, or a FLOP count when the kind has no history.
+    /// packed, unshared step time of other jobs of its kind (or a FLOP count when the kind
+    /// has no history) over this placement's speed factor; where a [`SyncFit`] covers the
+    /// example, its fitted step time over the interference factor instead.
     pub fn prior_step_s(&self, e: &StepExample, history: &StepHistory) -> f64 {
-        let factor = self.placement_speed(e).factor();
+        let speed = self.placement_speed(e);
+        let factor = speed.factor();
         let packed = match history.recall(e) {
             Some(r) => r.packed_step_s,
             None => {
@@ -270,11 +323,13 @@ impl ClusterContext {
                     .map_or(32.0, |b| f64::from(b) / f64::from(e.num_gpus.max(1)));
                 let (tflops, _) = datasheet(&e.gpu_type);
                 // On the GPU's own datasheet rate, so undo the throughput class below.
-                6.0 * params * local_batch / (f64::from(tflops) * 1e12 * 0.4)
-                    * self.placement_speed(e).throughput
+                6.0 * params * local_batch / (f64::from(tflops) * 1e12 * 0.4) * speed.throughput
             }
         };
-        let prior = packed / factor;
+        let prior = match self.fitted_step_s(e) {
+            Some((_, step)) => step / speed.interference,
+            None => packed / factor,
+        };
         if prior.is_finite() && prior > 0.0 {
             prior.clamp(1e-9, 1e9)
         } else {
@@ -474,5 +529,37 @@ mod tests {
         assert!(expected < 3.0);
         let again = ex("new", "bert", 4, 2, "rack", 0.0);
         assert!((ctx.prior_step_s(&again, &history) - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_fitted_sync_line_adds_to_the_kinds_single_gpu_time() {
+        let ctx = ctx();
+        // One GPU 1.0 s; gangs pay 0.2 s within a node and 0.5 + 0.1·(K − 2) across.
+        let train = vec![
+            ex("one", "bert", 1, 1, "gpu", 1.0),
+            ex("two", "bert", 2, 1, "node", 1.2),
+            ex("four", "bert", 4, 1, "node", 1.2),
+            ex("wide2", "bert", 2, 2, "rack", 1.5),
+            ex("wide4", "bert", 4, 4, "rack", 1.7),
+        ];
+        let fitted = ctx.with_sync(ctx.fit_sync(&train));
+        let history = StepHistory::fit(&train, |e| fitted.history_speed(e));
+        // The kind's single-GPU time is 1.0 s, so a new 8-GPU gang over 8 nodes (a
+        // shape never measured) is 1.0 + 0.5 + 0.1·6 s.
+        let wide8 = ex("new", "bert", 8, 8, "rack", 0.0);
+        let prior = fitted.prior_step_s(&wide8, &history);
+        assert!((prior - 2.1).abs() < 1e-6, "{prior}");
+        // The share form has no such growth: every multi-node 8-GPU gang is its
+        // history's packed time over the rack's locality.
+        let plain = StepHistory::fit(&train, |e| ctx.history_speed(e));
+        let share = ctx.prior_step_s(&wide8, &plain);
+        assert!((share - prior).abs() > 0.1, "{share} vs {prior}");
+        // A kind with no fit keeps the share form.
+        let other = ex("o", "gpt", 8, 8, "rack", 2.0);
+        assert_eq!(fitted.history_speed(&other), ctx.history_speed(&other));
+        assert_eq!(
+            fitted.prior_step_s(&other, &history),
+            ctx.prior_step_s(&other, &history)
+        );
     }
 }

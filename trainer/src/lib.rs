@@ -32,6 +32,7 @@ mod measured;
 pub mod policy;
 pub mod promote;
 mod split;
+mod sync;
 #[doc(hidden)]
 pub mod testkit;
 
@@ -41,7 +42,8 @@ pub use examples::{StepExample, load_step_examples};
 pub use featurize::{ClusterContext, PlacementSpeed};
 pub use history::{HISTORY_FILE, HistoryEntry, Recalled, StepHistory};
 pub use measured::{
-    MeasuredFold, MeasuredStep, fit_comm_catalog, leave_one_class_out, leave_one_model_out,
-    measured_examples, measured_kind,
+    MeasuredFold, MeasuredStep, PriorForm, fit_comm_catalog, fit_measured_prior,
+    leave_one_class_out, leave_one_model_out, measured_examples, measured_kind,
 };
 pub use split::{Split, split_by_job, split_unseen_placements};
+pub use sync::SyncFit;

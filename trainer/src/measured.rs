@@ -223,6 +223,54 @@ impl MeasuredFold {
             .map(|e| e.model.as_str());
         fit_comm_catalog(ctx, &s.train, kinds)
     }
+
+    /// Every job type on any side of the fold, for [`fit_measured_prior`].
+    pub fn kinds(&self) -> Vec<String> {
+        let s = &self.split;
+        let kinds: BTreeSet<&str> = s
+            .train
+            .iter()
+            .chain(&s.valid)
+            .chain(&s.test)
+            .map(|e| e.model.as_str())
+            .collect();
+        kinds.into_iter().map(str::to_string).collect()
+    }
+}
+
+/// Which form of the prior a measured evaluation fits (see `crate::featurize`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PriorForm {
+    /// Communication shares only: the step over the bottleneck link's locality factor.
+    Share,
+    /// Shares, and fitted synchronisation lines ([`crate::SyncFit`]) wherever the
+    /// training side measures a family's gangs.
+    Sync,
+}
+
+/// `base` with the prior's constants fitted on `train` alone: the communication shares
+/// ([`fit_comm_catalog`], with an entry for each of `kinds`) and, for
+/// [`PriorForm::Sync`], the synchronisation lines. Each training side a measured
+/// evaluation trains on (a fold's, and each auxiliary calibration run's inside it) gets
+/// its own, so no held-out step time reaches the prior.
+pub fn fit_measured_prior(
+    base: &ClusterContext,
+    train: &[StepExample],
+    kinds: &[String],
+    form: PriorForm,
+) -> Result<ClusterContext, TrainerError> {
+    let ctx = base.with_kinds(fit_comm_catalog(
+        base,
+        train,
+        kinds.iter().map(String::as_str),
+    )?);
+    Ok(match form {
+        PriorForm::Share => ctx,
+        PriorForm::Sync => {
+            let sync = ctx.fit_sync(train);
+            ctx.with_sync(sync)
+        }
+    })
 }
 
 /// Leave-one-shape-class-out: one fold per multi-GPU (span, GPU count) class, whose
@@ -442,6 +490,55 @@ mod tests {
             e.step_time_s *= 2.0;
         }
         assert_ne!(moved.prior_catalog(&ctx).unwrap(), catalog);
+    }
+
+    #[test]
+    fn the_sync_prior_reads_the_training_side_only() {
+        let ctx = ctx();
+        let (examples, _) = measured_examples(&steps());
+        let folds = leave_one_class_out(&examples, 7, 0.2);
+        let fold = folds
+            .iter()
+            .find(|f| f.label == "8 GPUs within rack")
+            .unwrap();
+        let kinds = fold.kinds();
+        let fit = |f: &MeasuredFold, form| {
+            let ctx = fit_measured_prior(&ctx, &f.split.train, &kinds, form).unwrap();
+            let history = crate::StepHistory::fit(&f.split.train, |e| ctx.history_speed(e));
+            fold.split
+                .test
+                .iter()
+                .map(|e| ctx.prior_step_s(e, &history))
+                .collect::<Vec<_>>()
+        };
+        let sync = fit(fold, PriorForm::Sync);
+        // Held-out and validation answers do not move the prior.
+        let mut other = fold.clone();
+        for e in other.split.test.iter_mut().chain(&mut other.split.valid) {
+            e.step_time_s *= 50.0;
+        }
+        assert_eq!(fit(&other, PriorForm::Sync), sync);
+        // Training answers do, and the two forms differ.
+        let mut moved = fold.clone();
+        for e in moved.split.train.iter_mut().filter(|e| e.nodes > 1) {
+            e.step_time_s *= 2.0;
+        }
+        assert_ne!(fit(&moved, PriorForm::Sync), sync);
+        assert_ne!(fit(fold, PriorForm::Share), sync);
+        // The data's communication grows with the gang (0.1 s on 4 nodes, 0.15 s on
+        // 4 × 2): the sync form extrapolates the growth to the held-out 8-GPU gangs
+        // (0.12 s on 2 × 4, 0.15 s on 4 × 2), the share form cannot.
+        let mape = |p: &[f64]| {
+            let truth: Vec<f64> = fold.split.test.iter().map(|e| e.step_time_s).collect();
+            crate::mape(p, &truth)
+        };
+        let share = fit(fold, PriorForm::Share);
+        assert!(
+            mape(&sync) < mape(&share),
+            "{} vs {}",
+            mape(&sync),
+            mape(&share)
+        );
     }
 
     #[test]
