@@ -161,7 +161,7 @@ pub use pai::{
 pub use philly::{parse_philly, philly_cluster, philly_window};
 pub use placement_profiles::{
     PlacementProfiles, SIA_GPU_TYPES, SIA_MODELS, StepTimeProfile, load_sia_placement_profiles,
-    parse_step_profiles, pollux_placement_profiles,
+    parse_step_profiles, pollux_placement_profiles, pollux_scalability_profiles,
 };
 pub use pollux::{parse_pollux, parse_sia};
 pub use pollux_apps::{POLLUX_GPUS_PER_NODE, PolluxApps, tight_placement};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::bundled::POLLUX_PLACEMENT_PROFILES;
+use crate::bundled::{POLLUX_PLACEMENT_PROFILES, POLLUX_SCALABILITY_PROFILES};
 use crate::resolve::{read, trace_dirs};
 use crate::table::{Bad, Table};
 use crate::{DatasetError, ParseReport};
@@ -289,6 +289,22 @@ pub fn pollux_placement_profiles() -> Result<(PlacementProfiles, Vec<ParseReport
     Ok((PlacementProfiles::new(all), reports))
 }
 
+/// Pollux's bundled scalability profiles (`<model>/scalability.csv`, AWS g4dn): step
+/// times by node and GPU count (6–16 nodes, 6–64 GPUs), without a per-node layout
+/// (`placement` is `None`). One report per file.
+pub fn pollux_scalability_profiles()
+-> Result<(Vec<StepTimeProfile>, Vec<ParseReport>), DatasetError> {
+    let mut all = Vec::new();
+    let mut reports = Vec::new();
+    for (model, file) in POLLUX_SCALABILITY_PROFILES {
+        let name = format!("pollux/{model}/scalability.csv");
+        let (profiles, report) = parse_step_profiles(&name, model, "aws", file.text)?;
+        all.extend(profiles);
+        reports.push(report);
+    }
+    Ok((all, reports))
+}
+
 /// Sia's placement profiles, read from `sia-throughput-profiles/` in the traces
 /// directory: `<model>/placements-<gpu>.csv` for every model of [`SIA_MODELS`] and GPU
 /// type of [`SIA_GPU_TYPES`] that has a file (the unsuffixed copies of `aws` are not
@@ -443,5 +459,31 @@ mod tests {
             (0.0427886962890625, 0.0004995360016822816)
         );
         assert_eq!(table.placements("bert", "aws").len(), 108);
+    }
+
+    #[test]
+    fn bundled_pollux_scalability_runs_have_node_and_gpu_counts_only() {
+        let (runs, reports) = pollux_scalability_profiles().unwrap();
+        assert_eq!(reports.len(), 6);
+        assert!(reports.iter().all(|r| r.rows_skipped == 0), "{reports:?}");
+        // SOURCE.md line counts minus the header: 180 + 329 + 198 + 288 + 458 + 108.
+        assert_eq!(runs.len(), 1_561);
+        assert!(runs.iter().all(|r| r.placement.is_none()));
+        assert!(
+            runs.iter()
+                .all(|r| (6..=16).contains(&r.nodes) && r.replicas <= 64)
+        );
+        // bert/scalability.csv line 2: `6,6,4,1.4923269003629684,1.0928203125`.
+        let first = &runs[0];
+        assert_eq!(
+            (
+                first.model.as_str(),
+                first.nodes,
+                first.replicas,
+                first.local_bsz
+            ),
+            ("bert", 6, 6, 4)
+        );
+        assert_eq!(first.step_time_s, 1.4923269003629684);
     }
 }

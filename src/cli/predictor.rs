@@ -10,7 +10,7 @@ use marshal_trainer::{
     ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, MeasuredFold, MeasuredStep,
     PriorForm, Split, StepExample, StepHistory, fit_measured_prior, leave_one_class_out,
     leave_one_model_out, load_step_examples, mape, measured_examples, split_by_job,
-    split_unseen_placements,
+    split_unseen_placements, test_on_other_set,
 };
 
 #[derive(Debug, Args)]
@@ -102,7 +102,11 @@ pub enum MeasuredFolds {
     Shapes,
     /// Leave one model (all its batch sizes) out at a time.
     Models,
-    /// Both.
+    /// Train on every placement profile, test on a separate experiment of the same
+    /// testbed (Pollux's scalability runs: 6–16 nodes, up to 64 GPUs, uniform layouts
+    /// only), split into shape classes the placements have and larger ones.
+    Scale,
+    /// All three.
     All,
 }
 
@@ -288,6 +292,41 @@ fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static 
     }
 }
 
+/// The second experiment of a measured set, as examples with job ids of their own
+/// (`scalability:` + the usual id): Pollux's scalability runs whose GPUs divide evenly
+/// over their nodes (at most 9 per node), as a uniform placement.
+fn scalability_set(set: MeasuredSet) -> anyhow::Result<Vec<StepExample>> {
+    match set {
+        MeasuredSet::Pollux => {
+            let (profiles, _) = marshal_datasets::pollux_scalability_profiles()?;
+            let steps: Vec<MeasuredStep> = profiles
+                .iter()
+                .filter(|p| p.nodes > 0 && p.replicas % p.nodes == 0)
+                .filter_map(|p| {
+                    let per_node = char::from_digit(p.replicas / p.nodes, 10)?;
+                    Some(MeasuredStep {
+                        model: p.model.clone(),
+                        gpu_type: "T4".into(),
+                        placement: std::iter::repeat_n(per_node, p.nodes as usize).collect(),
+                        local_bsz: p.local_bsz,
+                        step_time_s: p.step_time_s,
+                    })
+                })
+                .collect();
+            let (mut examples, _) = measured_examples(&steps);
+            for e in &mut examples {
+                e.job_id = format!("scalability:{}", e.job_id);
+            }
+            println!(
+                "{} scalability runs with uniform layouts of {} (Pollux)",
+                examples.len(),
+                profiles.len()
+            );
+            Ok(examples)
+        }
+    }
+}
+
 /// One fold's (or a group's pooled) step-time errors.
 #[derive(Clone, Debug, PartialEq)]
 struct MeasuredRow {
@@ -392,11 +431,22 @@ fn eval_measured(
     let (examples, cluster) = measured_set(set)?;
     let base = context(cluster)?;
     let mut folds = Vec::new();
-    if which != MeasuredFolds::Models {
+    let all = which == MeasuredFolds::All;
+    if all || which == MeasuredFolds::Shapes {
         folds.extend(leave_one_class_out(&examples, seed, 0.1));
     }
-    if which != MeasuredFolds::Shapes {
+    if all || which == MeasuredFolds::Models {
         folds.extend(leave_one_model_out(&examples, seed, 0.1));
+    }
+    if all || which == MeasuredFolds::Scale {
+        let other = scalability_set(set)?;
+        folds.extend(test_on_other_set(
+            &examples,
+            &other,
+            seed,
+            0.1,
+            "scalability runs",
+        ));
     }
     let config = PredictorConfig::new()
         .with_seed(seed)

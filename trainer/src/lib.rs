@@ -43,7 +43,7 @@ pub use featurize::{ClusterContext, PlacementSpeed};
 pub use history::{HISTORY_FILE, HistoryEntry, Recalled, StepHistory};
 pub use measured::{
     MeasuredFold, MeasuredStep, PriorForm, fit_comm_catalog, fit_measured_prior,
-    leave_one_class_out, leave_one_model_out, measured_examples, measured_kind,
+    leave_one_class_out, leave_one_model_out, measured_examples, measured_kind, test_on_other_set,
 };
 pub use split::{Split, split_by_job, split_unseen_placements};
 pub use sync::SyncFit;

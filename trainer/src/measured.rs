@@ -314,6 +314,45 @@ pub fn leave_one_model_out(examples: &[StepExample], seed: u64, valid: f64) -> V
         .collect()
 }
 
+/// Folds that train on `examples` and test on a second set of measurements, `other`
+/// (e.g. a separate experiment on the same testbed): one fold for the measurements of
+/// `other` whose (span, GPU count) class occurs in `examples`, labelled `<label>, seen
+/// shape classes`, and one for the rest, `<label>, new shape classes`. Both folds have the
+/// same training and validation sides. An empty part gives no fold.
+pub fn test_on_other_set(
+    examples: &[StepExample],
+    other: &[StepExample],
+    seed: u64,
+    valid: f64,
+    label: &str,
+) -> Vec<MeasuredFold> {
+    let trained: BTreeSet<(&str, u32)> = examples
+        .iter()
+        .map(|e| (e.span.as_str(), e.num_gpus))
+        .collect();
+    let (seen, new): (Vec<StepExample>, Vec<StepExample>) = other
+        .iter()
+        .cloned()
+        .partition(|e| trained.contains(&(e.span.as_str(), e.num_gpus)));
+    [(seen, "seen shape classes"), (new, "new shape classes")]
+        .into_iter()
+        .map(|(part, which)| {
+            let held: BTreeSet<String> = part.iter().map(|e| e.job_id.clone()).collect();
+            let all: Vec<StepExample> = examples.iter().cloned().chain(part).collect();
+            let is_held = |e: &StepExample| held.contains(&e.job_id);
+            held_out(
+                &all,
+                &is_held,
+                seed,
+                valid,
+                "other set",
+                format!("{label}, {which}"),
+            )
+        })
+        .filter(usable)
+        .collect()
+}
+
 fn held_out(
     examples: &[StepExample],
     is_held: &dyn Fn(&StepExample) -> bool,
@@ -452,6 +491,41 @@ mod tests {
                     .iter()
                     .chain(&f.split.valid)
                     .all(|e| family(&e.model) != m)
+            );
+        }
+    }
+
+    #[test]
+    fn another_set_is_tested_whole_with_seen_and_new_shapes_apart() {
+        let (examples, _) = measured_examples(&steps());
+        // Larger gangs: 6 nodes × 1 (a class the examples lack) and 4 × 2 (one they have),
+        // with job ids of their own.
+        let mut extra = Vec::new();
+        for p in ["111111", "2222"] {
+            extra.push(step("bert", p, 32, 1.0));
+        }
+        let (mut other, _) = measured_examples(&extra);
+        for e in &mut other {
+            e.job_id = format!("scalability:{}", e.job_id);
+        }
+        let folds = test_on_other_set(&examples, &other, 3, 0.2, "larger");
+        let labels: Vec<&str> = folds.iter().map(|f| f.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["larger, seen shape classes", "larger, new shape classes"]
+        );
+        assert_eq!(folds[0].split.test.len(), 1);
+        assert_eq!(folds[0].split.test[0].num_gpus, 8);
+        assert_eq!(folds[1].split.test[0].num_gpus, 6);
+        for f in &folds {
+            // Training and validation are the first set, whole, on both folds.
+            assert_eq!(f.split.train.len() + f.split.valid.len(), examples.len());
+            assert_eq!(f.split.train, folds[0].split.train);
+            assert!(
+                f.split
+                    .train
+                    .iter()
+                    .all(|e| !e.job_id.starts_with("scalability:"))
             );
         }
     }
