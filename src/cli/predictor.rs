@@ -31,9 +31,10 @@ pub struct PredictorEvalArgs {
     /// Epoch cap of each fold's training (with --measured).
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,
-    /// The prior's form with --measured: `sync` adds fitted synchronisation times
-    /// (growing with the gang and the GPUs per node) to the compute time; `share` keeps
-    /// only the communication share over the bottleneck link, as on telemetry.
+    /// The prior's form with --measured: `sync` adds a fitted synchronisation time
+    /// (growing with log2 of the gang, per locality) to the kind's single-GPU time;
+    /// `share` keeps only the communication share over the bottleneck link, as on
+    /// telemetry.
     #[arg(long, value_enum, default_value = "sync")]
     prior_form: PriorFormArg,
     /// A trained predictor artifact. Without one, only the baselines are evaluated.
@@ -343,7 +344,7 @@ struct MeasuredRow {
 }
 
 /// Trains and tests one predictor per fold: the prior's constants from the fold's
-/// training side ([`MeasuredFold::prior_catalog`]), then the history, the network, its
+/// training side ([`fit_measured_prior`] in `form`), then the history, the network, its
 /// interval calibration and the baselines as for telemetry. Rows per fold, then one
 /// pooled row per group (means weighted by test examples, i.e. the MAPE and coverage of
 /// all the group's held-out predictions together).

@@ -8,7 +8,9 @@
 //! Measured step times (e.g. Pollux's profiles) become examples too
 //! ([`measured_examples`]), with folds that hold a shape class or a model out of the
 //! prior's calibration and the training alike ([`leave_one_class_out`],
-//! [`leave_one_model_out`], [`MeasuredFold::prior_catalog`]).
+//! [`leave_one_model_out`], [`MeasuredFold::prior_catalog`]), or test on a second set
+//! of measurements ([`test_on_other_set`]); on them the prior can take a second form,
+//! fitted synchronisation lines ([`SyncFit`], [`fit_measured_prior`]).
 //! The placement policy's training, its per-fallback gate thresholds ([`policy`]) and
 //! the promotion of a policy artifact only if it wins on validation traces ([`promote`]).
 //!
