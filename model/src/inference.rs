@@ -102,10 +102,7 @@ impl TrainedPredictor {
         &self,
         data: &[(PlacementGraph, Targets)],
     ) -> Result<Vec<(f32, bool)>> {
-        for (i, (g, t)) in data.iter().enumerate() {
-            g.validate(&format!("calibration[{i}].graph"))?;
-            t.validate(&format!("calibration[{i}].targets"))?;
-        }
+        validate_examples(data, "calibration")?;
         let mut scratch = Scratch::default();
         Ok(data
             .iter()
@@ -125,10 +122,7 @@ impl TrainedPredictor {
         &self,
         data: &[(PlacementGraph, Targets)],
     ) -> Result<Vec<HeldOutLogStep>> {
-        for (i, (g, t)) in data.iter().enumerate() {
-            g.validate(&format!("held_out[{i}].graph"))?;
-            t.validate(&format!("held_out[{i}].targets"))?;
-        }
+        validate_examples(data, "held_out")?;
         let mut scratch = Scratch::default();
         Ok(data
             .iter()
@@ -296,6 +290,15 @@ impl TrainedPredictor {
         }
         Ok(prediction)
     }
+}
+
+/// Checks every graph and target of labelled examples; errors name `label[i]`.
+fn validate_examples(data: &[(PlacementGraph, Targets)], label: &str) -> Result<()> {
+    for (i, (g, t)) in data.iter().enumerate() {
+        g.validate(&format!("{label}[{i}].graph"))?;
+        t.validate(&format!("{label}[{i}].targets"))?;
+    }
+    Ok(())
 }
 
 fn validate(batch: &[PlacementGraph]) -> Result<()> {

@@ -43,14 +43,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ndarray::{Array1, Array2};
-use serde::{Deserialize, Serialize};
 
 use crate::StepExample;
 use crate::baselines::solve_spd;
 use crate::examples::median;
 
 /// The fitted compute times and synchronisation lines.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SyncFit {
     /// Median single-GPU step time by (kind, GPU type), seconds.
     compute: BTreeMap<(String, String), f64>,
@@ -58,14 +57,14 @@ pub struct SyncFit {
     lines: BTreeMap<(String, String), FamilySync>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct FamilySync {
     within_node: Option<SyncLine>,
     across_nodes: Option<SyncLine>,
 }
 
 /// The unit a line's time is in.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum SyncUnit {
     /// `step = compute + sync`.
     Seconds,
@@ -74,7 +73,7 @@ pub enum SyncUnit {
 }
 
 /// `coef · [1, log2(K / 2)]` over its first `coef.len()` terms, in `unit`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 struct SyncLine {
     unit: SyncUnit,
     coef: Vec<f64>,
