@@ -578,9 +578,13 @@ struct TrainingCost {
 /// - normalised residuals `|ln y − μ| / (1.645·σ·m_f)` on the examples of shapes it never
 ///   saw (the fold's training-side examples plus validation examples of novel shapes).
 ///
-/// The residuals of all folds are pooled and their finite-sample conformal quantile,
-/// times the main network's seen multiplier, is the novel multiplier (with the
-/// small-sample rules of `marshal_model::calibration`).
+/// The pooled novel predictions first choose the weight of the network's residual on
+/// novel shapes (`marshal_model::choose_novel_weight`); the residuals, taken at that
+/// weight, are then pooled and their finite-sample conformal quantile, times the main
+/// network's seen multiplier, is the novel multiplier (with the small-sample rules of
+/// `marshal_model::calibration`). Every training side, the main run's and each
+/// auxiliary run's, gets its prior's constants from `prior` on that side alone; the
+/// returned context is the main run's.
 ///
 /// Why normalise by each fold's own seen multiplier rather than pool raw `|z|`: the σ
 /// scale differs from network to network (the seen multipliers of runs on the same data

@@ -37,9 +37,10 @@
 //! A second form takes over where a [`SyncFit`] has been fitted
 //! ([`ClusterContext::with_sync`]) and covers the example: the step is the kind's
 //! measured single-GPU compute time *plus* a fitted synchronisation time of this
-//! placement, growing with the gang and with the GPUs per node (see [`crate::SyncFit`]). It is for measured data, where the share
-//! form misses what spreading costs; the simulator's telemetry follows the share form
-//! exactly, and `marshal train predictor` keeps it there.
+//! placement, growing with log2 of the gang (see [`crate::SyncFit`]). It is for
+//! measured data, where the share form misses what spreading costs; the simulator's
+//! telemetry follows the share form exactly, and `marshal train predictor` keeps it
+//! there.
 
 use std::collections::BTreeMap;
 
@@ -299,7 +300,7 @@ impl ClusterContext {
     /// of its model family (a named estimate; 30 M for an unknown family).
     fn kind_and_params(&self, e: &StepExample) -> (Option<&WorkloadKind>, f64) {
         let kind = self.kinds.id(&e.model).and_then(|id| self.kinds.get(id));
-        let family = kind.map_or(e.model.as_str(), |k| k.family.as_str());
+        let family = self.family(e);
         let params = PARAMS
             .iter()
             .find(|(f, _)| *f == family)

@@ -11,8 +11,9 @@
 //!   batch size; each measurement is its own job;
 //! - **the prior's constants** (each model's communication share by per-GPU batch) are
 //!   refitted per fold from the training side's packed/spread pairs only
-//!   ([`fit_comm_catalog`]); the shares bundled in the workload catalog were fitted to
-//!   these same profiles and are not used;
+//!   ([`fit_comm_catalog`]), and so are the synchronisation lines of the prior's second
+//!   form ([`fit_measured_prior`]); the shares bundled in the workload catalog were
+//!   fitted to these same profiles and are not used;
 //! - **the history, baselines and network** see the training side only, as in every
 //!   other split.
 
@@ -214,14 +215,8 @@ impl MeasuredFold {
     /// side only (not validation, whose residuals calibrate the interval, nor the test),
     /// with an entry for every job type on any side.
     pub fn prior_catalog(&self, ctx: &ClusterContext) -> Result<WorkloadCatalog, TrainerError> {
-        let s = &self.split;
-        let kinds = s
-            .train
-            .iter()
-            .chain(&s.valid)
-            .chain(&s.test)
-            .map(|e| e.model.as_str());
-        fit_comm_catalog(ctx, &s.train, kinds)
+        let kinds = self.kinds();
+        fit_comm_catalog(ctx, &self.split.train, kinds.iter().map(String::as_str))
     }
 
     /// Every job type on any side of the fold, for [`fit_measured_prior`].
