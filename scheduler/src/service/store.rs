@@ -208,10 +208,8 @@ mod tests {
 
     #[test]
     fn a_committed_batch_survives_reopening_and_a_corrupt_job_stops_the_load() {
-        let dir = std::env::temp_dir().join(format!("marshal-store-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.redb");
-        let _ = std::fs::remove_file(&path);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
         {
             let store = Store::open(&path, true).unwrap();
             // Job 5 as written before records had a format byte (JSON), job 6 as now.
@@ -246,6 +244,6 @@ mod tests {
         let err = store.load().unwrap_err().to_string();
         assert!(err.contains("table jobs, key 9"), "{err}");
         drop(store);
-        std::fs::remove_dir_all(&dir).unwrap();
+        dir.close().unwrap();
     }
 }

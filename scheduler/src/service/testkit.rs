@@ -1,12 +1,11 @@
 //! A service core on a small cluster and a temporary database, for unit tests of the
 //! transitions.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::domain::{ClusterSpec, NodeId};
 use crate::service::config::ServiceConfig;
-use crate::service::core::{Core, Inner, now_us};
+use crate::service::core::{Core, Inner};
 use crate::service::metrics::Metrics;
 use crate::service::model::NoModel;
 use crate::service::pb;
@@ -40,19 +39,19 @@ pub fn node_info(i: usize) -> pb::NodeInfo {
 /// A restored core over [`TWO_NODES`]; the database directory goes with it.
 pub struct TestCore {
     pub core: Core,
-    dir: PathBuf,
+    // Held so the directory outlives the core's database; removed on drop. A name made
+    // of the process id and a clock reading once collided between two parallel tests.
+    _dir: tempfile::TempDir,
 }
 
 impl TestCore {
     pub fn new(config: ServiceConfig) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "marshal-service-test-{}-{}",
-            std::process::id(),
-            now_us()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("marshal-service-test-")
+            .tempdir()
+            .unwrap();
         let config = ServiceConfig {
-            db: dir.join("db.redb"),
+            db: dir.path().join("db.redb"),
             ..config
         };
         let spec = ClusterSpec::from_toml(TWO_NODES).unwrap();
@@ -65,13 +64,7 @@ impl TestCore {
             Arc::new(NoModel),
         )
         .unwrap();
-        TestCore { core, dir }
-    }
-}
-
-impl Drop for TestCore {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        TestCore { core, _dir: dir }
     }
 }
 
