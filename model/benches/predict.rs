@@ -1,12 +1,15 @@
 //! Inference latency: one `predict` call on 64 candidate placements of 8 GPUs each, with
-//! the serving path (`predict`, plain Rust) and the burn network (`predict_on_device`).
+//! the serving path (`predict`, plain Rust) and the burn network (`predict_on_device`),
+//! and the serving path with a linear residual stacked on novel shapes
+//! (`predict_64x8gpu_stacked`: every graph of the batch is of a shape never trained on, the
+//! most expensive case).
 //!
 //! `cargo bench -p marshal-model --bench predict`; the per-pair figures are printed at the end.
 
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use marshal_model::{PredictorConfig, fit, synthetic};
+use marshal_model::{DEFAULT_RIDGE, LinearResidual, PredictorConfig, fit, synthetic};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -25,6 +28,24 @@ fn bench(c: &mut Criterion) {
     let batch: Vec<_> = (0..BATCH)
         .map(|_| synthetic::graph(&mut rng, GPUS))
         .collect();
+    // Trained on graphs of other sizes than the batch's, so every candidate is novel.
+    let other_sizes: Vec<_> = data
+        .iter()
+        .filter(|(g, _)| g.gpus.len() != GPUS)
+        .cloned()
+        .collect();
+    let stacked = fit(&other_sizes[..64], &data[96..], &config, &mut |_| {})
+        .expect("fit")
+        .with_linear_residual(LinearResidual::fit(&other_sizes, DEFAULT_RIDGE).expect("ridge"))
+        .expect("linear residual")
+        .with_novel_weights(0.5, 0.5)
+        .expect("weights");
+    assert!(
+        batch
+            .iter()
+            .all(|g| stacked.calibration().is_novel(g.shape_class())),
+        "the stacked case needs novel shapes"
+    );
 
     c.bench_function("predict_64x8gpu", |b| {
         b.iter(|| {
@@ -41,18 +62,27 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    c.bench_function("predict_64x8gpu_stacked", |b| {
+        b.iter(|| {
+            stacked
+                .predict(std::hint::black_box(&batch))
+                .expect("predict")
+        })
+    });
+
     let reps = 200;
     for (name, path) in [
-        ("predict (plain Rust)", false),
-        ("predict_on_device (burn flex)", true),
+        ("predict (plain Rust)", 0),
+        ("predict_on_device (burn flex)", 1),
+        ("predict, linear residual stacked, all novel", 2),
     ] {
         let mut calls = Vec::with_capacity(reps);
         for _ in 0..reps {
             let start = Instant::now();
-            let out = if path {
-                predictor.predict_on_device(&batch)
-            } else {
-                predictor.predict(&batch)
+            let out = match path {
+                0 => predictor.predict(&batch),
+                1 => predictor.predict_on_device(&batch),
+                _ => stacked.predict(&batch),
             };
             std::hint::black_box(out.expect("predict"));
             calls.push(start.elapsed().as_secs_f64() * 1e6 / BATCH as f64);

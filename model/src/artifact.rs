@@ -7,6 +7,8 @@
 //! <dir>/meta.json            ArtifactMeta: schema version, feature layout, data hash,
 //!                            evaluation scores, training summary, interval
 //!                            calibration, weights checksum
+//! <dir>/linear_residual.json LinearResidual, when the predictor has one (optional:
+//!                            without it the calibration's linear weight must be 0)
 //! ```
 //!
 //! [`load`] trusts nothing: every file must exist and parse, the schema version and feature
@@ -35,6 +37,7 @@ use crate::features::{
 use crate::inference::TrainedPredictor;
 use crate::network::PredictorNetwork;
 use crate::normalize::Normalization;
+use crate::residual::LinearResidual;
 use crate::train::TrainingSummary;
 
 /// Version of the artifact layout written and read by this build. Bump it whenever the
@@ -49,6 +52,8 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const NORMALIZATION_FILE: &str = "normalization.json";
 /// Metadata file name.
 pub const META_FILE: &str = "meta.json";
+/// Linear residual file name (optional).
+pub const LINEAR_RESIDUAL_FILE: &str = "linear_residual.json";
 
 /// What the caller knows about a model that the model itself does not.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -154,6 +159,13 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
     let config = dir.join(CONFIG_FILE);
     predictor.config().save(&config).map_err(io_err(&config))?;
     write_json(&dir.join(NORMALIZATION_FILE), predictor.normalization())?;
+    let linear = dir.join(LINEAR_RESIDUAL_FILE);
+    match predictor.linear_residual() {
+        Some(l) => write_json(&linear, l)?,
+        // A directory reused for a new version must not keep the old one's residual.
+        None if linear.exists() => fs::remove_file(&linear).map_err(io_err(&linear))?,
+        None => {}
+    }
     write_json(&dir.join(META_FILE), &meta)?;
     Ok(meta)
 }
@@ -274,11 +286,12 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
         })?;
 
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
-    let config =
-        PredictorConfig::load_binary(&config_bytes).map_err(|e| ModelError::CorruptFile {
+    let config = PredictorConfig::from_artifact_json(&config_bytes).map_err(|e| {
+        ModelError::CorruptFile {
             path: config_path.clone(),
             reason: e.to_string(),
-        })?;
+        }
+    })?;
     config.validate().map_err(|e| ModelError::CorruptFile {
         path: config_path,
         reason: e.to_string(),
@@ -313,7 +326,7 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
             path: weights_path,
             reason: e.to_string(),
         })?;
-    let predictor = TrainedPredictor::from_parts(
+    let mut predictor = TrainedPredictor::from_parts(
         config,
         normalization,
         network,
@@ -321,5 +334,23 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
         meta.calibration.clone(),
         device,
     )?;
+    let linear_path = dir.join(LINEAR_RESIDUAL_FILE);
+    if linear_path.exists() {
+        let (path, bytes) = read(linear_path)?;
+        let linear: LinearResidual = parse_json(&path, &bytes)?;
+        predictor =
+            predictor
+                .with_linear_residual(linear)
+                .map_err(|e| ModelError::CorruptFile {
+                    path,
+                    reason: e.to_string(),
+                })?;
+    }
+    predictor
+        .check_linear()
+        .map_err(|e| ModelError::CorruptFile {
+            path: dir.join(META_FILE),
+            reason: e.to_string(),
+        })?;
     Ok(LoadedArtifact { predictor, meta })
 }

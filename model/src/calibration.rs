@@ -123,6 +123,11 @@ pub struct Calibration {
     /// ([`crate::choose_novel_weight`]).
     #[serde(default = "full_weight")]
     pub novel_residual_weight: f32,
+    /// Weight of the linear residual ([`crate::LinearResidual`]) added on a novel shape:
+    /// the mean there is `ln prior + w·(μ − ln prior) + v·r(g)`. 0 (the default, and
+    /// what older artifacts load as) leaves it out; above 0 the artifact must hold one.
+    #[serde(default)]
+    pub novel_linear_weight: f32,
 }
 
 fn full_weight() -> f32 {
@@ -145,15 +150,17 @@ impl Calibration {
             novel_rule: NovelRule::NoResiduals,
             novel_folds: 0,
             novel_residual_weight: 1.0,
+            novel_linear_weight: 0.0,
         }
     }
 
-    /// The weight of the network's residual for a graph of `shape` (1 on seen shapes).
-    pub fn residual_weight(&self, shape: ShapeClass) -> f32 {
+    /// The weights of the network's residual and of the linear residual for a graph of
+    /// `shape` (1 and 0 on seen shapes).
+    pub fn residual_weights(&self, shape: ShapeClass) -> (f32, f32) {
         if self.is_novel(shape) {
-            self.novel_residual_weight
+            (self.novel_residual_weight, self.novel_linear_weight)
         } else {
-            1.0
+            (1.0, 0.0)
         }
     }
 
@@ -233,12 +240,16 @@ impl Calibration {
                 ));
             }
         }
-        let w = self.novel_residual_weight;
-        if !(w.is_finite() && (0.0..=1.0).contains(&w)) {
-            return Err(ModelError::invalid(
-                "calibration.novel_residual_weight",
-                format!("must be in [0, 1], got {w}"),
-            ));
+        for (name, w) in [
+            ("novel_residual_weight", self.novel_residual_weight),
+            ("novel_linear_weight", self.novel_linear_weight),
+        ] {
+            if !(w.is_finite() && (0.0..=1.0).contains(&w)) {
+                return Err(ModelError::invalid(
+                    format!("calibration.{name}"),
+                    format!("must be in [0, 1], got {w}"),
+                ));
+            }
         }
         let n = self.novel_residuals;
         let consistent = match self.novel_rule {
@@ -280,56 +291,67 @@ pub struct HeldOutLogStep {
     pub mu: f32,
     pub sigma: f32,
     pub prior: f32,
+    /// The linear residual's prediction `r(g)` (0 when the network has none).
+    pub linear: f32,
     pub truth: f32,
     pub novel: bool,
 }
 
 impl HeldOutLogStep {
-    /// The mean with the network's residual weighted by `w`.
-    pub fn weighted_mu(&self, w: f32) -> f32 {
-        self.prior + w * (self.mu - self.prior)
+    /// The mean with the network's residual weighted by `w` and the linear residual by
+    /// `v`.
+    pub fn weighted_mu(&self, w: f32, v: f32) -> f32 {
+        self.prior + w * (self.mu - self.prior) + v * self.linear
     }
 }
 
-/// Candidate weights of [`choose_novel_weight`]: 0, 0.05, …, 1.
+/// Candidate weights of [`choose_novel_weights`]: 0, 0.05, …, 1 for each.
 const WEIGHT_STEPS: u16 = 20;
 
-/// The weight `w ∈ {0, 0.05, …, 1}` of the network's residual
-/// (`ln prior + w·(μ − ln prior)`) with the lowest mean absolute percentage error of the
-/// step time over `held_out`: predictions on shapes their networks never trained on. On
-/// a tie the larger weight wins; without a finite example, 1.
+/// The weights `(w, v)`, each in `{0, 0.05, …, 1}`, of the network's residual and of the
+/// linear residual (`ln prior + w·(μ − ln prior) + v·r(g)`) with the lowest mean absolute
+/// percentage error of the step time over `held_out`: predictions on shapes their
+/// networks never trained on. Ties go to the larger `w`, then the smaller `v`; without a
+/// finite example, `(1, 0)`. Pass examples whose `linear` is 0 to choose `w` alone.
 ///
-/// Why a weight and not the network or the prior outright: a network that learned its
+/// Why weights and not the network or the prior outright: a network that learned its
 /// residuals on trained shapes carries them to a novel shape only in part (on measured
-/// data it made its prior worse there, on average, while helping on some shapes), and
-/// how far to trust it is a question the held-out shapes of the training side can
-/// answer without touching the test.
-pub fn choose_novel_weight(held_out: &[HeldOutLogStep]) -> f32 {
-    let finite: Vec<&HeldOutLogStep> = held_out
+/// data it made its prior worse there, on average, while helping on some shapes), a
+/// linear residual extrapolates differently, and how far to trust each is a question the
+/// held-out shapes of the training side can answer without touching the test.
+pub fn choose_novel_weights(held_out: &[HeldOutLogStep]) -> (f32, f32) {
+    let finite: Vec<[f64; 4]> = held_out
         .iter()
-        .filter(|h| h.mu.is_finite() && h.prior.is_finite() && h.truth.is_finite())
+        .filter(|h| {
+            h.mu.is_finite() && h.prior.is_finite() && h.linear.is_finite() && h.truth.is_finite()
+        })
+        .map(|h| [h.mu, h.prior, h.linear, h.truth].map(f64::from))
         .collect();
     if finite.is_empty() {
-        return 1.0;
+        return (1.0, 0.0);
     }
-    let error = |w: f64| {
+    let error = |w: f64, v: f64| {
         finite
             .iter()
-            .map(|h| {
-                let (mu, prior) = (f64::from(h.mu), f64::from(h.prior));
-                ((prior + w * (mu - prior) - f64::from(h.truth)).exp() - 1.0).abs()
+            .map(|[mu, prior, linear, truth]| {
+                ((prior + w * (mu - prior) + v * linear - truth).exp() - 1.0).abs()
             })
             .sum::<f64>()
     };
-    let mut best = (f64::INFINITY, 1.0);
-    for step in (0..=WEIGHT_STEPS).rev() {
-        let w = f64::from(step) / f64::from(WEIGHT_STEPS);
-        let e = error(w);
-        if e < best.0 {
-            best = (e, w);
+    let uses_linear = finite.iter().any(|h| h[2] != 0.0);
+    let v_steps = if uses_linear { WEIGHT_STEPS } else { 0 };
+    let mut best = (f64::INFINITY, 1.0, 0.0);
+    for w_step in (0..=WEIGHT_STEPS).rev() {
+        let w = f64::from(w_step) / f64::from(WEIGHT_STEPS);
+        for v_step in 0..=v_steps {
+            let v = f64::from(v_step) / f64::from(WEIGHT_STEPS);
+            let e = error(w, v);
+            if e < best.0 {
+                best = (e, w, v);
+            }
         }
     }
-    best.1 as f32
+    (best.1 as f32, best.2 as f32)
 }
 
 /// `values` sorted, and the split-conformal rank `⌈(n + 1)·coverage⌉` (at least 1; it
@@ -537,50 +559,98 @@ mod tests {
             mu,
             sigma: 0.1,
             prior,
+            linear: 0.0,
             truth,
             novel: true,
         }
+    }
+
+    fn only_w(held_out: &[HeldOutLogStep]) -> f32 {
+        let (w, v) = choose_novel_weights(held_out);
+        assert_eq!(v, 0.0, "no linear residual, so no linear weight");
+        w
     }
 
     #[test]
     fn the_novel_weight_trusts_whichever_was_right_on_held_out_shapes() {
         // The prior exact, the network off by ±0.3: serve the prior.
         let prior_right = [held(1.3, 1.0, 1.0), held(1.7, 2.0, 2.0)];
-        assert_eq!(choose_novel_weight(&prior_right), 0.0);
+        assert_eq!(only_w(&prior_right), 0.0);
         // The network exact, the prior off: serve the network.
         let network_right = [held(1.0, 1.4, 1.0), held(2.0, 1.5, 2.0)];
-        assert_eq!(choose_novel_weight(&network_right), 1.0);
+        assert_eq!(only_w(&network_right), 1.0);
         // The truth 40 % of the way from the prior to the network on every example.
         let partway = [
             held(2.0, 1.0, 1.4),
             held(0.0, 1.0, 0.6),
             held(3.0, 2.0, 2.4),
         ];
-        assert!((choose_novel_weight(&partway) - 0.4).abs() < 1e-6);
+        assert!((only_w(&partway) - 0.4).abs() < 1e-6);
         // Nothing to judge by (or nothing finite): the network, as before the weight.
-        assert_eq!(choose_novel_weight(&[]), 1.0);
-        assert_eq!(choose_novel_weight(&[held(f32::NAN, 1.0, 1.0)]), 1.0);
+        assert_eq!(choose_novel_weights(&[]), (1.0, 0.0));
+        assert_eq!(
+            choose_novel_weights(&[held(f32::NAN, 1.0, 1.0)]),
+            (1.0, 0.0)
+        );
         let h = held(2.0, 1.0, 0.0);
-        assert_eq!((h.weighted_mu(0.0), h.weighted_mu(0.5)), (1.0, 1.5));
+        assert_eq!(
+            (h.weighted_mu(0.0, 0.0), h.weighted_mu(0.5, 0.0)),
+            (1.0, 1.5)
+        );
     }
 
     #[test]
-    fn the_novel_weight_applies_to_novel_shapes_only_and_loads_as_one_when_absent() {
+    fn the_linear_weight_stacks_a_second_residual_where_it_helps() {
+        let with_linear = |mu, prior, linear, truth| HeldOutLogStep {
+            linear,
+            ..held(mu, prior, truth)
+        };
+        // The truth is the prior plus half the network's residual plus half the linear
+        // one, on examples where the two residuals disagree.
+        let both_half = [
+            with_linear(1.4, 1.0, 0.0, 1.2),
+            with_linear(1.0, 1.0, 0.4, 1.2),
+            with_linear(2.2, 2.0, -0.2, 2.0),
+        ];
+        let (w, v) = choose_novel_weights(&both_half);
+        assert!((w - 0.5).abs() < 1e-6 && (v - 0.5).abs() < 1e-6, "{w} {v}");
+        // The linear residual exact, the network wrong: the linear alone.
+        let linear_right = [
+            with_linear(1.5, 1.0, 0.2, 1.2),
+            with_linear(0.4, 1.0, -0.3, 0.7),
+        ];
+        assert_eq!(choose_novel_weights(&linear_right), (0.0, 1.0));
+        let h = with_linear(2.0, 1.0, 0.4, 0.0);
+        assert!((h.weighted_mu(0.5, 0.5) - 1.7).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_novel_weights_apply_to_novel_shapes_only_and_load_as_before_when_absent() {
         let mut c = Calibration::uncalibrated([(1, 0), (4, 1)]);
         c.novel_residual_weight = 0.25;
+        c.novel_linear_weight = 0.5;
         c.validate().unwrap();
         assert_eq!(
-            (c.residual_weight((4, 1)), c.residual_weight((8, 3))),
-            (1.0, 0.25)
+            (c.residual_weights((4, 1)), c.residual_weights((8, 3))),
+            ((1.0, 0.0), (0.25, 0.5))
         );
         let mut v = serde_json::to_value(&c).unwrap();
         v.as_object_mut().unwrap().remove("novel_residual_weight");
+        v.as_object_mut().unwrap().remove("novel_linear_weight");
         let old: Calibration = serde_json::from_value(v).unwrap();
-        assert_eq!(old.novel_residual_weight, 1.0);
+        assert_eq!(
+            (old.novel_residual_weight, old.novel_linear_weight),
+            (1.0, 0.0)
+        );
         for bad in [-0.1, 1.5, f32::NAN] {
-            c.novel_residual_weight = bad;
-            let err = c.validate().unwrap_err().to_string();
+            let mut d = c.clone();
+            d.novel_residual_weight = bad;
+            let err = d.validate().unwrap_err().to_string();
             assert!(err.contains("novel_residual_weight"), "{err}");
+            let mut d = c.clone();
+            d.novel_linear_weight = bad;
+            let err = d.validate().unwrap_err().to_string();
+            assert!(err.contains("novel_linear_weight"), "{err}");
         }
     }
 

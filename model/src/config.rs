@@ -31,12 +31,32 @@ pub struct PredictorConfig {
     /// Stop after this many epochs without a better validation loss.
     #[config(default = 20)]
     pub patience: usize,
+    /// β of the β-NLL step-time loss (Seitzer et al., ICLR 2022): each example's Gaussian
+    /// NLL is weighted by its own predicted variance to the power β, held constant in the
+    /// gradient. 0 is the plain NLL, which lets the network explain a hard example by a
+    /// wide variance instead of fitting its mean; 1 gives the mean the gradient of a plain
+    /// squared error.
+    #[config(default = 0.5)]
+    pub nll_beta: f64,
     /// Seeds weight initialisation, shuffling and the backend RNG.
     #[config(default = 0)]
     pub seed: u64,
 }
 
 impl PredictorConfig {
+    /// Reads an artifact's `config.json`. A config written before `nll_beta` existed
+    /// was trained with the plain NLL, so the field reads as 0 there rather than as
+    /// today's default.
+    pub fn from_artifact_json(bytes: &[u8]) -> std::result::Result<Self, serde_json::Error> {
+        let mut value: serde_json::Value = serde_json::from_slice(bytes)?;
+        if let Some(fields) = value.as_object_mut() {
+            fields
+                .entry("nll_beta")
+                .or_insert(serde_json::Value::from(0.0));
+        }
+        serde_json::from_value(value)
+    }
+
     /// Rejects configurations that cannot train (zero sizes, non-positive learning rate...).
     pub fn validate(&self) -> Result<()> {
         let positive = [
@@ -62,6 +82,9 @@ impl PredictorConfig {
                 "must be finite and > 0",
             ));
         }
+        if !(self.nll_beta.is_finite() && (0.0..=1.0).contains(&self.nll_beta)) {
+            return Err(ModelError::invalid("config.nll_beta", "must lie in [0, 1]"));
+        }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return Err(ModelError::invalid(
                 "config.weight_decay",
@@ -69,5 +92,43 @@ impl PredictorConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_field_that_cannot_train() {
+        assert!(PredictorConfig::new().validate().is_ok());
+        for (config, field) in [
+            (PredictorConfig::new().with_hidden_size(0), "hidden_size"),
+            (
+                PredictorConfig::new().with_learning_rate(f64::NAN),
+                "learning_rate",
+            ),
+            (PredictorConfig::new().with_nll_beta(1.5), "nll_beta"),
+            (PredictorConfig::new().with_nll_beta(-0.1), "nll_beta"),
+            (PredictorConfig::new().with_nll_beta(f64::NAN), "nll_beta"),
+        ] {
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_artifact_config_without_beta_was_trained_with_the_plain_nll() {
+        let old = r#"{"hidden_size":32,"edge_hidden_size":16,"rounds":2,"learning_rate":0.003,
+            "weight_decay":0.0001,"batch_size":32,"max_epochs":200,"patience":20,"seed":0}"#;
+        let config = PredictorConfig::from_artifact_json(old.as_bytes()).unwrap();
+        assert_eq!(config.nll_beta, 0.0);
+        assert_eq!(config.max_epochs, 200);
+        let new = serde_json::to_vec(&PredictorConfig::new().with_nll_beta(0.25)).unwrap();
+        assert_eq!(
+            PredictorConfig::from_artifact_json(&new).unwrap(),
+            PredictorConfig::new().with_nll_beta(0.25)
+        );
+        assert!(PredictorConfig::from_artifact_json(b"{\"hidden_size\":").is_err());
     }
 }

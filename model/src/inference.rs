@@ -10,6 +10,7 @@ use crate::error::{ModelError, Result};
 use crate::features::{MEM_PHASES, PRIOR_JOB_SLOT, PlacementGraph, Targets};
 use crate::network::PredictorNetwork;
 use crate::normalize::Normalization;
+use crate::residual::LinearResidual;
 use crate::serving::{PlainNetwork, RawOutput, Scratch};
 use crate::train::{TrainingSummary, to_vec};
 
@@ -55,6 +56,8 @@ pub struct TrainedPredictor {
     plain: PlainNetwork,
     summary: TrainingSummary,
     calibration: Calibration,
+    /// Stacked with the network on novel shapes ([`Calibration::novel_linear_weight`]).
+    linear: Option<LinearResidual>,
     device: Device,
 }
 
@@ -77,6 +80,7 @@ impl TrainedPredictor {
             plain,
             summary,
             calibration,
+            linear: None,
             device,
         })
     }
@@ -117,7 +121,9 @@ impl TrainedPredictor {
 
     /// The network's uncalibrated mean and σ of `ln step time` at full residual weight,
     /// with the prior and the truth, for each example of `data`: what
-    /// [`crate::choose_novel_weight`] and the novel-shape calibration read.
+    /// The linear residual's prediction is included when the predictor holds one (0
+    /// otherwise). What [`crate::choose_novel_weights`] and the novel-shape calibration
+    /// read.
     pub fn held_out_log_steps(
         &self,
         data: &[(PlacementGraph, Targets)],
@@ -133,6 +139,7 @@ impl TrainedPredictor {
                     mu,
                     sigma,
                     prior: g.job.values[PRIOR_JOB_SLOT],
+                    linear: self.linear.as_ref().map_or(0.0, |l| l.predict(g)),
                     truth: t.step_time_s.ln(),
                     novel: self.calibration.is_novel(g.shape_class()),
                 }
@@ -140,12 +147,39 @@ impl TrainedPredictor {
             .collect())
     }
 
-    /// Sets the weight of the network's residual on novel shapes
-    /// ([`Calibration::novel_residual_weight`]); an error outside [0, 1].
-    pub fn with_novel_weight(mut self, weight: f32) -> Result<Self> {
-        self.calibration.novel_residual_weight = weight;
+    /// Sets the weights of the network's residual and of the linear residual on novel
+    /// shapes ([`Calibration::novel_residual_weight`], [`Calibration::novel_linear_weight`]);
+    /// an error outside [0, 1], or for a linear weight above 0 without a linear residual.
+    pub fn with_novel_weights(mut self, network: f32, linear: f32) -> Result<Self> {
+        self.calibration.novel_residual_weight = network;
+        self.calibration.novel_linear_weight = linear;
+        self.check_linear()?;
         self.calibration.validate()?;
         Ok(self)
+    }
+
+    /// Attaches a linear residual fitted on the same training side
+    /// ([`LinearResidual::fit`]); it takes part in predictions once
+    /// [`Self::with_novel_weights`] gives it a weight.
+    pub fn with_linear_residual(mut self, linear: LinearResidual) -> Result<Self> {
+        linear.validate()?;
+        self.linear = Some(linear);
+        Ok(self)
+    }
+
+    /// The linear residual, if any.
+    pub fn linear_residual(&self) -> Option<&LinearResidual> {
+        self.linear.as_ref()
+    }
+
+    pub(crate) fn check_linear(&self) -> Result<()> {
+        if self.calibration.novel_linear_weight > 0.0 && self.linear.is_none() {
+            return Err(ModelError::invalid(
+                "calibration.novel_linear_weight",
+                "above 0 but the predictor has no linear residual",
+            ));
+        }
+        Ok(())
     }
 
     /// Sets the multiplier for novel shapes from normalised novel residuals made
@@ -237,16 +271,20 @@ impl TrainedPredictor {
     }
 
     /// Mean and standard deviation of `ln(step time)` before the interval's calibration,
-    /// with the network's residual weighted for `g`'s shape
-    /// ([`Calibration::residual_weight`]).
+    /// with the network's residual and the linear one weighted for `g`'s shape
+    /// ([`Calibration::residual_weights`]).
     fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph) -> (f32, f32) {
         let (mu, sigma) = self.unweighted_log_normal(raw);
-        let w = self.calibration.residual_weight(g.shape_class());
-        if w == 1.0 {
+        let (w, v) = self.calibration.residual_weights(g.shape_class());
+        if w == 1.0 && v == 0.0 {
             return (mu, sigma);
         }
         let prior = g.job.values[PRIOR_JOB_SLOT];
-        (prior + w * (mu - prior), sigma)
+        let linear = match &self.linear {
+            Some(l) if v != 0.0 => v * l.predict(g),
+            _ => 0.0,
+        };
+        (prior + w * (mu - prior) + linear, sigma)
     }
 
     fn unweighted_log_normal(&self, raw: &RawOutput) -> (f32, f32) {

@@ -60,12 +60,13 @@ mod inference;
 pub mod network;
 mod normalize;
 pub mod policy;
+mod residual;
 mod serving;
 pub mod synthetic;
 pub mod train;
 
 pub use artifact::{ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ArtifactMeta, LoadedArtifact};
-pub use calibration::{Calibration, HeldOutLogStep, NovelRule, choose_novel_weight};
+pub use calibration::{Calibration, HeldOutLogStep, NovelRule, choose_novel_weights};
 pub use config::PredictorConfig;
 pub use error::{ModelError, Result};
 pub use features::{
@@ -75,4 +76,5 @@ pub use features::{
 };
 pub use inference::{Prediction, TrainedPredictor};
 pub use normalize::{Normalization, Standardizer};
+pub use residual::{DEFAULT_RIDGE, LinearResidual, SUMMARY_FEATURES, solve_spd};
 pub use train::{EpochReport, TrainingSummary, fit, fit_on};

@@ -26,7 +26,7 @@ pub struct Standardizer {
 impl Standardizer {
     /// Fits on rows of `width` values; NaNs are skipped (a feature never seen gets mean 0,
     /// std 1).
-    fn fit<'a>(width: usize, rows: impl Iterator<Item = &'a [f32]>) -> Self {
+    pub(crate) fn fit<'a>(width: usize, rows: impl Iterator<Item = &'a [f32]>) -> Self {
         let mut n = vec![0u64; width];
         let mut sum = vec![0f64; width];
         let mut sum_sq = vec![0f64; width];
@@ -89,7 +89,7 @@ impl Standardizer {
         value * self.std[i] + self.mean[i]
     }
 
-    fn check(&self, name: &str, width: usize) -> Result<()> {
+    pub(crate) fn check(&self, name: &str, width: usize) -> Result<()> {
         if [&self.mean, &self.std, &self.min, &self.max]
             .iter()
             .any(|v| v.len() != width)

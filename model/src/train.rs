@@ -111,7 +111,7 @@ pub fn fit_on(
             let targets: Vec<&Targets> = chunk.iter().map(|&i| &train[i].1).collect();
             let inputs = GraphBatch::new(&graphs, &norm, &train_device);
             let target = TargetBatch::new(&targets, &norm, &train_device);
-            let loss = loss(&net.forward(&inputs), &target);
+            let loss = loss(&net.forward(&inputs), &target, config.nll_beta);
             let value = scalar(&loss)?;
             if !value.is_finite() {
                 return Err(ModelError::Training(format!(
@@ -215,7 +215,9 @@ fn evaluate(
     for batch in batches {
         let out = net.forward(&batch.inputs);
         let len = batch.step_time_s.len();
-        loss_sum += scalar(&loss(&out, &batch.targets))? * len as f64;
+        // Early stopping reads the plain NLL: the β weights are a training device, and a
+        // β-weighted validation loss falls by shrinking σ rather than by fitting better.
+        loss_sum += scalar(&loss(&out, &batch.targets, 0.0))? * len as f64;
         let means = to_vec(out.step_mean)?;
         for (mu, y) in means.iter().zip(&batch.step_time_s) {
             let pred = norm.log_step_time.invert(0, *mu).exp();
@@ -227,12 +229,18 @@ fn evaluate(
     Ok((loss_sum / n, 100.0 * ape_sum / n))
 }
 
-/// Gaussian NLL of standardised ln step time + masked MSE of memory and utilisation.
-pub(crate) fn loss(out: &NetworkOutput, t: &TargetBatch) -> Tensor<1> {
+/// β-NLL of standardised ln step time (see [`PredictorConfig::nll_beta`]) + masked MSE of
+/// memory and utilisation.
+pub(crate) fn loss(out: &NetworkOutput, t: &TargetBatch, nll_beta: f64) -> Tensor<1> {
     let sq_err = (t.log_step.clone() - out.step_mean.clone()).square();
-    let nll = (out.step_log_var.clone() + sq_err * out.step_log_var.clone().neg().exp())
-        .mul_scalar(0.5)
-        .mean();
+    let per_example =
+        (out.step_log_var.clone() + sq_err * out.step_log_var.clone().neg().exp()).mul_scalar(0.5);
+    let nll = if nll_beta == 0.0 {
+        per_example.mean()
+    } else {
+        let weight = out.step_log_var.clone().detach().mul_scalar(nll_beta).exp();
+        (per_example * weight).mean()
+    };
     let mem = ((out.peak_mem.clone() - t.peak_mem.clone()).square() * t.peak_mem_mask.clone())
         .sum()
         .div_scalar(t.peak_mem_count);
@@ -254,4 +262,51 @@ pub(crate) fn to_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
         .map_err(|e| ModelError::Backend(format!("{e:?}")))?
         .try_into_vec::<f32>()
         .map_err(|e| ModelError::Backend(format!("{e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::TensorData;
+
+    use super::*;
+    use crate::features::MEM_PHASES;
+
+    fn column(values: &[f32], device: &Device) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(values.to_vec(), [values.len(), 1]), device)
+    }
+
+    /// Two examples with the same error but different predicted variances; memory and
+    /// utilisation unknown, so the loss is the step-time term alone.
+    fn loss_of(nll_beta: f64) -> f64 {
+        let device = Device::flex();
+        let log_var = [0.0f32, 2.0];
+        let out = NetworkOutput {
+            step_mean: column(&[1.0, 1.0], &device),
+            step_log_var: column(&log_var, &device),
+            peak_mem: Tensor::zeros([2, MEM_PHASES], &device),
+            util: column(&[0.0, 0.0], &device),
+        };
+        let targets = TargetBatch {
+            log_step: column(&[0.0, 0.0], &device),
+            peak_mem: Tensor::zeros([2, MEM_PHASES], &device),
+            peak_mem_mask: Tensor::zeros([2, MEM_PHASES], &device),
+            peak_mem_count: 1.0,
+            util: column(&[0.0, 0.0], &device),
+            util_mask: column(&[0.0, 0.0], &device),
+            util_count: 1.0,
+        };
+        scalar(&loss(&out, &targets, nll_beta)).unwrap()
+    }
+
+    #[test]
+    fn beta_weights_each_examples_nll_by_its_variance_to_the_power_beta() {
+        // NLL per example: ½(log σ² + err²/σ²) with err = 1.
+        let nll = |log_var: f64| 0.5 * (log_var + (-log_var).exp());
+        let plain = (nll(0.0) + nll(2.0)) / 2.0;
+        assert!((loss_of(0.0) - plain).abs() < 1e-5, "{}", loss_of(0.0));
+        let weighted = (nll(0.0) + 2f64.exp() * nll(2.0)) / 2.0;
+        assert!((loss_of(1.0) - weighted).abs() < 1e-4, "{}", loss_of(1.0));
+        let half = (nll(0.0) + 1f64.exp() * nll(2.0)) / 2.0;
+        assert!((loss_of(0.5) - half).abs() < 1e-4, "{}", loss_of(0.5));
+    }
 }

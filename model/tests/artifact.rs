@@ -3,10 +3,10 @@
 use std::fs;
 use std::path::Path;
 
-use marshal_model::artifact::{self, META_FILE, WEIGHTS_FILE};
+use marshal_model::artifact::{self, LINEAR_RESIDUAL_FILE, META_FILE, WEIGHTS_FILE};
 use marshal_model::{
-    ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ModelError, PlacementGraph, PredictorConfig,
-    TrainedPredictor, fit, synthetic,
+    ARTIFACT_SCHEMA_VERSION, ArtifactInfo, DEFAULT_RIDGE, LinearResidual, ModelError,
+    PlacementGraph, PredictorConfig, TrainedPredictor, fit, synthetic,
 };
 
 fn trained() -> (TrainedPredictor, Vec<PlacementGraph>) {
@@ -237,4 +237,75 @@ fn normalization_without_training_ranges_is_rejected() {
         }
         other => panic!("expected a corrupt normalization.json, got {other:?}"),
     }
+}
+
+/// A predictor with a linear residual and both novel weights, saved and damaged.
+fn saved_stacked() -> (tempfile::TempDir, TrainedPredictor, Vec<PlacementGraph>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (predictor, graphs) = trained();
+    let data = synthetic::dataset(48, 9, 0.05);
+    let linear = LinearResidual::fit(&data[..32], DEFAULT_RIDGE).unwrap();
+    let predictor = predictor
+        .with_linear_residual(linear)
+        .unwrap()
+        .with_novel_weights(0.4, 0.6)
+        .unwrap();
+    artifact::save(dir.path(), &predictor, &info()).unwrap();
+    (dir, predictor, graphs)
+}
+
+#[test]
+fn a_linear_residual_round_trips_and_its_absence_or_damage_is_named() {
+    let (dir, predictor, graphs) = saved_stacked();
+    let loaded = artifact::load(dir.path()).unwrap();
+    assert_eq!(
+        loaded.predictor.linear_residual(),
+        predictor.linear_residual()
+    );
+    assert_eq!(loaded.predictor.calibration().novel_linear_weight, 0.6);
+    assert_eq!(
+        loaded.predictor.predict(&graphs).unwrap(),
+        predictor.predict(&graphs).unwrap()
+    );
+
+    // Damaged: refused, naming the file.
+    let file = dir.path().join(LINEAR_RESIDUAL_FILE);
+    fs::write(&file, b"{\"weights\": [1.0").unwrap();
+    match artifact::load(dir.path()) {
+        Err(ModelError::CorruptFile { path, .. }) => assert!(path.ends_with(LINEAR_RESIDUAL_FILE)),
+        other => panic!("expected a corrupt linear residual, got {other:?}"),
+    }
+    let mut short: serde_json::Value =
+        serde_json::to_value(predictor.linear_residual().unwrap()).unwrap();
+    short["weights"].as_array_mut().unwrap().pop();
+    fs::write(&file, serde_json::to_vec(&short).unwrap()).unwrap();
+    match artifact::load(dir.path()) {
+        Err(ModelError::CorruptFile { path, reason }) => {
+            assert!(path.ends_with(LINEAR_RESIDUAL_FILE));
+            assert!(reason.contains("weights"), "{reason}");
+        }
+        other => panic!("expected a short linear residual refused, got {other:?}"),
+    }
+
+    // Missing while meta.json gives it a weight: refused, naming the weight.
+    fs::remove_file(&file).unwrap();
+    match artifact::load(dir.path()) {
+        Err(ModelError::CorruptFile { path, reason }) => {
+            assert!(path.ends_with(META_FILE));
+            assert!(reason.contains("novel_linear_weight"), "{reason}");
+        }
+        other => panic!("expected a missing linear residual refused, got {other:?}"),
+    }
+
+    // A predictor without one, saved over the directory, leaves no stale file behind.
+    let (dir, _, _) = saved_stacked();
+    let (plain, graphs) = trained();
+    artifact::save(dir.path(), &plain, &info()).unwrap();
+    assert!(!dir.path().join(LINEAR_RESIDUAL_FILE).exists());
+    let loaded = artifact::load(dir.path()).unwrap();
+    assert!(loaded.predictor.linear_residual().is_none());
+    assert_eq!(
+        loaded.predictor.predict(&graphs).unwrap(),
+        plain.predict(&graphs).unwrap()
+    );
 }

@@ -1,8 +1,8 @@
 //! Training: determinism, learning a known function, input errors.
 
 use marshal_model::{
-    EpochReport, GpuNodeFeatures, ModelError, PRIOR_JOB_SLOT, PlacementGraph, PredictorConfig,
-    Targets, TrainedPredictor, fit, synthetic,
+    DEFAULT_RIDGE, EpochReport, GpuNodeFeatures, LinearResidual, ModelError, PRIOR_JOB_SLOT,
+    PlacementGraph, PredictorConfig, Targets, TrainedPredictor, fit, synthetic,
 };
 
 fn small_config() -> PredictorConfig {
@@ -323,10 +323,11 @@ fn calibration_makes_the_interval_hold_ninety_percent() {
 }
 
 /// On a shape never trained on, the residual weight moves the prediction from the
-/// network's (weight 1) to the prior alone (weight 0), on both inference paths; seen
-/// shapes keep the network's prediction whatever the weight.
+/// network's (weight 1) to the prior alone (weight 0), and the linear weight adds the
+/// linear residual, on both inference paths; seen shapes keep the network's prediction
+/// whatever the weights.
 #[test]
-fn the_novel_residual_weight_blends_towards_the_prior_on_novel_shapes_only() {
+fn the_novel_weights_blend_the_network_the_prior_and_the_linear_residual_on_novel_shapes_only() {
     let data = synthetic::dataset(60, 9, 0.05);
     let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
     let c = predictor.calibration().clone();
@@ -346,7 +347,7 @@ fn the_novel_residual_weight_blends_towards_the_prior_on_novel_shapes_only() {
         .collect();
     assert!(c.is_novel(novel.shape_class()), "{:?}", novel.shape_class());
     let full = predictor.predict(&[seen.clone(), novel.clone()]).unwrap();
-    let prior_only = predictor.clone().with_novel_weight(0.0).unwrap();
+    let prior_only = predictor.clone().with_novel_weights(0.0, 0.0).unwrap();
     for p in [
         prior_only.predict(&[seen.clone(), novel.clone()]).unwrap(),
         prior_only
@@ -356,11 +357,38 @@ fn the_novel_residual_weight_blends_towards_the_prior_on_novel_shapes_only() {
         assert_close(p[0].step_time_s, full[0].step_time_s);
         assert_close(p[1].step_time_s, novel.job.values[PRIOR_JOB_SLOT].exp());
     }
-    let half = predictor.clone().with_novel_weight(0.5).unwrap();
+    let half = predictor.clone().with_novel_weights(0.5, 0.0).unwrap();
     let p = half.predict(&[novel.clone()]).unwrap();
     let expected = (0.5 * (full[1].step_time_s.ln() + novel.job.values[PRIOR_JOB_SLOT])).exp();
     assert_close(p[0].step_time_s, expected);
-    assert!(predictor.clone().with_novel_weight(1.5).is_err());
+    assert!(predictor.clone().with_novel_weights(1.5, 0.0).is_err());
+    // A linear weight needs a linear residual; with one, it adds v·r(g) on novel shapes.
+    assert!(predictor.clone().with_novel_weights(0.5, 0.5).is_err());
+    let linear = LinearResidual::fit(&data[..40], DEFAULT_RIDGE).unwrap();
+    let r = linear.predict(&novel);
+    assert!(r.is_finite() && r != 0.0, "{r}");
+    let stacked = predictor
+        .clone()
+        .with_linear_residual(linear)
+        .unwrap()
+        .with_novel_weights(0.5, 0.5)
+        .unwrap();
+    for p in [
+        stacked.predict(&[seen.clone(), novel.clone()]).unwrap(),
+        stacked
+            .predict_on_device(&[seen.clone(), novel.clone()])
+            .unwrap(),
+    ] {
+        assert_close(p[0].step_time_s, full[0].step_time_s);
+        assert_close(p[1].step_time_s, expected * (0.5 * r).exp());
+    }
+    assert_eq!(
+        stacked.held_out_log_steps(&data[40..41]).unwrap()[0].linear,
+        {
+            let l = stacked.linear_residual().unwrap();
+            l.predict(&data[40].0)
+        }
+    );
     // What the weight is chosen from: the unweighted mean, the prior and the truth.
     let held = predictor.held_out_log_steps(&data[40..]).unwrap();
     assert_eq!(held.len(), 20);

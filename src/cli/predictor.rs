@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use marshal_model::{ArtifactInfo, PredictorConfig, Targets};
+use marshal_model::{ArtifactInfo, DEFAULT_RIDGE, LinearResidual, PredictorConfig, Targets};
 use marshal_trainer::{
     ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, MeasuredFold, MeasuredStep,
     PriorForm, Split, StepExample, StepHistory, fit_measured_prior, leave_one_class_out,
@@ -31,6 +31,9 @@ pub struct PredictorEvalArgs {
     /// Epoch cap of each fold's training (with --measured).
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,
+    /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
+    #[arg(long, default_value_t = 0.5)]
+    nll_beta: f64,
     /// The prior's form with --measured: `sync` adds a fitted synchronisation time
     /// (growing with log2 of the gang, per locality) to the kind's single-GPU time;
     /// `share` keeps only the communication share over the bottleneck link, as on
@@ -126,6 +129,9 @@ pub struct TrainPredictorArgs {
     seed: u64,
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,
+    /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
+    #[arg(long, default_value_t = 0.5)]
+    nll_beta: f64,
 }
 
 /// One way of holding examples out, named for reports and artifact scores.
@@ -216,7 +222,12 @@ fn usable(s: &NamedSplit) -> bool {
 
 pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
     if let Some(set) = a.measured {
-        return eval_measured(set, a.folds, a.seed, a.max_epochs, a.prior_form.into());
+        let config = PredictorConfig::new()
+            .with_seed(a.seed)
+            .with_max_epochs(a.max_epochs)
+            .with_nll_beta(a.nll_beta);
+        config.validate()?;
+        return eval_measured(set, a.folds, &config, a.prior_form.into());
     }
     let examples = load(&a.telemetry)?;
     let splits = splits(&examples, a.seed);
@@ -425,10 +436,10 @@ fn measured_report(
 fn eval_measured(
     set: MeasuredSet,
     which: MeasuredFolds,
-    seed: u64,
-    max_epochs: usize,
+    config: &PredictorConfig,
     form: PriorForm,
 ) -> anyhow::Result<()> {
+    let seed = config.seed;
     let (examples, cluster) = measured_set(set)?;
     let base = context(cluster)?;
     let mut folds = Vec::new();
@@ -449,10 +460,7 @@ fn eval_measured(
             "scalability runs",
         ));
     }
-    let config = PredictorConfig::new()
-        .with_seed(seed)
-        .with_max_epochs(max_epochs);
-    let rows = measured_report(&base, &folds, &config, form)?;
+    let rows = measured_report(&base, &folds, config, form)?;
     println!(
         "| held out | train / test | learned MAPE | 90 % interval holds | prior alone | prior + linear | lookup | linear | learned vs best baseline |"
     );
@@ -612,7 +620,8 @@ fn train_calibrated(
         &mut |r| cost.epochs = r.epoch,
     )?;
     let valid = graphs(ctx, &history, &split.valid);
-    let predictor = predictor.calibrate(&valid)?;
+    let linear = LinearResidual::fit(&graphs(ctx, &history, &split.train), DEFAULT_RIDGE)?;
+    let predictor = predictor.calibrate(&valid)?.with_linear_residual(linear)?;
 
     let started = std::time::Instant::now();
     // Only each network's miss on novel shapes relative to trained ones is used, so
@@ -631,7 +640,9 @@ fn train_calibrated(
         let fold_started = std::time::Instant::now();
         let ctx = &prior.context(&inner.train)?;
         let inner_history = StepHistory::fit(&inner.train, speed(ctx));
-        let train = rebalanced(graphs(ctx, &inner_history, &inner.train));
+        let unweighted = graphs(ctx, &inner_history, &inner.train);
+        let linear = LinearResidual::fit(&unweighted, DEFAULT_RIDGE)?;
+        let train = rebalanced(unweighted);
         let trained: std::collections::BTreeSet<_> =
             train.iter().map(|(g, _)| g.shape_class()).collect();
         let (seen_valid, novel_valid): (Vec<_>, Vec<_>) = graphs(ctx, &inner_history, &split.valid)
@@ -644,7 +655,8 @@ fn train_calibrated(
         let aux = marshal_model::train::fit(&train, &seen_valid, &aux_config, &mut |r| {
             aux_epochs = r.epoch
         })?
-        .calibrate(&seen_valid)?;
+        .calibrate(&seen_valid)?
+        .with_linear_residual(linear)?;
         let half_width = marshal_model::calibration::Z95 * aux.calibration().seen_multiplier;
         let novel: Vec<_> = graphs(ctx, &inner_history, &inner.test)
             .into_iter()
@@ -674,14 +686,14 @@ fn train_calibrated(
     // network's full residual).
     let predictor = if used > 0 {
         let held_out: Vec<_> = pooled.iter().map(|(h, _)| *h).collect();
-        let weight = marshal_model::choose_novel_weight(&held_out);
+        let (w, v) = marshal_model::choose_novel_weights(&held_out);
         let ratios: Vec<f32> = pooled
             .iter()
-            .map(|(h, half_width)| (h.truth - h.weighted_mu(weight)).abs() / (h.sigma * half_width))
+            .map(|(h, half_width)| (h.truth - h.weighted_mu(w, v)).abs() / (h.sigma * half_width))
             .filter(|r| r.is_finite())
             .collect();
         predictor
-            .with_novel_weight(weight)?
+            .with_novel_weights(w, v)?
             .with_novel_ratios(&ratios, used)?
     } else {
         predictor
@@ -693,13 +705,14 @@ fn train_calibrated(
 /// The novel multiplier, its residuals, folds and rule, for reports.
 fn novel_summary(c: &marshal_model::Calibration) -> String {
     format!(
-        "× {:.2} novel ({} residuals from {} fold{}; {}), residual weight {:.2} on novel shapes",
+        "× {:.2} novel ({} residuals from {} fold{}; {}), weights on novel shapes: network {:.2}, linear {:.2}",
         c.novel_multiplier,
         c.novel_residuals,
         c.novel_folds,
         if c.novel_folds == 1 { "" } else { "s" },
         c.novel_rule.label(),
-        c.novel_residual_weight
+        c.novel_residual_weight,
+        c.novel_linear_weight
     )
 }
 
@@ -835,7 +848,9 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
     let ctx = context(&a.cluster)?;
     let config = PredictorConfig::new()
         .with_seed(a.seed)
-        .with_max_epochs(a.max_epochs);
+        .with_max_epochs(a.max_epochs)
+        .with_nll_beta(a.nll_beta);
+    config.validate()?;
     let mut scores = std::collections::BTreeMap::new();
     let mut saved = None;
     for s in splits(&examples, a.seed) {

@@ -151,44 +151,10 @@ impl LinearBaseline {
     }
 }
 
-/// Solves `a x = b` for a symmetric positive-definite `a` by Cholesky decomposition.
-pub(crate) fn solve_spd(mut a: Array2<f64>, b: Array1<f64>) -> Option<Array1<f64>> {
-    let n = b.len();
-    for j in 0..n {
-        let mut d = a[[j, j]];
-        for k in 0..j {
-            d -= a[[j, k]] * a[[j, k]];
-        }
-        if d.is_nan() || d <= 0.0 {
-            return None;
-        }
-        let d = d.sqrt();
-        a[[j, j]] = d;
-        for i in j + 1..n {
-            let mut s = a[[i, j]];
-            for k in 0..j {
-                s -= a[[i, k]] * a[[j, k]];
-            }
-            a[[i, j]] = s / d;
-        }
-    }
-    // L y = b, then Lᵀ x = y.
-    let mut y = b;
-    for i in 0..n {
-        let mut s = y[i];
-        for k in 0..i {
-            s -= a[[i, k]] * y[k];
-        }
-        y[i] = s / a[[i, i]];
-    }
-    for i in (0..n).rev() {
-        let mut s = y[i];
-        for k in i + 1..n {
-            s -= a[[k, i]] * y[k];
-        }
-        y[i] = s / a[[i, i]];
-    }
-    Some(y)
+/// Solves `a x = b` for a symmetric positive-definite `a` ([`marshal_model::solve_spd`]).
+pub(crate) fn solve_spd(a: Array2<f64>, b: Array1<f64>) -> Option<Array1<f64>> {
+    let row_major: Vec<f64> = a.iter().copied().collect();
+    marshal_model::solve_spd(row_major, b.to_vec()).map(Array1::from)
 }
 
 #[cfg(test)]
