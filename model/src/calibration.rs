@@ -120,7 +120,7 @@ pub struct Calibration {
     /// mean of `ln step time` there is `ln prior + w·(μ − ln prior)`, so 0 serves the
     /// prior alone and 1 (the default, and what older artifacts load as) the network.
     /// Chosen from networks trained with shape classes held out
-    /// ([`crate::choose_novel_weight`]).
+    /// ([`crate::choose_novel_weights`]).
     #[serde(default = "full_weight")]
     pub novel_residual_weight: f32,
     /// Weight of the linear residual ([`crate::LinearResidual`]) added on a novel shape:

@@ -226,7 +226,7 @@ impl TrainedPredictor {
     }
 
     /// Predicts every graph of `batch` (graphs of different sizes may be mixed), on the
-    /// CPU with the plain-Rust forward pass ([`crate::serving`]). Any invalid graph fails
+    /// CPU with the plain-Rust forward pass (the private module `serving`). Any invalid graph fails
     /// the whole call with an error naming it (`graph[i]...`); nothing panics on bad input.
     pub fn predict(&self, batch: &[PlacementGraph]) -> Result<Vec<Prediction>> {
         validate(batch)?;

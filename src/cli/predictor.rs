@@ -586,9 +586,11 @@ struct TrainingCost {
 /// - normalised residuals `|ln y − μ| / (1.645·σ·m_f)` on the examples of shapes it never
 ///   saw (the fold's training-side examples plus validation examples of novel shapes).
 ///
-/// The pooled novel predictions first choose the weight of the network's residual on
-/// novel shapes (`marshal_model::choose_novel_weight`); the residuals, taken at that
-/// weight, are then pooled and their finite-sample conformal quantile, times the main
+/// Each training side, the main run's and each auxiliary run's, also gets its own ridge
+/// residual (`marshal_model::LinearResidual`, unweighted examples). The pooled novel
+/// predictions first choose the weights of the network's residual and of the ridge
+/// residual on novel shapes (`marshal_model::choose_novel_weights`); the residuals, taken
+/// at those weights, are then pooled and their finite-sample conformal quantile, times the main
 /// network's seen multiplier, is the novel multiplier (with the small-sample rules of
 /// `marshal_model::calibration`). Every training side, the main run's and each
 /// auxiliary run's, gets its prior's constants from `prior` on that side alone; the
