@@ -59,6 +59,9 @@ impl LinearResidual {
         if !(ridge.is_finite() && ridge > 0.0) {
             return Err(ModelError::invalid("ridge", "must be finite and > 0"));
         }
+        for (i, (g, _)) in train.iter().enumerate() {
+            g.validate(&format!("train[{i}].graph"))?;
+        }
         let rows: Vec<[f32; SUMMARY_FEATURES]> = train.iter().map(|(g, _)| summary(g)).collect();
         let features = Standardizer::fit(SUMMARY_FEATURES, rows.iter().map(|r| &r[..]));
         let targets: Vec<f64> = train
@@ -362,6 +365,12 @@ mod tests {
         let one = [labelled(placement(1, 2), 0.1)];
         assert!(LinearResidual::fit(&one, 0.0).is_err());
         assert!(LinearResidual::fit(&one, f64::NAN).is_err());
+        let mut nan_feature = one.clone();
+        nan_feature[0].0.gpus[0].values[2] = f32::NAN;
+        let err = LinearResidual::fit(&nan_feature, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("train[0].graph"), "{err}");
         let mut bad_target = one.clone();
         bad_target[0].1.step_time_s = 0.0;
         let err = LinearResidual::fit(&bad_target, 1.0)
