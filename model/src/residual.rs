@@ -144,7 +144,7 @@ fn standardised(features: &Standardizer, row: &[f32; SUMMARY_FEATURES]) -> [f64;
 /// then the slowest link's `log2` bandwidth, the widest topology level, `log2` of the
 /// nodes (groups of GPUs joined by NVLink or PCIe), `log2` of the GPUs per node, and the
 /// job's communication ratio times the share of links that cross nodes.
-pub fn summary(g: &PlacementGraph) -> [f32; SUMMARY_FEATURES] {
+fn summary(g: &PlacementGraph) -> [f32; SUMMARY_FEATURES] {
     let mut x = [0.0f32; SUMMARY_FEATURES];
     let mut at = 0;
     for (i, v) in g.job.values.iter().enumerate() {

@@ -322,6 +322,17 @@ fn calibration_makes_the_interval_hold_ninety_percent() {
     assert!(c.seen_multiplier > 1.0, "{c:?}");
 }
 
+/// The plain-Rust and the burn inference paths' predictions of `graphs`.
+fn both_paths(
+    predictor: &TrainedPredictor,
+    graphs: &[PlacementGraph],
+) -> [Vec<marshal_model::Prediction>; 2] {
+    [
+        predictor.predict(graphs).unwrap(),
+        predictor.predict_on_device(graphs).unwrap(),
+    ]
+}
+
 /// On a shape never trained on, the residual weight moves the prediction from the
 /// network's (weight 1) to the prior alone (weight 0), and the linear weight adds the
 /// linear residual, on both inference paths; seen shapes keep the network's prediction
@@ -348,12 +359,8 @@ fn the_novel_weights_blend_the_network_the_prior_and_the_linear_residual_on_nove
     assert!(c.is_novel(novel.shape_class()), "{:?}", novel.shape_class());
     let full = predictor.predict(&[seen.clone(), novel.clone()]).unwrap();
     let prior_only = predictor.clone().with_novel_weights(0.0, 0.0).unwrap();
-    for p in [
-        prior_only.predict(&[seen.clone(), novel.clone()]).unwrap(),
-        prior_only
-            .predict_on_device(&[seen.clone(), novel.clone()])
-            .unwrap(),
-    ] {
+    let pair = [seen.clone(), novel.clone()];
+    for p in both_paths(&prior_only, &pair) {
         assert_close(p[0].step_time_s, full[0].step_time_s);
         assert_close(p[1].step_time_s, novel.job.values[PRIOR_JOB_SLOT].exp());
     }
@@ -373,21 +380,14 @@ fn the_novel_weights_blend_the_network_the_prior_and_the_linear_residual_on_nove
         .unwrap()
         .with_novel_weights(0.5, 0.5)
         .unwrap();
-    for p in [
-        stacked.predict(&[seen.clone(), novel.clone()]).unwrap(),
-        stacked
-            .predict_on_device(&[seen.clone(), novel.clone()])
-            .unwrap(),
-    ] {
+    for p in both_paths(&stacked, &pair) {
         assert_close(p[0].step_time_s, full[0].step_time_s);
         assert_close(p[1].step_time_s, expected * (0.5 * r).exp());
     }
+    let r40 = stacked.linear_residual().unwrap().predict(&data[40].0);
     assert_eq!(
         stacked.held_out_log_steps(&data[40..41]).unwrap()[0].linear,
-        {
-            let l = stacked.linear_residual().unwrap();
-            l.predict(&data[40].0)
-        }
+        r40
     );
     // What the weight is chosen from: the unweighted mean, the prior and the truth.
     let held = predictor.held_out_log_steps(&data[40..]).unwrap();
