@@ -31,7 +31,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
-use crate::features::ShapeClass;
+use crate::extrapolation::Extrapolation;
+use crate::features::{PlacementGraph, ShapeClass};
 
 /// Standard-normal quantile of 0.95 (so ±Z spans the 5 %–95 % interval).
 pub const Z95: f32 = 1.644_853_6;
@@ -128,6 +129,10 @@ pub struct Calibration {
     /// what older artifacts load as) leaves it out; above 0 the artifact must hold one.
     #[serde(default)]
     pub novel_linear_weight: f32,
+    /// How both multipliers widen beyond the trained range of machines and GPUs
+    /// ([`Extrapolation`]; absent in older artifacts: no widening).
+    #[serde(default)]
+    pub extrapolation: Extrapolation,
 }
 
 fn full_weight() -> f32 {
@@ -151,6 +156,7 @@ impl Calibration {
             novel_folds: 0,
             novel_residual_weight: 1.0,
             novel_linear_weight: 0.0,
+            extrapolation: Extrapolation::default(),
         }
     }
 
@@ -176,6 +182,12 @@ impl Calibration {
         } else {
             self.seen_multiplier
         }
+    }
+
+    /// The σ multiplier for `g`: its shape's ([`Self::multiplier`]), widened by how far
+    /// `g` lies beyond the trained range ([`Extrapolation::factor`]).
+    pub fn multiplier_for(&self, g: &PlacementGraph) -> f32 {
+        (self.multiplier(g.shape_class()) * self.extrapolation.factor(g)).min(MAX_MULTIPLIER)
     }
 
     /// Sets both multipliers from standardised residuals `z = (ln y − μ) / σ`, each
@@ -266,6 +278,7 @@ impl Calibration {
                 format!("{:?} does not fit {n} novel residuals", self.novel_rule),
             ));
         }
+        self.extrapolation.validate()?;
         if self.training_shapes.is_empty() {
             return Err(ModelError::invalid(
                 "calibration.training_shapes",

@@ -152,6 +152,31 @@ impl PlacementGraph {
         (self.gpus.len() as u32, widest.round().max(0.0) as u32)
     }
 
+    /// The machines the placement spans: groups of GPUs joined by NVLink or PCIe links
+    /// (union-find over the links; at least 1).
+    pub fn node_count(&self) -> usize {
+        fn root(parent: &mut [usize], mut i: usize) -> usize {
+            while parent[i] != i {
+                parent[i] = parent[parent[i]];
+                i = parent[i];
+            }
+            i
+        }
+        let mut parent: Vec<usize> = (0..self.gpus.len()).collect();
+        for (a, b, link) in &self.links {
+            let within_node = link.values[0] > 0.5 || link.values[1] > 0.5;
+            let (a, b) = (usize::from(*a), usize::from(*b));
+            if within_node && a < parent.len() && b < parent.len() {
+                let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+                parent[ra] = rb;
+            }
+        }
+        (0..parent.len())
+            .filter(|&i| root(&mut parent, i) == i)
+            .count()
+            .max(1)
+    }
+
     /// Checks the graph: 1 ..= [`MAX_GPUS_PER_GRAPH`] GPUs, every value finite, every link
     /// between two distinct existing GPUs. `label` prefixes field names in errors
     /// (e.g. `graph[7]`).

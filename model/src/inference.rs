@@ -191,6 +191,15 @@ impl TrainedPredictor {
         Ok(self)
     }
 
+    /// Sets the slope of the interval's widening beyond the trained range from `(s, d)`
+    /// pairs made by an extrapolation run, see [`Extrapolation::fit_slope`].
+    pub fn with_extrapolation_pairs(mut self, pairs: &[(f32, f32)]) -> Result<Self> {
+        let coverage = self.calibration.coverage;
+        self.calibration.extrapolation.fit_slope(pairs, coverage);
+        self.calibration.validate()?;
+        Ok(self)
+    }
+
     /// The configuration it was trained with.
     pub fn config(&self) -> &PredictorConfig {
         &self.config
@@ -300,7 +309,7 @@ impl TrainedPredictor {
     fn prediction(&self, raw: RawOutput, g: &PlacementGraph, index: usize) -> Result<Prediction> {
         let norm = &self.normalization;
         let (mu, sigma) = self.log_normal(&raw, g);
-        let sigma = sigma * self.calibration.multiplier(g.shape_class());
+        let sigma = sigma * self.calibration.multiplier_for(g);
         let mut peak_mem_gib = [0.0; MEM_PHASES];
         for (p, slot) in peak_mem_gib.iter_mut().enumerate() {
             *slot = norm.peak_mem.invert(p, raw.peak_mem[p]).max(0.0);
@@ -308,7 +317,9 @@ impl TrainedPredictor {
         let prediction = Prediction {
             step_time_s: mu.exp(),
             step_time_p05: (mu - Z95 * sigma).exp(),
-            step_time_p95: (mu + Z95 * sigma).exp(),
+            // A valid but very wide calibration (far beyond the trained range) must read
+            // as "no idea", an interval up to the largest float, not as a failed prediction.
+            step_time_p95: (mu + Z95 * sigma).min(LARGEST_LN).exp(),
             peak_mem_gib,
             gpu_util_pct: norm.gpu_util.invert(0, raw.util).clamp(0.0, 100.0),
         };
@@ -329,6 +340,9 @@ impl TrainedPredictor {
         Ok(prediction)
     }
 }
+
+/// `ln` of a bound just below `f32::MAX` (ln f32::MAX ≈ 88.72).
+const LARGEST_LN: f32 = 88.0;
 
 /// Checks every graph and target of labelled examples; errors name `label[i]`.
 fn validate_examples(data: &[(PlacementGraph, Targets)], label: &str) -> Result<()> {

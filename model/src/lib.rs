@@ -63,6 +63,7 @@ mod config;
 mod dense;
 pub mod device;
 mod error;
+mod extrapolation;
 mod features;
 mod inference;
 pub mod network;
@@ -77,6 +78,7 @@ pub use artifact::{ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ArtifactMeta, LoadedAr
 pub use calibration::{Calibration, HeldOutLogStep, NovelRule, choose_novel_weights};
 pub use config::PredictorConfig;
 pub use error::{ModelError, Result};
+pub use extrapolation::Extrapolation;
 pub use features::{
     GPU_FEATURE_NAMES, GPU_FEATURES, GpuNodeFeatures, JOB_FEATURE_NAMES, JOB_FEATURES, JobFeatures,
     LINK_FEATURE_NAMES, LINK_FEATURES, LinkFeatures, LinkKind, MAX_GPUS_PER_GRAPH, MEM_PHASE_NAMES,

@@ -169,7 +169,7 @@ fn summary(g: &PlacementGraph) -> [f32; SUMMARY_FEATURES] {
         .map(|l| l.2.values[4])
         .fold(NO_LINK_LOG2_GBPS, f32::min);
     let widest = g.links.iter().map(|l| l.2.values[5]).fold(0.0, f32::max);
-    let nodes = node_count(g) as f32;
+    let nodes = g.node_count() as f32;
     let crossing = g
         .links
         .iter()
@@ -189,30 +189,6 @@ fn summary(g: &PlacementGraph) -> [f32; SUMMARY_FEATURES] {
     }
     debug_assert_eq!(at, SUMMARY_FEATURES);
     x
-}
-
-/// Groups of GPUs connected by NVLink or PCIe links (union-find over the graph's links).
-fn node_count(g: &PlacementGraph) -> usize {
-    let mut parent: Vec<usize> = (0..g.gpus.len()).collect();
-    fn root(parent: &mut [usize], mut i: usize) -> usize {
-        while parent[i] != i {
-            parent[i] = parent[parent[i]];
-            i = parent[i];
-        }
-        i
-    }
-    for (a, b, link) in &g.links {
-        let within_node = link.values[0] > 0.5 || link.values[1] > 0.5;
-        let (a, b) = (usize::from(*a), usize::from(*b));
-        if within_node && a < parent.len() && b < parent.len() {
-            let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
-            parent[ra] = rb;
-        }
-    }
-    (0..parent.len())
-        .filter(|&i| root(&mut parent, i) == i)
-        .count()
-        .max(1)
 }
 
 /// Solves `a x = b` for a symmetric positive-definite `a` (row-major, `n × n`) by
@@ -262,38 +238,7 @@ pub fn solve_spd(mut a: Vec<f64>, b: Vec<f64>) -> Option<Vec<f64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::features::{GpuNodeFeatures, JobFeatures, LinkFeatures, LinkKind};
-
-    /// `nodes` nodes of `per_node` GPUs: PCIe inside a node, InfiniBand in the rack
-    /// between nodes; the prior is `ln 1 = 0`.
-    fn placement(nodes: usize, per_node: usize) -> PlacementGraph {
-        let n = nodes * per_node;
-        let gpus = vec![
-            GpuNodeFeatures {
-                values: [1.0; GPU_FEATURES]
-            };
-            n
-        ];
-        let mut links = Vec::new();
-        for a in 0..n {
-            for b in a + 1..n {
-                let link = if a / per_node == b / per_node {
-                    LinkFeatures::new(LinkKind::Pcie, 128.0, 1)
-                } else {
-                    LinkFeatures::new(LinkKind::IbRack, 50.0, 2)
-                };
-                links.push((a as u16, b as u16, link));
-            }
-        }
-        let mut job = [0.0; JOB_FEATURES];
-        job[0] = (n as f32).log2();
-        job[10] = 0.5;
-        PlacementGraph {
-            gpus,
-            links,
-            job: JobFeatures { values: job },
-        }
-    }
+    use crate::synthetic::uniform_placement as placement;
 
     fn labelled(g: PlacementGraph, residual: f32) -> (PlacementGraph, Targets) {
         let t = Targets {

@@ -15,6 +15,38 @@ use crate::features::{
 const GPU_TYPES: [(f32, f32, f32); 3] =
     [(32.0, 125.0, 0.9), (80.0, 312.0, 2.0), (80.0, 989.0, 3.35)];
 
+/// `nodes` machines of `per_node` GPUs, all pairs linked: PCIe (128 Gb/s, level 1)
+/// inside a machine, InfiniBand in the rack (50 Gb/s, level 2) between machines; GPU
+/// features all 1, the job's prior `ln 1 = 0`.
+pub fn uniform_placement(nodes: usize, per_node: usize) -> PlacementGraph {
+    let n = nodes * per_node;
+    let gpus = vec![
+        GpuNodeFeatures {
+            values: [1.0; GPU_FEATURES]
+        };
+        n
+    ];
+    let mut links = Vec::new();
+    for a in 0..n {
+        for b in a + 1..n {
+            let link = if a / per_node == b / per_node {
+                LinkFeatures::new(LinkKind::Pcie, 128.0, 1)
+            } else {
+                LinkFeatures::new(LinkKind::IbRack, 50.0, 2)
+            };
+            links.push((a as u16, b as u16, link));
+        }
+    }
+    let mut job = [0.0; JOB_FEATURES];
+    job[0] = (n as f32).log2();
+    job[10] = 0.5;
+    PlacementGraph {
+        gpus,
+        links,
+        job: JobFeatures { values: job },
+    }
+}
+
 /// A random placement of `gpus` GPUs: GPUs `0..k` share a node (NVLink or PCIe), the rest
 /// sit on other nodes in the same rack or across the spine. All pairs are linked.
 pub fn graph(rng: &mut ChaCha8Rng, gpus: usize) -> PlacementGraph {

@@ -12,6 +12,7 @@ use crate::batch::{GraphBatch, TargetBatch};
 use crate::calibration::Calibration;
 use crate::config::PredictorConfig;
 use crate::error::{ModelError, Result};
+use crate::extrapolation::Extrapolation;
 use crate::features::{PlacementGraph, Targets};
 use crate::inference::TrainedPredictor;
 use crate::network::{NetworkOutput, PredictorNetwork};
@@ -160,7 +161,8 @@ pub fn fit_on(
         train_examples: train.len(),
         valid_examples: valid.len(),
     };
-    let calibration = Calibration::uncalibrated(train.iter().map(|(g, _)| g.shape_class()));
+    let mut calibration = Calibration::uncalibrated(train.iter().map(|(g, _)| g.shape_class()));
+    calibration.extrapolation = Extrapolation::of_training(train.iter().map(|(g, _)| g));
     TrainedPredictor::from_parts(
         config.clone(),
         norm,

@@ -19,7 +19,10 @@ fn trained() -> (TrainedPredictor, Vec<PlacementGraph>) {
     let predictor = fit(&data[..32], &data[32..], &config, &mut |_| {})
         .unwrap()
         .calibrate(&data[32..])
+        .unwrap()
+        .with_extrapolation_pairs(&[(2.0, 1.0); 12])
         .unwrap();
+    assert_eq!(predictor.calibration().extrapolation.slope, 1.0);
     let graphs = data[32..].iter().map(|(g, _)| g.clone()).collect();
     (predictor, graphs)
 }
@@ -191,7 +194,10 @@ type Damage = (&'static str, fn(&mut serde_json::Value));
 
 #[test]
 fn missing_or_corrupt_calibration_is_rejected() {
-    let cases: [Damage; 5] = [
+    let cases: [Damage; 6] = [
+        ("extrapolation.slope", |m| {
+            m["calibration"]["extrapolation"]["slope"] = (-1.0).into()
+        }),
         ("seen_multiplier", |m| {
             m["calibration"]["seen_multiplier"] = (-1.0).into()
         }),
@@ -222,6 +228,30 @@ fn missing_or_corrupt_calibration_is_rejected() {
             other => panic!("{field}: expected a corrupt meta.json, got {other:?}"),
         }
     }
+}
+
+/// An artifact written before the interval widened beyond the trained range loads and
+/// means what it meant: no widening.
+#[test]
+fn an_artifact_without_an_extrapolation_record_loads_without_widening() {
+    let (dir, predictor, graphs) = saved();
+    edit_meta(dir.path(), |m| {
+        m["calibration"]
+            .as_object_mut()
+            .unwrap()
+            .remove("extrapolation");
+    });
+    let loaded = artifact::load(dir.path()).unwrap();
+    let c = loaded.predictor.calibration();
+    assert_eq!(c.extrapolation, Default::default());
+    assert_eq!(
+        (c.seen_multiplier, c.novel_multiplier),
+        (
+            predictor.calibration().seen_multiplier,
+            predictor.calibration().novel_multiplier
+        )
+    );
+    assert!(loaded.predictor.predict(&graphs).is_ok());
 }
 
 #[test]

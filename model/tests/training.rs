@@ -398,3 +398,45 @@ fn the_novel_weights_blend_the_network_the_prior_and_the_linear_residual_on_nove
         assert!(h.sigma > 0.0 && h.mu.is_finite());
     }
 }
+
+/// Beyond the trained range of GPUs the interval widens by `1 + k·d` in log space on both
+/// inference paths, `k` fitted from an extrapolation run's pairs; inside the range and
+/// for the mean nothing changes.
+#[test]
+fn the_interval_widens_with_the_doublings_beyond_the_trained_range() {
+    let data = synthetic::dataset(60, 9, 0.05);
+    let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
+    let range = predictor.calibration().extrapolation.clone();
+    let most = data[..40].iter().map(|(g, _)| g.gpus.len()).max().unwrap();
+    assert_eq!(range.trained_gpus as usize, most);
+    assert_eq!(range.slope, 0.0);
+    let inside = data[41].0.clone();
+    let mut beyond = inside.clone();
+    while beyond.gpus.len() < 2 * most {
+        beyond.gpus.push(beyond.gpus[0]);
+    }
+    let d = range.distance(&beyond);
+    assert!(d >= 1.0, "{d}");
+    assert_eq!(range.distance(&inside), 0.0);
+    // Every pair needs slope 1: a residual of 3 base half-widths at 2 doublings.
+    let widened = predictor
+        .clone()
+        .with_extrapolation_pairs(&[(3.0, 2.0); 20])
+        .unwrap();
+    assert_eq!(widened.calibration().extrapolation.slope, 1.0);
+    let log_width = |p: &marshal_model::Prediction| p.step_time_p95.ln() - p.step_time_p05.ln();
+    let pair = [inside, beyond];
+    let before = predictor.predict(&pair).unwrap();
+    for after in both_paths(&widened, &pair) {
+        assert_close(after[0].step_time_s, before[0].step_time_s);
+        assert_close(after[1].step_time_s, before[1].step_time_s);
+        assert_close(log_width(&after[0]), log_width(&before[0]));
+        assert_close(log_width(&after[1]), (1.0 + d) * log_width(&before[1]));
+    }
+    // An absurd run caps the slope rather than making every interval infinite.
+    let capped = predictor
+        .with_extrapolation_pairs(&[(f32::MAX, 1e-30); 20])
+        .unwrap();
+    assert!(capped.calibration().extrapolation.slope.is_finite());
+    assert!(capped.predict(&pair).is_ok());
+}
