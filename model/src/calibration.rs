@@ -170,6 +170,19 @@ impl Calibration {
         }
     }
 
+    /// The residual weights for `g`: those chosen for graphs beyond the trained range
+    /// when `g` lies beyond it ([`Extrapolation::weights_for`]), else its shape's.
+    pub fn residual_weights_for(&self, g: &PlacementGraph) -> (f32, f32) {
+        self.extrapolation
+            .weights_for(g)
+            .unwrap_or_else(|| self.residual_weights(g.shape_class()))
+    }
+
+    /// Whether any graph can get a linear residual weight above 0.
+    pub fn uses_linear(&self) -> bool {
+        self.novel_linear_weight > 0.0 || self.extrapolation.weights.is_some_and(|[_, v]| v > 0.0)
+    }
+
     /// Whether `shape` never occurred in training.
     pub fn is_novel(&self, shape: ShapeClass) -> bool {
         self.training_shapes.binary_search(&shape).is_err()

@@ -19,6 +19,13 @@
 //! conformal quantile of the `k_i`, so that 90 % of the extrapolation run's truths fall
 //! inside their widened intervals.
 //!
+//! The same run chooses the mean beyond the range: the weights of the network's residual
+//! and of the linear residual (as [`crate::choose_novel_weights`] does for novel shape
+//! classes) with the lowest error on its graphs beyond its own range, since a graph on
+//! more machines than any trained is novel to the network whatever its shape class, and
+//! the network's residual extrapolated in machine count is what the run can test. The
+//! pairs behind the slope are measured at those weights.
+//!
 //! *The assumption, said plainly:* that the miss grows linearly in doublings beyond the
 //! trained range at the rate the training side shows over its own first doubling. Nothing
 //! on the training side can check that rate farther out; a test set that goes farther
@@ -51,6 +58,12 @@ pub struct Extrapolation {
     /// Residuals behind `slope` (0: not fitted, slope 0).
     #[serde(default)]
     pub residuals: usize,
+    /// The weights `[w, v]` of the network's residual and of the linear residual on a
+    /// graph beyond the trained range, chosen on the extrapolation run's graphs
+    /// ([`crate::choose_novel_weights`]); absent (and in older artifacts) such a graph
+    /// gets the weights of its shape class.
+    #[serde(default)]
+    pub weights: Option<[f32; 2]>,
 }
 
 impl Extrapolation {
@@ -66,6 +79,7 @@ impl Extrapolation {
             trained_gpus: gpus,
             slope: 0.0,
             residuals: 0,
+            weights: None,
         }
     }
 
@@ -77,6 +91,13 @@ impl Extrapolation {
         }
         let beyond = |n: usize, trained: u32| (n as f32 / trained as f32).log2().max(0.0);
         beyond(g.node_count(), self.trained_nodes).max(beyond(g.gpus.len(), self.trained_gpus))
+    }
+
+    /// The residual weights for `g` when it lies beyond the trained range and the run
+    /// chose some; `None` otherwise (the shape class decides).
+    pub fn weights_for(&self, g: &PlacementGraph) -> Option<(f32, f32)> {
+        let [w, v] = self.weights?;
+        (self.distance(g) > 0.0).then_some((w, v))
     }
 
     /// The factor `1 + k·d` on `g`'s multiplier.
@@ -113,7 +134,16 @@ impl Extrapolation {
                 format!("must be in [0, {MAX_SLOPE}], got {}", self.slope),
             ));
         }
-        if self.slope > 0.0 && (self.trained_nodes == 0 || self.trained_gpus == 0) {
+        if let Some(w) = self.weights
+            && !w.iter().all(|w| w.is_finite() && (0.0..=1.0).contains(w))
+        {
+            return Err(ModelError::invalid(
+                "calibration.extrapolation.weights",
+                format!("must be in [0, 1], got {w:?}"),
+            ));
+        }
+        let fitted = self.slope > 0.0 || self.weights.is_some();
+        if fitted && (self.trained_nodes == 0 || self.trained_gpus == 0) {
             return Err(ModelError::invalid(
                 "calibration.extrapolation",
                 "a slope without a trained range",
@@ -139,6 +169,12 @@ mod tests {
         // 2 machines of 8: within the machines, two doublings beyond the GPUs.
         assert!((e.distance(&placement(2, 8)) - 2.0).abs() < 1e-6);
         assert!((e.distance(&placement(16, 4)) - 4.0).abs() < 1e-6);
+        // Chosen weights apply beyond the range only.
+        let mut chosen = e.clone();
+        chosen.weights = Some([0.2, 0.3]);
+        assert_eq!(chosen.weights_for(&placement(8, 1)), Some((0.2, 0.3)));
+        assert_eq!(chosen.weights_for(&placement(2, 2)), None);
+        assert_eq!(e.weights_for(&placement(8, 1)), None);
         // Not recorded: no distance, no widening.
         let old = Extrapolation::default();
         assert_eq!(old.distance(&placement(16, 4)), 0.0);

@@ -173,10 +173,15 @@ impl TrainedPredictor {
     }
 
     pub(crate) fn check_linear(&self) -> Result<()> {
-        if self.calibration.novel_linear_weight > 0.0 && self.linear.is_none() {
+        if self.calibration.uses_linear() && self.linear.is_none() {
+            let field = if self.calibration.novel_linear_weight > 0.0 {
+                "calibration.novel_linear_weight"
+            } else {
+                "calibration.extrapolation.weights"
+            };
             return Err(ModelError::invalid(
-                "calibration.novel_linear_weight",
-                "above 0 but the predictor has no linear residual",
+                field,
+                "a linear weight above 0 but the predictor has no linear residual",
             ));
         }
         Ok(())
@@ -191,11 +196,21 @@ impl TrainedPredictor {
         Ok(self)
     }
 
-    /// Sets the slope of the interval's widening beyond the trained range from `(s, d)`
-    /// pairs made by an extrapolation run, see [`Extrapolation::fit_slope`].
-    pub fn with_extrapolation_pairs(mut self, pairs: &[(f32, f32)]) -> Result<Self> {
+    /// Sets what an extrapolation run chose for graphs beyond the trained range: the
+    /// residual weights `(w, v)` of their mean (`None`: their shape class decides) and the
+    /// slope of the interval's widening, fitted from `(s, d)` pairs measured at those
+    /// weights ([`Extrapolation::fit_slope`]). An error for weights outside [0, 1], or a
+    /// linear weight above 0 without a linear residual.
+    pub fn with_extrapolation(
+        mut self,
+        weights: Option<(f32, f32)>,
+        pairs: &[(f32, f32)],
+    ) -> Result<Self> {
         let coverage = self.calibration.coverage;
-        self.calibration.extrapolation.fit_slope(pairs, coverage);
+        let extrapolation = &mut self.calibration.extrapolation;
+        extrapolation.weights = weights.map(|(w, v)| [w, v]);
+        extrapolation.fit_slope(pairs, coverage);
+        self.check_linear()?;
         self.calibration.validate()?;
         Ok(self)
     }
@@ -281,10 +296,10 @@ impl TrainedPredictor {
 
     /// Mean and standard deviation of `ln(step time)` before the interval's calibration,
     /// with the network's residual and the linear one weighted for `g`'s shape
-    /// ([`Calibration::residual_weights`]).
+    /// ([`Calibration::residual_weights_for`]).
     fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph) -> (f32, f32) {
         let (mu, sigma) = self.unweighted_log_normal(raw);
-        let (w, v) = self.calibration.residual_weights(g.shape_class());
+        let (w, v) = self.calibration.residual_weights_for(g);
         if w == 1.0 && v == 0.0 {
             return (mu, sigma);
         }

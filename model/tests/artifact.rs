@@ -20,7 +20,7 @@ fn trained() -> (TrainedPredictor, Vec<PlacementGraph>) {
         .unwrap()
         .calibrate(&data[32..])
         .unwrap()
-        .with_extrapolation_pairs(&[(2.0, 1.0); 12])
+        .with_extrapolation(Some((0.5, 0.0)), &[(2.0, 1.0); 12])
         .unwrap();
     assert_eq!(predictor.calibration().extrapolation.slope, 1.0);
     let graphs = data[32..].iter().map(|(g, _)| g.clone()).collect();
@@ -194,7 +194,10 @@ type Damage = (&'static str, fn(&mut serde_json::Value));
 
 #[test]
 fn missing_or_corrupt_calibration_is_rejected() {
-    let cases: [Damage; 6] = [
+    let cases: [Damage; 7] = [
+        ("extrapolation.weights", |m| {
+            m["calibration"]["extrapolation"]["weights"] = serde_json::json!([0.5, 2.0])
+        }),
         ("extrapolation.slope", |m| {
             m["calibration"]["extrapolation"]["slope"] = (-1.0).into()
         }),

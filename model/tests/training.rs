@@ -421,7 +421,7 @@ fn the_interval_widens_with_the_doublings_beyond_the_trained_range() {
     // Every pair needs slope 1: a residual of 3 base half-widths at 2 doublings.
     let widened = predictor
         .clone()
-        .with_extrapolation_pairs(&[(3.0, 2.0); 20])
+        .with_extrapolation(None, &[(3.0, 2.0); 20])
         .unwrap();
     assert_eq!(widened.calibration().extrapolation.slope, 1.0);
     let log_width = |p: &marshal_model::Prediction| p.step_time_p95.ln() - p.step_time_p05.ln();
@@ -435,8 +435,30 @@ fn the_interval_widens_with_the_doublings_beyond_the_trained_range() {
     }
     // An absurd run caps the slope rather than making every interval infinite.
     let capped = predictor
-        .with_extrapolation_pairs(&[(f32::MAX, 1e-30); 20])
+        .clone()
+        .with_extrapolation(None, &[(f32::MAX, 1e-30); 20])
         .unwrap();
     assert!(capped.calibration().extrapolation.slope.is_finite());
     assert!(capped.predict(&pair).is_ok());
+    // Weights chosen for graphs beyond the range move their mean only: (0, 0) serves the
+    // prior alone there.
+    let prior_beyond = predictor
+        .clone()
+        .with_extrapolation(Some((0.0, 0.0)), &[(3.0, 2.0); 20])
+        .unwrap();
+    for after in both_paths(&prior_beyond, &pair) {
+        assert_close(after[0].step_time_s, before[0].step_time_s);
+        assert_close(
+            after[1].step_time_s,
+            pair[1].job.values[PRIOR_JOB_SLOT].exp(),
+        );
+    }
+    // A linear weight needs a linear residual; weights outside [0, 1] are refused.
+    assert!(
+        predictor
+            .clone()
+            .with_extrapolation(Some((0.5, 0.5)), &[])
+            .is_err()
+    );
+    assert!(predictor.with_extrapolation(Some((1.5, 0.0)), &[]).is_err());
 }

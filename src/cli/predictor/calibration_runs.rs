@@ -201,8 +201,8 @@ pub(super) fn train_calibrated(
     } else {
         predictor
     };
-    let predictor = match extrapolation_pairs(prior, split, &aux_config, &predictor)? {
-        Some(pairs) => predictor.with_extrapolation_pairs(&pairs)?,
+    let predictor = match extrapolation_run(prior, split, &aux_config, &predictor)? {
+        Some((weights, pairs)) => predictor.with_extrapolation(Some(weights), &pairs)?,
         None => {
             eprintln!(
                 "    extrapolation run: skipped (the training side spans fewer than 2 machines, or a side is empty): no widening beyond the trained range"
@@ -214,22 +214,28 @@ pub(super) fn train_calibrated(
     Ok((predictor, history, ctx.clone()))
 }
 
-/// The extrapolation run behind the interval's widening beyond the trained range
-/// (`marshal_model::Extrapolation`, whose module doc gives the rule and its assumption).
-/// A short auxiliary network is trained on the training side's examples that span at
-/// most half its largest machine count (validation examples likewise, for early stopping
-/// and its seen multiplier); its `(s, d)` pairs come from every other training-side and
-/// validation example: `s` the residual in that network's seen-interval half-widths over
-/// the base ratio `main` would already allow (1 on a shape class the auxiliary network
-/// trained on, `main`'s novel/seen ratio otherwise, with `main`'s novel-shape weights on
-/// the mean), `d` the doublings beyond the auxiliary network's own trained range.
+/// What [`extrapolation_run`] chose: the residual weights `(w, v)` beyond the trained
+/// range, and the `(s, d)` pairs the widening's slope is fitted from.
+type ExtrapolationRun = ((f32, f32), Vec<(f32, f32)>);
+
+/// The extrapolation run behind the mean and the interval beyond the trained range
+/// (`marshal_model::Extrapolation`, whose module doc gives the rules and the assumption).
+/// A short auxiliary network, with its own ridge residual, is trained on the training
+/// side's examples that span at most half its largest machine count (validation
+/// examples likewise, for early stopping and its seen multiplier). Every other
+/// training-side and validation example is beyond its range: on them
+/// `marshal_model::choose_novel_weights` chooses the weights `(w, v)` of the mean beyond
+/// the range, and at those weights each gives an `(s, d)` pair: `s` its residual in the
+/// auxiliary network's seen-interval half-widths over the base ratio `main` would
+/// already allow (1 on a shape class the auxiliary network trained on, `main`'s
+/// novel/seen ratio otherwise), `d` its doublings beyond the auxiliary network's range.
 /// `None` when the training side spans fewer than 2 machines or a side is empty.
-fn extrapolation_pairs(
+fn extrapolation_run(
     prior: &PriorSource,
     split: &Split,
     aux_config: &PredictorConfig,
     main: &marshal_model::TrainedPredictor,
-) -> anyhow::Result<Option<Vec<(f32, f32)>>> {
+) -> anyhow::Result<Option<ExtrapolationRun>> {
     let near = split.train.iter().map(|e| e.nodes).max().unwrap_or(0) / 2;
     if near == 0 {
         return Ok(None);
@@ -256,33 +262,30 @@ fn extrapolation_pairs(
     let half_width = Z95 * aux.calibration().seen_multiplier;
     let c = main.calibration();
     let novel_ratio = c.novel_multiplier / c.seen_multiplier;
-    let (w, v) = (c.novel_residual_weight, c.novel_linear_weight);
     let far: Vec<_> = graphs(ctx, &history, &inner.test)
         .into_iter()
         .chain(graphs(ctx, &history, &far_valid))
         .collect();
+    let held = aux.held_out_log_steps(&far)?;
+    let (w, v) = marshal_model::choose_novel_weights(&held);
     let range = &aux.calibration().extrapolation;
     let pairs: Vec<(f32, f32)> = far
         .iter()
-        .zip(aux.held_out_log_steps(&far)?)
+        .zip(held)
         .map(|((g, _), h)| {
-            let (mu, base) = if h.novel {
-                (h.weighted_mu(w, v), novel_ratio)
-            } else {
-                (h.mu, 1.0)
-            };
-            let r = (h.truth - mu).abs() / (h.sigma * half_width);
+            let base = if h.novel { novel_ratio } else { 1.0 };
+            let r = (h.truth - h.weighted_mu(w, v)).abs() / (h.sigma * half_width);
             (r / base, range.distance(g))
         })
         .collect();
     eprintln!(
-        "    extrapolation run: trained on ≤ {near} machines ({} GPUs at most), {} residuals beyond, seen σ × {:.3}, {epochs} epochs, {:.1} s",
+        "    extrapolation run: trained on ≤ {near} machines ({} GPUs at most), {} residuals beyond, weights there: network {w:.2}, linear {v:.2}; seen σ × {:.3}, {epochs} epochs, {:.1} s",
         range.trained_gpus,
         pairs.len(),
         aux.calibration().seen_multiplier,
         started.elapsed().as_secs_f64()
     );
-    Ok(Some(pairs))
+    Ok(Some(((w, v), pairs)))
 }
 
 /// The novel multiplier, its residuals, folds and rule, for reports.
@@ -297,11 +300,16 @@ pub(super) fn novel_summary(c: &marshal_model::Calibration) -> String {
         c.novel_residual_weight,
         c.novel_linear_weight
     ) + &format!(
-        "; beyond {} machines / {} GPUs × (1 + {:.2} per doubling; {} extrapolation residuals)",
+        "; beyond {} machines / {} GPUs: σ × (1 + {:.2} per doubling; {} extrapolation residuals), weights {}",
         c.extrapolation.trained_nodes,
         c.extrapolation.trained_gpus,
         c.extrapolation.slope,
-        c.extrapolation.residuals
+        c.extrapolation.residuals,
+        c.extrapolation
+            .weights
+            .map_or("of the shape class".into(), |[w, v]| format!(
+                "network {w:.2}, linear {v:.2}"
+            ))
     )
 }
 
