@@ -295,7 +295,7 @@ impl TrainedPredictor {
     }
 
     /// Mean and standard deviation of `ln(step time)` before the interval's calibration,
-    /// with the network's residual and the linear one weighted for `g`'s shape
+    /// with the network's residual and the linear one weighted for `g`
     /// ([`Calibration::residual_weights_for`]).
     fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph) -> (f32, f32) {
         let (mu, sigma) = self.unweighted_log_normal(raw);
