@@ -1,8 +1,9 @@
 //! Inference latency: one `predict` call on 64 candidate placements of 8 GPUs each, with
 //! the serving path (`predict`, plain Rust) and the burn network (`predict_on_device`),
 //! and the serving path with a linear residual stacked on novel shapes
-//! (`predict_64x8gpu_stacked`: every graph of the batch is of a shape never trained on, the
-//! most expensive case).
+//! (`predict_64x8gpu_stacked`: every graph of the batch is of a shape never trained on, and
+//! the predictor has weights and a widening beyond its trained range: the most expensive
+//! case).
 //!
 //! `cargo bench -p marshal-model --bench predict`; the per-pair figures are printed at the end.
 
@@ -39,7 +40,11 @@ fn bench(c: &mut Criterion) {
         .with_linear_residual(LinearResidual::fit(&other_sizes, DEFAULT_RIDGE).expect("ridge"))
         .expect("linear residual")
         .with_novel_weights(0.5, 0.5)
-        .expect("weights");
+        .expect("weights")
+        // Weights and a slope beyond the trained range: each graph's distance (a node
+        // count by union-find) is taken for its mean and again for its interval.
+        .with_extrapolation(Some((0.5, 0.5)), &[(3.0, 1.0); 20])
+        .expect("extrapolation");
     assert!(
         batch
             .iter()
