@@ -42,7 +42,7 @@ fn bench(c: &mut Criterion) {
         .with_novel_weights(0.5, 0.5)
         .expect("weights")
         // Weights and a slope beyond the trained range: each graph's distance (a node
-        // count by union-find) is taken for its mean and again for its interval.
+        // count by union-find) is taken, besides the ridge summary's own node count.
         .with_extrapolation(Some((0.5, 0.5)), &[(3.0, 1.0); 20])
         .expect("extrapolation");
     assert!(

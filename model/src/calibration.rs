@@ -135,6 +135,15 @@ pub struct Calibration {
     pub extrapolation: Extrapolation,
 }
 
+/// What [`Calibration::for_graph`] gives one graph.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GraphCalibration {
+    /// The weights `(w, v)` of the network's residual and of the linear residual.
+    pub weights: (f32, f32),
+    /// The σ multiplier.
+    pub multiplier: f32,
+}
+
 fn full_weight() -> f32 {
     1.0
 }
@@ -170,14 +179,6 @@ impl Calibration {
         }
     }
 
-    /// The residual weights for `g`: those chosen for graphs beyond the trained range
-    /// when `g` lies beyond it ([`Extrapolation::weights_for`]), else its shape's.
-    pub fn residual_weights_for(&self, g: &PlacementGraph) -> (f32, f32) {
-        self.extrapolation
-            .weights_for(g)
-            .unwrap_or_else(|| self.residual_weights(g.shape_class()))
-    }
-
     /// Whether any graph can get a linear residual weight above 0.
     pub fn uses_linear(&self) -> bool {
         self.novel_linear_weight > 0.0 || self.extrapolation.weights.is_some_and(|[_, v]| v > 0.0)
@@ -197,10 +198,21 @@ impl Calibration {
         }
     }
 
-    /// The σ multiplier for `g`: its shape's ([`Self::multiplier`]), widened by how far
-    /// `g` lies beyond the trained range ([`Extrapolation::factor`]).
-    pub fn multiplier_for(&self, g: &PlacementGraph) -> f32 {
-        (self.multiplier(g.shape_class()) * self.extrapolation.factor(g)).min(MAX_MULTIPLIER)
+    /// What the calibration gives `g`, its shape class and its distance beyond the
+    /// trained range each taken once: the residual weights of its mean (those chosen for
+    /// graphs beyond the range when it lies beyond, else its shape's) and its σ
+    /// multiplier (its shape's, widened by [`Extrapolation::factor_at`]).
+    pub fn for_graph(&self, g: &PlacementGraph) -> GraphCalibration {
+        let shape = g.shape_class();
+        let d = self.extrapolation.distance(g);
+        GraphCalibration {
+            weights: self
+                .extrapolation
+                .weights_at(d)
+                .unwrap_or_else(|| self.residual_weights(shape)),
+            multiplier: (self.multiplier(shape) * self.extrapolation.factor_at(d))
+                .min(MAX_MULTIPLIER),
+        }
     }
 
     /// Sets both multipliers from standardised residuals `z = (ln y − μ) / σ`, each

@@ -96,13 +96,23 @@ impl Extrapolation {
     /// The residual weights for `g` when it lies beyond the trained range and the run
     /// chose some; `None` otherwise (the shape class decides).
     pub fn weights_for(&self, g: &PlacementGraph) -> Option<(f32, f32)> {
+        self.weights_at(self.distance(g))
+    }
+
+    /// [`Self::weights_for`] a graph `d` doublings beyond the range.
+    pub fn weights_at(&self, d: f32) -> Option<(f32, f32)> {
         let [w, v] = self.weights?;
-        (self.distance(g) > 0.0).then_some((w, v))
+        (d > 0.0).then_some((w, v))
     }
 
     /// The factor `1 + k·d` on `g`'s multiplier.
     pub fn factor(&self, g: &PlacementGraph) -> f32 {
-        1.0 + self.slope * self.distance(g)
+        self.factor_at(self.distance(g))
+    }
+
+    /// [`Self::factor`] for a graph `d` doublings beyond the range.
+    pub fn factor_at(&self, d: f32) -> f32 {
+        1.0 + self.slope * d
     }
 
     /// Fits the slope from `(s, d)` pairs (the residual over its base ratio, the distance

@@ -112,7 +112,8 @@ impl TrainedPredictor {
             .iter()
             .map(|(g, t)| {
                 let raw = self.plain.forward(g, &self.normalization, &mut scratch);
-                let (mu, sigma) = self.log_normal(&raw, g);
+                let weights = self.calibration.for_graph(g).weights;
+                let (mu, sigma) = self.log_normal(&raw, g, weights);
                 let z = (t.step_time_s.ln() - mu) / sigma;
                 (z, self.calibration.is_novel(g.shape_class()))
             })
@@ -295,11 +296,10 @@ impl TrainedPredictor {
     }
 
     /// Mean and standard deviation of `ln(step time)` before the interval's calibration,
-    /// with the network's residual and the linear one weighted for `g`
-    /// ([`Calibration::residual_weights_for`]).
-    fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph) -> (f32, f32) {
+    /// with the network's residual and the linear one weighted by `(w, v)`, the weights
+    /// [`Calibration::for_graph`] gives `g`.
+    fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph, (w, v): (f32, f32)) -> (f32, f32) {
         let (mu, sigma) = self.unweighted_log_normal(raw);
-        let (w, v) = self.calibration.residual_weights_for(g);
         if w == 1.0 && v == 0.0 {
             return (mu, sigma);
         }
@@ -323,8 +323,9 @@ impl TrainedPredictor {
     /// Raw units from standardised outputs; an error when anything is not finite.
     fn prediction(&self, raw: RawOutput, g: &PlacementGraph, index: usize) -> Result<Prediction> {
         let norm = &self.normalization;
-        let (mu, sigma) = self.log_normal(&raw, g);
-        let sigma = sigma * self.calibration.multiplier_for(g);
+        let calibration = self.calibration.for_graph(g);
+        let (mu, sigma) = self.log_normal(&raw, g, calibration.weights);
+        let sigma = sigma * calibration.multiplier;
         let mut peak_mem_gib = [0.0; MEM_PHASES];
         for (p, slot) in peak_mem_gib.iter_mut().enumerate() {
             *slot = norm.peak_mem.invert(p, raw.peak_mem[p]).max(0.0);

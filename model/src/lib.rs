@@ -75,7 +75,9 @@ pub mod synthetic;
 pub mod train;
 
 pub use artifact::{ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ArtifactMeta, LoadedArtifact};
-pub use calibration::{Calibration, HeldOutLogStep, NovelRule, choose_novel_weights};
+pub use calibration::{
+    Calibration, GraphCalibration, HeldOutLogStep, NovelRule, choose_novel_weights,
+};
 pub use config::PredictorConfig;
 pub use error::{ModelError, Result};
 pub use extrapolation::Extrapolation;
