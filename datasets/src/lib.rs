@@ -37,7 +37,7 @@
 //!   [`load_gavel_throughputs`].
 //! - Pollux's and Sia's step and sync times by model, GPU type, placement and batch size
 //!   → [`PlacementProfiles`]: [`parse_step_profiles`], [`pollux_placement_profiles`]
-//!   (bundled, T4), [`load_sia_placement_profiles`].
+//!   (bundled, T4), [`load_sia_placement_profiles`], [`load_sia_scalability_profiles`].
 //! - Lucid's single-job and co-location profiles → [`LucidProfiles`]:
 //!   [`parse_lucid_single`], [`parse_lucid_colocation`], [`load_lucid_profiles`].
 //! - Alibaba GenAI per-pod GPU duty cycle and memory series → [`GenAiSeries`]:
@@ -161,7 +161,8 @@ pub use pai::{
 pub use philly::{parse_philly, philly_cluster, philly_window};
 pub use placement_profiles::{
     PlacementProfiles, SIA_GPU_TYPES, SIA_MODELS, StepTimeProfile, load_sia_placement_profiles,
-    parse_step_profiles, pollux_placement_profiles, pollux_scalability_profiles,
+    load_sia_scalability_profiles, parse_step_profiles, pollux_placement_profiles,
+    pollux_scalability_profiles,
 };
 pub use pollux::{parse_pollux, parse_sia};
 pub use pollux_apps::{POLLUX_GPUS_PER_NODE, PolluxApps, tight_placement};

@@ -40,3 +40,27 @@ pub(crate) fn nd96asr_a100() -> LinkSpec {
         spine_gbps: 25.0,
     }
 }
+
+/// Azure ND40rs_v2 (one of Sia's testbeds): 8 V100-32GB SXM2 on NVLink 2 (6 × 25 GB/s per
+/// GPU, a hybrid cube mesh that the topology approximates as one island), PCIe Gen3 x16,
+/// 100 Gb/s EDR InfiniBand on a flat fabric.
+pub(crate) fn nd40rs_v2() -> LinkSpec {
+    LinkSpec {
+        nvlink_gbps: 150.0,
+        pcie_gbps: 16.0,
+        rack_gbps: 12.5,
+        spine_gbps: 12.5,
+    }
+}
+
+/// A server of 8 GeForce RTX 2080 Ti on PCIe Gen3 x16 (Sia's `rtx` testbed). No NVLink;
+/// its figure is unused (islands of 0) and set to the PCIe figure. Sia does not publish
+/// the network between these nodes: 100 Gb/s on a flat fabric is an assumption.
+pub(crate) fn rtx_2080ti() -> LinkSpec {
+    LinkSpec {
+        nvlink_gbps: 16.0,
+        pcie_gbps: 16.0,
+        rack_gbps: 12.5,
+        spine_gbps: 12.5,
+    }
+}

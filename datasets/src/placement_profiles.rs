@@ -311,10 +311,25 @@ pub fn pollux_scalability_profiles()
 /// read twice). One report per file read; a file that fails to parse is an error.
 pub fn load_sia_placement_profiles() -> Result<(PlacementProfiles, Vec<ParseReport>), DatasetError>
 {
+    let (all, reports) = load_sia_files("placements")?;
+    Ok((PlacementProfiles::new(all), reports))
+}
+
+/// Sia's scalability profiles (`<model>/scalability-<gpu>.csv`: step times by node and
+/// GPU count, `placement` `None`), read like [`load_sia_placement_profiles`]. On
+/// `azure` they reach 5 nodes and on `rtx` 3, beyond the placement files' 2.
+pub fn load_sia_scalability_profiles()
+-> Result<(Vec<StepTimeProfile>, Vec<ParseReport>), DatasetError> {
+    load_sia_files("scalability")
+}
+
+/// Every `<model>/<stem>-<gpu>.csv` of Sia's profiles in the traces directory.
+fn load_sia_files(stem: &str) -> Result<(Vec<StepTimeProfile>, Vec<ParseReport>), DatasetError> {
+    let name = format!("sia-{stem}-profiles");
     let dirs = trace_dirs();
     let Some(root) = dirs.iter().map(|d| d.join(SIA_DIR)).find(|d| d.is_dir()) else {
         return Err(DatasetError::TraceNotFound {
-            name: "sia-placement-profiles".into(),
+            name,
             file: format!("{SIA_DIR}/"),
             searched: dirs,
         });
@@ -323,7 +338,7 @@ pub fn load_sia_placement_profiles() -> Result<(PlacementProfiles, Vec<ParseRepo
     let mut reports = Vec::new();
     for model in SIA_MODELS {
         for (gpu, _) in SIA_GPU_TYPES {
-            let path: PathBuf = root.join(model).join(format!("placements-{gpu}.csv"));
+            let path: PathBuf = root.join(model).join(format!("{stem}-{gpu}.csv"));
             if !path.is_file() {
                 continue;
             }
@@ -336,12 +351,12 @@ pub fn load_sia_placement_profiles() -> Result<(PlacementProfiles, Vec<ParseRepo
     }
     if all.is_empty() {
         return Err(DatasetError::TraceNotFound {
-            name: "sia-placement-profiles".into(),
-            file: format!("{SIA_DIR}/<model>/placements-<gpu>.csv"),
+            name,
+            file: format!("{SIA_DIR}/<model>/{stem}-<gpu>.csv"),
             searched: vec![root],
         });
     }
-    Ok((PlacementProfiles::new(all), reports))
+    Ok((all, reports))
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 
 use marshal_datasets::{
     GenAiMetric, LucidJob, SIA_GPU_TYPES, gavel_throughputs, load_gavel_throughputs,
-    load_genai_series, load_lucid_profiles, load_sia_placement_profiles, pollux_placement_profiles,
+    load_genai_series, load_lucid_profiles, load_sia_placement_profiles,
+    load_sia_scalability_profiles, pollux_placement_profiles,
 };
 
 mod common;
@@ -123,6 +124,55 @@ fn sia_placement_profiles_from_the_traces_dir() {
             "{model}"
         );
     }
+}
+
+#[test]
+fn sia_scalability_profiles_from_the_traces_dir() {
+    let Some((profiles, reports)) =
+        from_traces_dir("sia scalability", load_sia_scalability_profiles())
+    else {
+        return;
+    };
+    assert_eq!(reports.len(), 38);
+    // The `dgx-ext` files repeat (nodes, GPUs, batch) rows, which are skipped as such;
+    // every other file parses whole.
+    let skipped: Vec<_> = reports
+        .iter()
+        .filter(|r| r.rows_skipped > 0)
+        .map(|r| (&r.source, &r.skipped[0].reason))
+        .collect();
+    assert!(
+        skipped
+            .iter()
+            .all(|(file, why)| file.ends_with("-dgx-ext.csv") && why.starts_with("repeated")),
+        "{skipped:?}"
+    );
+    assert!(profiles.iter().all(|p| p.placement.is_none()));
+    // imagenet/scalability-azure.csv line 2: `20,0.1607…,0.0384…,4,4`.
+    let first = profiles
+        .iter()
+        .find(|p| p.model == "imagenet" && p.gpu_type == "azure")
+        .unwrap();
+    assert_eq!(
+        (
+            first.local_bsz,
+            first.nodes,
+            first.replicas,
+            first.step_time_s
+        ),
+        (20, 4, 4, 0.16073721647262573)
+    );
+    let widest = |gpu: &str| {
+        profiles
+            .iter()
+            .filter(|p| p.gpu_type == gpu && p.model != "gpt_pmp")
+            .map(|p| p.nodes)
+            .max()
+    };
+    assert_eq!(
+        (widest("azure"), widest("rtx"), widest("dgx")),
+        (Some(5), Some(3), Some(2))
+    );
 }
 
 #[test]

@@ -270,6 +270,25 @@ fn elasticflow_128_is_sixteen_a100_nodes_on_nvswitch() {
 }
 
 #[test]
+fn sias_testbeds_have_their_gpus_and_islands() {
+    for (name, gpu, island) in [
+        ("nd40rs-v100-64", "V100M32", 8),
+        ("dgx-a100-64", "A100-40", 8),
+        ("rtx2080ti-64", "RTX2080Ti", 1),
+    ] {
+        let topo = Topology::build(&cluster_preset(name).unwrap()).unwrap();
+        assert_eq!((topo.gpu_count(), topo.nodes().len()), (64, 8), "{name}");
+        assert_eq!(
+            topo.max_gpus_within(TopoLevel::NvlinkIsland),
+            island,
+            "{name}"
+        );
+        let model = topo.nodes()[0].model.unwrap();
+        assert_eq!(topo.catalog.get(model).name, gpu, "{name}");
+    }
+}
+
+#[test]
 fn dlrm_peak_holds_the_dlrm_traces_peak_demand_with_headroom() {
     let spec = cluster_preset("dlrm-peak").unwrap();
     let topo = Topology::build(&spec).unwrap();

@@ -62,7 +62,7 @@ fn unknown_trace_lists_the_known_names() {
 #[test]
 fn unknown_cluster_lists_the_presets() {
     let err = load_cluster("dgx-h100-65").unwrap_err();
-    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 7));
+    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 10));
     let text = err.to_string();
     for preset in [
         "openb",
@@ -72,6 +72,9 @@ fn unknown_cluster_lists_the_presets() {
         "pollux-64",
         "elasticflow-128",
         "dlrm-peak",
+        "nd40rs-v100-64",
+        "dgx-a100-64",
+        "rtx2080ti-64",
     ] {
         assert!(text.contains(preset), "{text}");
     }

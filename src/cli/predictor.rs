@@ -60,6 +60,26 @@ pub enum MeasuredSet {
     /// models by per-GPU batch and placement on AWS g4dn.12xlarge nodes (4 T4 on PCIe,
     /// 50 Gb/s between nodes), evaluated on the `pollux-64` cluster.
     Pollux,
+    /// Sia's (SOSP '23) profiles of the same six models on Azure ND40rs_v2 (8 V100 on
+    /// NVLink), on `nd40rs-v100-64`. Read from the traces directory (not bundled: no
+    /// license).
+    SiaAzure,
+    /// Sia's profiles on DGX A100 nodes (8 A100-40GB on NVSwitch), on `dgx-a100-64`.
+    SiaDgx,
+    /// Sia's profiles on 8 × RTX 2080 Ti servers (PCIe only), on `rtx2080ti-64`.
+    SiaRtx,
+}
+
+impl MeasuredSet {
+    /// Sia's file suffix, the GPU model and the cluster preset; `None` for Pollux.
+    fn sia(self) -> Option<(&'static str, &'static str, &'static str)> {
+        match self {
+            MeasuredSet::Pollux => None,
+            MeasuredSet::SiaAzure => Some(("azure", "V100M32", "nd40rs-v100-64")),
+            MeasuredSet::SiaDgx => Some(("dgx", "A100-40", "dgx-a100-64")),
+            MeasuredSet::SiaRtx => Some(("rtx", "RTX2080Ti", "rtx2080ti-64")),
+        }
+    }
 }
 
 /// `--prior-form`.
@@ -279,67 +299,96 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
 
 /// The examples of a measured set and the cluster they were measured on.
 fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static str)> {
-    match set {
-        MeasuredSet::Pollux => {
-            let (profiles, _) = marshal_datasets::pollux_placement_profiles()?;
-            let steps: Vec<MeasuredStep> = profiles
-                .profiles()
-                .iter()
-                .filter_map(|p| {
-                    Some(MeasuredStep {
-                        model: p.model.clone(),
-                        gpu_type: "T4".into(),
-                        placement: p.placement.clone()?,
-                        local_bsz: p.local_bsz,
-                        step_time_s: p.step_time_s,
-                    })
-                })
-                .collect();
-            let (examples, skipped) = measured_examples(&steps);
-            println!(
-                "{} measured step times of {} profiles (Pollux, AWS g4dn, T4); {skipped} skipped \
-                 (unequal GPUs per node)",
-                examples.len(),
-                profiles.profiles().len()
-            );
-            Ok((examples, "pollux-64"))
+    let (profiles, gpu, cluster, source) = match set.sia() {
+        None => {
+            let (p, _) = marshal_datasets::pollux_placement_profiles()?;
+            (p.profiles().to_vec(), "T4", "pollux-64", "Pollux, AWS g4dn")
         }
-    }
+        Some((suffix, gpu, cluster)) => {
+            let (p, _) = marshal_datasets::load_sia_placement_profiles().context(
+                "Sia's profiles are read from the traces directory (MARSHAL_TRACES_DIR)",
+            )?;
+            let p = sia_only(p.profiles(), suffix);
+            (p, gpu, cluster, "Sia")
+        }
+    };
+    let steps: Vec<MeasuredStep> = profiles
+        .iter()
+        .filter_map(|p| measured_step(p, gpu, p.placement.clone()?))
+        .collect();
+    let (examples, skipped) = measured_examples(&steps);
+    println!(
+        "{} measured step times of {} profiles ({source}, {gpu}); {skipped} skipped \
+         (unequal GPUs per node)",
+        examples.len(),
+        profiles.len()
+    );
+    Ok((examples, cluster))
+}
+
+/// The profiles of Sia's GPU type `suffix`, without `gpt_pmp`: its pipeline and model
+/// parallelism is not the data parallelism the measured examples describe.
+fn sia_only(
+    profiles: &[marshal_datasets::StepTimeProfile],
+    suffix: &str,
+) -> Vec<marshal_datasets::StepTimeProfile> {
+    profiles
+        .iter()
+        .filter(|p| p.gpu_type == suffix && p.model != "gpt_pmp")
+        .cloned()
+        .collect()
+}
+
+fn measured_step(
+    p: &marshal_datasets::StepTimeProfile,
+    gpu: &str,
+    placement: String,
+) -> Option<MeasuredStep> {
+    Some(MeasuredStep {
+        model: p.model.clone(),
+        gpu_type: gpu.into(),
+        placement,
+        local_bsz: p.local_bsz,
+        step_time_s: p.step_time_s,
+    })
 }
 
 /// The second experiment of a measured set, as examples with job ids of their own
-/// (`scalability:` + the usual id): Pollux's scalability runs whose GPUs divide evenly
-/// over their nodes (at most 9 per node), as a uniform placement.
+/// (`scalability:` + the usual id): the scalability runs (Pollux's: 6–16 nodes; Sia's:
+/// up to 5 nodes on `azure`, 3 on `rtx`, 2 on `dgx`) whose GPUs divide evenly over their
+/// nodes (at most 9 per node), as a uniform placement.
 fn scalability_set(set: MeasuredSet) -> anyhow::Result<Vec<StepExample>> {
-    match set {
-        MeasuredSet::Pollux => {
-            let (profiles, _) = marshal_datasets::pollux_scalability_profiles()?;
-            let steps: Vec<MeasuredStep> = profiles
-                .iter()
-                .filter(|p| p.nodes > 0 && p.replicas % p.nodes == 0)
-                .filter_map(|p| {
-                    let per_node = char::from_digit(p.replicas / p.nodes, 10)?;
-                    Some(MeasuredStep {
-                        model: p.model.clone(),
-                        gpu_type: "T4".into(),
-                        placement: std::iter::repeat_n(per_node, p.nodes as usize).collect(),
-                        local_bsz: p.local_bsz,
-                        step_time_s: p.step_time_s,
-                    })
-                })
-                .collect();
-            let (mut examples, _) = measured_examples(&steps);
-            for e in &mut examples {
-                e.job_id = format!("scalability:{}", e.job_id);
-            }
-            println!(
-                "{} scalability runs with uniform layouts of {} (Pollux)",
-                examples.len(),
-                profiles.len()
-            );
-            Ok(examples)
+    let (profiles, gpu) = match set.sia() {
+        None => (marshal_datasets::pollux_scalability_profiles()?.0, "T4"),
+        Some((suffix, gpu, _)) => {
+            let (p, _) = marshal_datasets::load_sia_scalability_profiles().context(
+                "Sia's profiles are read from the traces directory (MARSHAL_TRACES_DIR)",
+            )?;
+            (sia_only(&p, suffix), gpu)
         }
+    };
+    let steps: Vec<MeasuredStep> = profiles
+        .iter()
+        .filter(|p| p.nodes > 0 && p.replicas % p.nodes == 0)
+        .filter_map(|p| {
+            let per_node = char::from_digit(p.replicas / p.nodes, 10)?;
+            measured_step(
+                p,
+                gpu,
+                std::iter::repeat_n(per_node, p.nodes as usize).collect(),
+            )
+        })
+        .collect();
+    let (mut examples, _) = measured_examples(&steps);
+    for e in &mut examples {
+        e.job_id = format!("scalability:{}", e.job_id);
     }
+    println!(
+        "{} scalability runs with uniform layouts of {}",
+        examples.len(),
+        profiles.len()
+    );
+    Ok(examples)
 }
 
 /// One fold's (or a group's pooled) step-time errors.
@@ -507,10 +556,6 @@ fn graphs(
 }
 
 /// The speed factor of an example's placement, for the history.
-fn speed(ctx: &ClusterContext) -> impl Fn(&StepExample) -> f64 + '_ {
-    |e| ctx.history_speed(e)
-}
-
 /// Most gangs in a trace are one GPU, whose step time does not depend on placement; the
 /// few multi-GPU examples are the ones that teach the network what spreading costs.
 /// Repeating each multi-GPU example (up to 8 times, until the two groups weigh about the
@@ -719,6 +764,61 @@ fn save(
 mod tests {
     use super::*;
     use marshal_model::{GpuNodeFeatures, PlacementGraph};
+
+    #[test]
+    fn a_sia_set_is_one_gpu_type_of_the_data_parallel_models_on_its_testbed() {
+        if let Err(e) = marshal_datasets::load_sia_placement_profiles() {
+            eprintln!("skipped: Sia's profiles are not in the traces directory ({e})");
+            return;
+        }
+        // Uniform layouts of the six data-parallel models (counted from the CSV files).
+        for (set, gpu, memory, cluster, placements, scalability, widest) in [
+            (
+                MeasuredSet::SiaAzure,
+                "V100M32",
+                32.0,
+                "nd40rs-v100-64",
+                1064,
+                781,
+                5,
+            ),
+            (
+                MeasuredSet::SiaDgx,
+                "A100-40",
+                40.0,
+                "dgx-a100-64",
+                866,
+                375,
+                2,
+            ),
+            (
+                MeasuredSet::SiaRtx,
+                "RTX2080Ti",
+                11.0,
+                "rtx2080ti-64",
+                858,
+                621,
+                3,
+            ),
+        ] {
+            let (examples, c) = measured_set(set).unwrap();
+            assert_eq!((c, examples.len()), (cluster, placements), "{set:?}");
+            let scale = scalability_set(set).unwrap();
+            assert_eq!(scale.len(), scalability, "{set:?}");
+            assert_eq!(scale.iter().map(|e| e.nodes).max(), Some(widest), "{set:?}");
+            assert!(
+                examples.iter().chain(&scale).all(|e| e.gpu_type == gpu
+                    && !e.model.starts_with("gpt_pmp")
+                    && e.comm == "data-parallel"),
+                "{set:?}"
+            );
+            // The testbed's cluster knows the GPU model: its memory, not the default 16 GiB.
+            let ctx = context(cluster).unwrap();
+            let history = StepHistory::fit(&examples, |_| 1.0);
+            let (graph, _) = ctx.featurize(&examples[0], &history).unwrap();
+            assert_eq!(graph.gpus[0].values[0], memory, "{set:?}");
+        }
+    }
 
     fn graph(gpus: usize) -> (PlacementGraph, Targets) {
         let g = PlacementGraph {

@@ -136,6 +136,8 @@ fn datasheet(gpu: &str) -> (f32, f32) {
         _ if g.starts_with("K80") => (8.7, 0.48),
         _ if g.starts_with("A10") => (125.0, 0.6),
         _ if g.starts_with("L4") => (121.0, 0.3),
+        // FP16 tensor rate with FP32 accumulation (GeForce: half of FP16 accumulation).
+        _ if g.starts_with("RTX2080TI") => (53.8, 0.62),
         _ => (100.0, 1.0),
     }
 }
@@ -206,6 +208,17 @@ impl ClusterContext {
     /// The fitted (compute, step) times of the example's placement, where there are.
     fn fitted_step_s(&self, e: &StepExample) -> Option<(f64, f64)> {
         self.sync.step_s(self.family(e), e)
+    }
+
+    /// The history of `train` ([`StepHistory::fit_with_priors`]): each entry's speed
+    /// factor and its prior on this context, so that the prior carries the history's
+    /// offsets.
+    pub fn history(&self, train: &[StepExample]) -> StepHistory {
+        StepHistory::fit_with_priors(
+            train,
+            |e| self.history_speed(e),
+            |e, h| self.prior_step_s(e, h),
+        )
     }
 
     /// The factor that turns a measured step time into the history's packed, unshared
@@ -311,7 +324,9 @@ impl ClusterContext {
     /// The example's analytic step time, seconds (finite and positive): the history's
     /// packed, unshared step time of other jobs of its kind (or a FLOP count when the kind
     /// has no history) over this placement's speed factor; where a [`SyncFit`] covers the
-    /// example, its fitted step time over the interference factor instead.
+    /// example, its fitted step time over the interference factor instead. Either is
+    /// multiplied by the history's offset for the kind on this locality
+    /// ([`StepHistory::prior_offset`]).
     pub fn prior_step_s(&self, e: &StepExample, history: &StepHistory) -> f64 {
         let speed = self.placement_speed(e);
         let factor = speed.factor();
@@ -330,7 +345,7 @@ impl ClusterContext {
         let prior = match self.fitted_step_s(e) {
             Some((_, step)) => step / speed.interference,
             None => packed / factor,
-        };
+        } * history.prior_offset(e).exp();
         if prior.is_finite() && prior > 0.0 {
             prior.clamp(1e-9, 1e9)
         } else {
@@ -532,17 +547,22 @@ mod tests {
         assert!((ctx.prior_step_s(&again, &history) - 3.0).abs() < 1e-12);
     }
 
-    #[test]
-    fn a_fitted_sync_line_adds_to_the_kinds_single_gpu_time() {
-        let ctx = ctx();
-        // One GPU 1.0 s; gangs pay 0.2 s within a node and 0.5 + 0.2·log2(K/2) across.
-        let train = vec![
+    /// One GPU 1.0 s; gangs pay 0.2 s within a node and 0.5 + 0.2·log2(K/2) across.
+    fn sync_train() -> Vec<StepExample> {
+        vec![
             ex("one", "bert", 1, 1, "gpu", 1.0),
             ex("two", "bert", 2, 1, "node", 1.2),
             ex("four", "bert", 4, 1, "node", 1.2),
             ex("wide2", "bert", 2, 2, "rack", 1.5),
             ex("wide4", "bert", 4, 4, "rack", 1.7),
-        ];
+        ]
+    }
+
+    #[test]
+    fn a_fitted_sync_line_adds_to_the_kinds_single_gpu_time() {
+        let ctx = ctx();
+        // One GPU 1.0 s; gangs pay 0.2 s within a node and 0.5 + 0.2·log2(K/2) across.
+        let train = sync_train();
         let fitted = ctx.with_sync(ctx.fit_sync(&train));
         let history = StepHistory::fit(&train, |e| fitted.history_speed(e));
         // The kind's single-GPU time is 1.0 s, so a new 8-GPU gang over 8 nodes (a
@@ -562,5 +582,37 @@ mod tests {
             fitted.prior_step_s(&other, &history),
             ctx.prior_step_s(&other, &history)
         );
+    }
+
+    #[test]
+    fn the_prior_carries_the_historys_offset_for_the_kind_on_its_locality() {
+        let ctx = ctx();
+        // Spread over two nodes, bert runs about 3× its packed time, which the share
+        // form's locality factor does not say; a new spread gang's prior carries the miss.
+        let train = vec![
+            ex("p1", "bert", 4, 1, "node", 1.0),
+            ex("p2", "bert", 4, 1, "node", 1.1),
+            ex("s1", "bert", 4, 2, "rack", 3.0),
+            ex("s2", "bert", 4, 2, "rack", 3.3),
+        ];
+        let plain = StepHistory::fit(&train, |e| ctx.history_speed(e));
+        let with = ctx.history(&train);
+        let new = ex("new", "bert", 4, 2, "rack", 0.0);
+        let offset = with.prior_offset(&new);
+        assert!(offset.abs() > 0.01, "{offset}");
+        let (a, b) = (
+            ctx.prior_step_s(&new, &plain),
+            ctx.prior_step_s(&new, &with),
+        );
+        assert!((b - a * offset.exp()).abs() < 1e-9, "{a} {b} {offset}");
+        // The offset is the spread examples' misses against the prior without offsets,
+        // shrunk: Σ ln(step / prior) / (2 + 1). The packed ones have their own.
+        let miss: f64 = train[2..]
+            .iter()
+            .map(|e| (e.step_time_s / ctx.prior_step_s(e, &plain)).ln())
+            .sum();
+        assert!((offset - miss / 3.0).abs() < 1e-9, "{offset} {miss}");
+        let packed = ex("new", "bert", 4, 1, "node", 0.0);
+        assert!((with.prior_offset(&packed) - offset).abs() > 0.01);
     }
 }

@@ -13,6 +13,16 @@
 //! so that measurements of the same kind on different placements agree, and the prior
 //! can carry them to any other placement.
 //!
+//! The history also remembers how far the prior ([`crate::ClusterContext::prior_step_s`])
+//! was from what the kind measured: [`StepHistory::prior_offset`] is the mean of
+//! `ln(step / prior)` over other jobs of the same kind and GPU type on the same locality
+//! (one machine, or several), shrunk towards 0 by one pseudo-observation (`Σ / (n + 1)`),
+//! and the prior is multiplied by its exponential. A physics prior with a form error
+//! particular to a kind (a model whose all-reduce overlaps its backward pass better than
+//! the line assumes) then stops repeating that error on every new placement of it. Each
+//! entry's prior is taken before any offset ([`StepHistory::fit_with_priors`]), so the
+//! offsets do not feed on themselves.
+//!
 //! The example's own job is always left out. Without that, a training example whose key
 //! holds only its own job would see its answer as a feature, the network would learn to
 //! copy it, and at test time (where jobs are new) the copy would be worth much less.
@@ -39,6 +49,14 @@ pub struct HistoryEntry {
     /// Speed factor of the placement it was measured on (step time × speed = packed
     /// step time).
     pub speed: f64,
+    /// Machines its placement spanned (0: not recorded, as in histories written before
+    /// the prior's offsets; such an entry gives no offset).
+    #[serde(default)]
+    pub nodes: u32,
+    /// The prior's step time for its placement, before any offset; `None` gives no
+    /// offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prior_s: Option<f64>,
 }
 
 /// Step times of earlier jobs, indexed at three levels of specificity.
@@ -48,6 +66,8 @@ pub struct StepHistory {
     by_count: BTreeMap<(String, String, u32), Vec<usize>>,
     by_type: BTreeMap<(String, String), Vec<usize>>,
     by_model: BTreeMap<String, Vec<usize>>,
+    /// (kind, GPU type, spans several machines) → entries with a prior.
+    by_locality: BTreeMap<(String, String, bool), Vec<usize>>,
 }
 
 /// A history lookup: the median packed step time and how specific it is (1..=3).
@@ -75,9 +95,53 @@ impl StepHistory {
                     num_gpus: e.num_gpus,
                     step_time_s: e.step_time_s,
                     speed,
+                    nodes: e.nodes,
+                    prior_s: None,
                 })
                 .collect(),
         )
+    }
+
+    /// [`Self::fit`], then each entry's prior from `prior(example, history)`, evaluated
+    /// on the history without priors (so without offsets); a prior that is not a finite
+    /// positive number is left out.
+    pub fn fit_with_priors(
+        train: &[StepExample],
+        speed: impl Fn(&StepExample) -> f64,
+        prior: impl Fn(&StepExample, &StepHistory) -> f64,
+    ) -> Self {
+        let plain = Self::fit(train, &speed);
+        let by_job: BTreeMap<&str, &StepExample> =
+            train.iter().map(|e| (e.job_id.as_str(), e)).collect();
+        let entries = plain
+            .entries
+            .iter()
+            .map(|h| HistoryEntry {
+                prior_s: by_job
+                    .get(h.job_id.as_str())
+                    .map(|e| prior(e, &plain))
+                    .filter(|p| p.is_finite() && *p > 0.0),
+                ..h.clone()
+            })
+            .collect();
+        Self::from_entries(entries)
+    }
+
+    /// `ln` of the factor the prior of `e` is multiplied by: the mean of
+    /// `ln(step / prior)` over the other jobs of `e`'s kind and GPU type on `e`'s
+    /// locality (one machine or several), over their count plus one; 0 without any.
+    pub fn prior_offset(&self, e: &StepExample) -> f64 {
+        let key = (e.model.clone(), e.gpu_type.clone(), e.nodes > 1);
+        let Some(ids) = self.by_locality.get(&key) else {
+            return 0.0;
+        };
+        let (sum, n) = ids
+            .iter()
+            .map(|&i| &self.entries[i])
+            .filter(|h| h.job_id != e.job_id)
+            .filter_map(|h| Some((h.step_time_s / h.prior_s?).ln()))
+            .fold((0.0, 0usize), |(s, n), r| (s + r, n + 1));
+        sum / (n + 1) as f64
     }
 
     fn from_entries(entries: Vec<HistoryEntry>) -> Self {
@@ -92,6 +156,12 @@ impl StepHistory {
                 .or_default()
                 .push(i);
             h.by_model.entry(e.model.clone()).or_default().push(i);
+            if e.nodes > 0 && e.prior_s.is_some() {
+                h.by_locality
+                    .entry((e.model.clone(), e.gpu_type.clone(), e.nodes > 1))
+                    .or_default()
+                    .push(i);
+            }
         }
         h.entries = entries;
         h
@@ -156,16 +226,16 @@ impl StepHistory {
             TrainerError::Invalid(format!("{}: not a step history: {e}", path.display()))
         })?;
         let positive = |v: f64| v.is_finite() && v > 0.0;
-        if let Some(bad) = entries
-            .iter()
-            .find(|e| !(positive(e.step_time_s) && positive(e.speed)))
-        {
+        if let Some(bad) = entries.iter().find(|e| {
+            !(positive(e.step_time_s) && positive(e.speed) && e.prior_s.is_none_or(positive))
+        }) {
             return Err(TrainerError::Invalid(format!(
-                "{}: job {} has step time {} and speed {}, not positive numbers",
+                "{}: job {} has step time {}, speed {} and prior {:?}, not positive numbers",
                 path.display(),
                 bad.job_id,
                 bad.step_time_s,
-                bad.speed
+                bad.speed,
+                bad.prior_s
             )));
         }
         Ok(Self::from_entries(entries))
@@ -212,6 +282,55 @@ mod tests {
         assert_eq!(h.len(), 1);
     }
 
+    fn spread(job: &str, model: &str, t: f64) -> StepExample {
+        crate::baselines::tests::ex(job, model, 8, 2, "rack", t)
+    }
+
+    #[test]
+    fn the_prior_offset_is_the_shrunk_mean_log_miss_of_other_jobs_on_the_same_locality() {
+        let train = [
+            spread("a", "bert", 2.0),
+            spread("b", "bert", 4.0),
+            spread("c", "bert", 8.0),
+            // Another locality, kind and GPU type: none of them counts for a spread bert.
+            example("d", "bert", 4, 100.0),
+            spread("e", "gpt", 100.0),
+            StepExample {
+                gpu_type: "T4".into(),
+                ..spread("f", "bert", 100.0)
+            },
+        ];
+        // A prior of 1 s everywhere: the misses are ln 2, ln 4, ln 8.
+        let h = StepHistory::fit_with_priors(&train, |_| 1.0, |_, _| 1.0);
+        let ln2 = 2f64.ln();
+        let new = spread("new", "bert", 0.0);
+        assert!((h.prior_offset(&new) - 6.0 * ln2 / 4.0).abs() < 1e-12);
+        // Job a sees b and c only.
+        assert!((h.prior_offset(&train[0]) - 5.0 * ln2 / 3.0).abs() < 1e-12);
+        // One other job on its locality: half its miss.
+        assert!(
+            (h.prior_offset(&example("new", "bert", 4, 0.0)) - 100f64.ln() / 2.0).abs() < 1e-12
+        );
+        assert_eq!(h.prior_offset(&spread("new", "ncf", 0.0)), 0.0);
+        // Without priors (a plain fit) there is no offset.
+        assert_eq!(StepHistory::fit(&train, |_| 1.0).prior_offset(&new), 0.0);
+    }
+
+    #[test]
+    fn entries_priors_come_from_the_history_without_offsets() {
+        let train = [spread("a", "bert", 2.0), spread("b", "bert", 4.0)];
+        let h = StepHistory::fit_with_priors(
+            &train,
+            |_| 1.0,
+            |e, h| {
+                assert_eq!(h.prior_offset(e), 0.0);
+                if e.job_id == "a" { 1.0 } else { f64::NAN }
+            },
+        );
+        // b's prior is not a number: only a counts.
+        assert!((h.prior_offset(&spread("new", "bert", 0.0)) - 2f64.ln() / 2.0).abs() < 1e-12);
+    }
+
     #[test]
     fn saves_loads_and_names_a_damaged_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -219,6 +338,37 @@ mod tests {
         let h = StepHistory::fit(&[example("a", "bert", 4, 1.5)], |_| 0.8);
         h.save(&path).unwrap();
         assert_eq!(StepHistory::load(&path).unwrap(), h);
+        let with_priors = StepHistory::fit_with_priors(
+            &[spread("a", "bert", 2.0), spread("b", "bert", 4.0)],
+            |_| 0.8,
+            |_, _| 1.0,
+        );
+        with_priors.save(&path).unwrap();
+        let loaded = StepHistory::load(&path).unwrap();
+        assert_eq!(loaded, with_priors);
+        assert!(loaded.prior_offset(&spread("new", "bert", 0.0)) > 0.0);
+        // A history written before entries kept their placement and prior loads without
+        // offsets.
+        std::fs::write(
+            &path,
+            r#"[{"job_id":"a","model":"bert","gpu_type":"V100M32","num_gpus":8,"step_time_s":2.0,"speed":1.0}]"#,
+        )
+        .unwrap();
+        let old = StepHistory::load(&path).unwrap();
+        assert_eq!(old.len(), 1);
+        assert_eq!(old.prior_offset(&spread("new", "bert", 0.0)), 0.0);
+        // A prior that is not a positive number is refused, named.
+        std::fs::write(
+            &path,
+            r#"[{"job_id":"a","model":"bert","gpu_type":"V100M32","num_gpus":8,"step_time_s":2.0,"speed":1.0,"nodes":2,"prior_s":-1.0}]"#,
+        )
+        .unwrap();
+        assert!(
+            StepHistory::load(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("prior")
+        );
         // A history written before entries kept their speed is refused.
         std::fs::write(
             &path,

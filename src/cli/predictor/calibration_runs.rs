@@ -7,7 +7,7 @@ use marshal_trainer::{
     ClusterContext, Split, StepExample, StepHistory, split_holding_out, split_unseen_placements,
 };
 
-use super::{PriorSource, graphs, rebalanced, speed};
+use super::{PriorSource, graphs, rebalanced};
 
 /// Number of auxiliary calibration runs of [`train_calibrated`] (cross-conformal folds
 /// over the training side's shape classes).
@@ -115,7 +115,7 @@ pub(super) fn train_calibrated(
     cost: &mut TrainingCost,
 ) -> anyhow::Result<(marshal_model::TrainedPredictor, StepHistory, ClusterContext)> {
     let ctx = &prior.context(&split.train)?;
-    let history = StepHistory::fit(&split.train, speed(ctx));
+    let history = ctx.history(&split.train);
     let predictor = marshal_model::train::fit(
         &rebalanced(graphs(ctx, &history, &split.train)),
         &graphs(ctx, &history, &split.valid),
@@ -142,7 +142,7 @@ pub(super) fn train_calibrated(
         }
         let fold_started = std::time::Instant::now();
         let ctx = &prior.context(&inner.train)?;
-        let inner_history = StepHistory::fit(&inner.train, speed(ctx));
+        let inner_history = ctx.history(&inner.train);
         let unweighted = graphs(ctx, &inner_history, &inner.train);
         let linear = LinearResidual::fit(&unweighted, DEFAULT_RIDGE)?;
         let train = rebalanced(unweighted);
@@ -248,7 +248,7 @@ fn extrapolation_run(
         return Ok(None);
     }
     let ctx = &prior.context(&inner.train)?;
-    let history = StepHistory::fit(&inner.train, speed(ctx));
+    let history = ctx.history(&inner.train);
     let unweighted = graphs(ctx, &history, &inner.train);
     let linear = LinearResidual::fit(&unweighted, DEFAULT_RIDGE)?;
     let near_valid = graphs(ctx, &history, &near_valid);
