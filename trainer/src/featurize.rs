@@ -605,11 +605,17 @@ mod tests {
             ctx.prior_step_s(&new, &with),
         );
         assert!((b - a * offset.exp()).abs() < 1e-9, "{a} {b} {offset}");
-        // The offset is the spread examples' misses against the prior without offsets,
-        // shrunk: Σ ln(step / prior) / (2 + 1). The packed ones have their own.
+        // The offset is the spread examples' misses against a new job's prior without
+        // offsets, shrunk: Σ ln(step / prior) / (2 + 1). The packed ones have their own.
         let miss: f64 = train[2..]
             .iter()
-            .map(|e| (e.step_time_s / ctx.prior_step_s(e, &plain)).ln())
+            .map(|e| {
+                let as_new = StepExample {
+                    job_id: "(new job 0)".into(),
+                    ..e.clone()
+                };
+                (e.step_time_s / ctx.prior_step_s(&as_new, &plain)).ln()
+            })
             .sum();
         assert!((offset - miss / 3.0).abs() < 1e-9, "{offset} {miss}");
         let packed = ex("new", "bert", 4, 1, "node", 0.0);

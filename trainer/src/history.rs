@@ -15,8 +15,8 @@
 //!
 //! The history also remembers how far the prior ([`crate::ClusterContext::prior_step_s`])
 //! was from what the kind measured: [`StepHistory::prior_offset`] is the mean of
-//! `ln(step / prior)` over other jobs of the same kind and GPU type on the same locality
-//! (one machine, or several), shrunk towards 0 by one pseudo-observation (`Σ / (n + 1)`),
+//! `ln(step / prior)` over other jobs of the same kind and GPU type on the same
+//! [`Locality`], shrunk towards 0 by one pseudo-observation (`Σ / (n + 1)`),
 //! and the prior is multiplied by its exponential. A physics prior with a form error
 //! particular to a kind (a model whose all-reduce overlaps its backward pass better than
 //! the line assumes) then stops repeating that error on every new placement of it. Each
@@ -67,7 +67,33 @@ pub struct StepHistory {
     by_type: BTreeMap<(String, String), Vec<usize>>,
     by_model: BTreeMap<String, Vec<usize>>,
     /// (kind, GPU type, spans several machines) → entries with a prior.
-    by_locality: BTreeMap<(String, String, bool), Vec<usize>>,
+    by_locality: BTreeMap<(String, String, Locality), Vec<usize>>,
+}
+
+/// How a gang's GPUs are spread, as far as the prior's offset is concerned: a gang on
+/// one machine reduces over NVLink or PCIe; one GPU on each of several machines
+/// reduces over the network alone; several GPUs on each of several machines reduce in
+/// two stages (inside each machine, then across). A miss learned in one says little
+/// about another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Locality {
+    OneMachine,
+    OneGpuPerMachine,
+    SeveralGpusPerMachine,
+}
+
+impl Locality {
+    /// The locality of `gpus` GPUs on `nodes` machines (several GPUs per machine when
+    /// any machine has two or more).
+    pub fn of(nodes: u32, gpus: u32) -> Self {
+        if nodes <= 1 {
+            Locality::OneMachine
+        } else if gpus <= nodes {
+            Locality::OneGpuPerMachine
+        } else {
+            Locality::SeveralGpusPerMachine
+        }
+    }
 }
 
 /// A history lookup: the median packed step time and how specific it is (1..=3).
@@ -81,14 +107,22 @@ impl StepHistory {
     /// The history of the training examples (valid and test examples must not be in it);
     /// `speed` gives each example's placement speed factor (see the module docs).
     pub fn fit(train: &[StepExample], speed: impl Fn(&StepExample) -> f64) -> Self {
-        Self::from_entries(
-            train
-                .iter()
-                .map(|e| (e, speed(e)))
-                .filter(|(e, s)| {
-                    e.step_time_s.is_finite() && e.step_time_s > 0.0 && s.is_finite() && *s > 0.0
-                })
-                .map(|(e, speed)| HistoryEntry {
+        Self::from_entries(Self::entries(train, speed).map(|(h, _)| h).collect())
+    }
+
+    /// One entry per usable example, beside it.
+    fn entries(
+        train: &[StepExample],
+        speed: impl Fn(&StepExample) -> f64,
+    ) -> impl Iterator<Item = (HistoryEntry, &StepExample)> {
+        train
+            .iter()
+            .map(move |e| (e, speed(e)))
+            .filter(|(e, s)| {
+                e.step_time_s.is_finite() && e.step_time_s > 0.0 && s.is_finite() && *s > 0.0
+            })
+            .map(|(e, speed)| {
+                let entry = HistoryEntry {
                     job_id: e.job_id.clone(),
                     model: e.model.clone(),
                     gpu_type: e.gpu_type.clone(),
@@ -97,31 +131,44 @@ impl StepHistory {
                     speed,
                     nodes: e.nodes,
                     prior_s: None,
-                })
-                .collect(),
-        )
+                };
+                (entry, e)
+            })
     }
 
-    /// [`Self::fit`], then each entry's prior from `prior(example, history)`, evaluated
-    /// on the history without priors (so without offsets); a prior that is not a finite
-    /// positive number is left out.
+    /// [`Self::fit`], then each entry's prior from `prior(example, history)`: the prior
+    /// a *new* job of its kind would get on its placement (asked under a job id no entry
+    /// has, so the history's recall leaves nothing out), on the history without priors
+    /// (so without offsets). A prior that is not a finite positive number is left out.
+    ///
+    /// Why a new job's prior: the offset is meant to carry the prior's form error (what
+    /// the placement does to a kind that the physics misses), which a new job meets. An
+    /// entry's own leave-its-job-out prior would add the history's recall error
+    /// instead: on a kind with a single job, its recall falls back to a coarser level or
+    /// to the FLOP count, and that miss would then be served to every later job.
     pub fn fit_with_priors(
         train: &[StepExample],
         speed: impl Fn(&StepExample) -> f64,
         prior: impl Fn(&StepExample, &StepHistory) -> f64,
     ) -> Self {
         let plain = Self::fit(train, &speed);
-        let by_job: BTreeMap<&str, &StepExample> =
-            train.iter().map(|e| (e.job_id.as_str(), e)).collect();
-        let entries = plain
-            .entries
-            .iter()
-            .map(|h| HistoryEntry {
-                prior_s: by_job
-                    .get(h.job_id.as_str())
-                    .map(|e| prior(e, &plain))
-                    .filter(|p| p.is_finite() && *p > 0.0),
-                ..h.clone()
+        let ids: std::collections::BTreeSet<&str> =
+            train.iter().map(|e| e.job_id.as_str()).collect();
+        let unused = (0u64..)
+            .map(|i| format!("(new job {i})"))
+            .find(|id| !ids.contains(id.as_str()))
+            .expect("a job id no example has");
+        let entries = Self::entries(train, &speed)
+            .map(|(h, e)| {
+                let as_new = StepExample {
+                    job_id: unused.clone(),
+                    ..e.clone()
+                };
+                let p = prior(&as_new, &plain);
+                HistoryEntry {
+                    prior_s: Some(p).filter(|p| p.is_finite() && *p > 0.0),
+                    ..h
+                }
             })
             .collect();
         Self::from_entries(entries)
@@ -129,9 +176,13 @@ impl StepHistory {
 
     /// `ln` of the factor the prior of `e` is multiplied by: the mean of
     /// `ln(step / prior)` over the other jobs of `e`'s kind and GPU type on `e`'s
-    /// locality (one machine or several), over their count plus one; 0 without any.
+    /// [`Locality`], over their count plus one; 0 without any.
     pub fn prior_offset(&self, e: &StepExample) -> f64 {
-        let key = (e.model.clone(), e.gpu_type.clone(), e.nodes > 1);
+        let key = (
+            e.model.clone(),
+            e.gpu_type.clone(),
+            Locality::of(e.nodes, e.num_gpus),
+        );
         let Some(ids) = self.by_locality.get(&key) else {
             return 0.0;
         };
@@ -158,7 +209,11 @@ impl StepHistory {
             h.by_model.entry(e.model.clone()).or_default().push(i);
             if e.nodes > 0 && e.prior_s.is_some() {
                 h.by_locality
-                    .entry((e.model.clone(), e.gpu_type.clone(), e.nodes > 1))
+                    .entry((
+                        e.model.clone(),
+                        e.gpu_type.clone(),
+                        Locality::of(e.nodes, e.num_gpus),
+                    ))
                     .or_default()
                     .push(i);
             }
@@ -292,7 +347,8 @@ mod tests {
             spread("a", "bert", 2.0),
             spread("b", "bert", 4.0),
             spread("c", "bert", 8.0),
-            // Another locality, kind and GPU type: none of them counts for a spread bert.
+            // Another locality, kind and GPU type: none of them counts for a spread bert
+            // (8 GPUs on 2 machines).
             example("d", "bert", 4, 100.0),
             spread("e", "gpt", 100.0),
             StepExample {
@@ -311,24 +367,52 @@ mod tests {
         assert!(
             (h.prior_offset(&example("new", "bert", 4, 0.0)) - 100f64.ln() / 2.0).abs() < 1e-12
         );
+        // One GPU on each of two machines is a locality of its own: none measured.
+        let pair = crate::baselines::tests::ex("new", "bert", 2, 2, "rack", 0.0);
+        assert_eq!(h.prior_offset(&pair), 0.0);
         assert_eq!(h.prior_offset(&spread("new", "ncf", 0.0)), 0.0);
         // Without priors (a plain fit) there is no offset.
         assert_eq!(StepHistory::fit(&train, |_| 1.0).prior_offset(&new), 0.0);
     }
 
     #[test]
-    fn entries_priors_come_from_the_history_without_offsets() {
-        let train = [spread("a", "bert", 2.0), spread("b", "bert", 4.0)];
+    fn localities_separate_one_machine_one_gpu_per_machine_and_several() {
+        assert_eq!(Locality::of(1, 8), Locality::OneMachine);
+        assert_eq!(Locality::of(0, 1), Locality::OneMachine);
+        assert_eq!(Locality::of(2, 2), Locality::OneGpuPerMachine);
+        assert_eq!(Locality::of(4, 4), Locality::OneGpuPerMachine);
+        assert_eq!(Locality::of(2, 3), Locality::SeveralGpusPerMachine);
+        assert_eq!(Locality::of(2, 16), Locality::SeveralGpusPerMachine);
+    }
+
+    #[test]
+    fn entries_priors_are_a_new_jobs_on_the_history_without_offsets() {
+        // Jobs a and a-again are one job on two placements; b another.
+        let train = [
+            spread("a", "bert", 2.0),
+            crate::baselines::tests::ex("a", "bert", 4, 2, "rack", 3.0),
+            spread("b", "bert", 4.0),
+        ];
         let h = StepHistory::fit_with_priors(
             &train,
             |_| 1.0,
             |e, h| {
                 assert_eq!(h.prior_offset(e), 0.0);
-                if e.job_id == "a" { 1.0 } else { f64::NAN }
+                // Asked as a new job: the recall leaves no entry out.
+                assert!(!["a", "b"].contains(&e.job_id.as_str()));
+                // Each entry is asked on its own placement.
+                match (e.num_gpus, e.step_time_s) {
+                    (8, 2.0) => 1.0,
+                    (4, 3.0) => 1.5,
+                    _ => f64::NAN,
+                }
             },
         );
-        // b's prior is not a number: only a counts.
-        assert!((h.prior_offset(&spread("new", "bert", 0.0)) - 2f64.ln() / 2.0).abs() < 1e-12);
+        // b's prior is not a number: a's two entries count, ln 2 each.
+        let new = spread("new", "bert", 0.0);
+        assert!((h.prior_offset(&new) - 2.0 * 2f64.ln() / 3.0).abs() < 1e-12);
+        // Job a itself sees neither of its entries.
+        assert_eq!(h.prior_offset(&train[0]), 0.0);
     }
 
     #[test]

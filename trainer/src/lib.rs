@@ -42,7 +42,7 @@ pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;
 pub use examples::{StepExample, load_step_examples};
 pub use featurize::{ClusterContext, PlacementSpeed};
-pub use history::{HISTORY_FILE, HistoryEntry, Recalled, StepHistory};
+pub use history::{HISTORY_FILE, HistoryEntry, Locality, Recalled, StepHistory};
 pub use measured::{
     MeasuredFold, MeasuredStep, PriorForm, fit_comm_catalog, fit_measured_prior,
     leave_one_class_out, leave_one_model_out, measured_examples, measured_kind, test_on_other_set,
