@@ -64,3 +64,11 @@ pub(crate) fn rtx_2080ti() -> LinkSpec {
         spine_gbps: 12.5,
     }
 }
+
+/// A server of 4 Quadro RTX 6000 on PCIe Gen3 x16 (Sia's `quad` testbed, measured on one
+/// machine only). No NVLink is assumed (Sia does not say whether the cards are bridged);
+/// the network is not published and never used by its single-machine profiles: 100 Gb/s
+/// is an assumption.
+pub(crate) fn quadro_rtx6000() -> LinkSpec {
+    rtx_2080ti()
+}

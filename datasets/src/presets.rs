@@ -17,6 +17,7 @@ pub const CLUSTER_PRESETS: &[&str] = &[
     "nd40rs-v100-64",
     "dgx-a100-64",
     "rtx2080ti-64",
+    "quadro-rtx6000-32",
 ];
 
 /// A named cluster:
@@ -36,10 +37,11 @@ pub const CLUSTER_PRESETS: &[&str] = &[
 ///   demand as its recorded starts and deletions give it (3,412 GPUs and 28,962 cores
 ///   on `HN` instances; 393,616 cores and 1,950 TiB on `CN` instances). The trace does
 ///   not name the GPU model; A10 is an assumption (serving DLRMs needs no NVLink).
-/// - `nd40rs-v100-64`, `dgx-a100-64`, `rtx2080ti-64`: 8 nodes of Sia's `azure`, `dgx`
-///   and `rtx` testbeds (8 V100-32GB on NVLink 2; a DGX A100's 8 A100-40GB on NVSwitch
-///   with HDR InfiniBand; 8 RTX 2080 Ti on PCIe), for evaluating on Sia's measured step
-///   times ([`crate::load_sia_placement_profiles`]).
+/// - `nd40rs-v100-64`, `dgx-a100-64`, `rtx2080ti-64`, `quadro-rtx6000-32`: 8 nodes of
+///   Sia's `azure`, `dgx`, `rtx` and `quad` testbeds (8 V100-32GB on NVLink 2; a DGX
+///   A100's 8 A100-40GB on NVSwitch with HDR InfiniBand; 8 RTX 2080 Ti on PCIe; 4
+///   Quadro RTX 6000 on PCIe), for evaluating on Sia's measured step times
+///   ([`crate::load_sia_placement_profiles`]).
 pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
     match name {
         "openb" => openb(OPENB_GPU_NODES, "openb"),
@@ -49,27 +51,34 @@ pub fn cluster_preset(name: &str) -> Result<ClusterSpec, DatasetError> {
         "pollux-64" => Ok(pollux_64()),
         "elasticflow-128" => Ok(elasticflow_128()),
         "dlrm-peak" => Ok(dlrm_peak()),
-        "nd40rs-v100-64" => Ok(eight_gpu_nodes(
+        "nd40rs-v100-64" => Ok(eight_nodes(
             "nd40rs-v100-64",
             links::nd40rs_v2(),
             "V100M32",
-            8,
+            (8, 8),
             (40_000, 672 * 1024),
         )),
         // The DGX A100's fabric is the ND96asr's: NVSwitch, one HDR HCA per GPU.
-        "dgx-a100-64" => Ok(eight_gpu_nodes(
+        "dgx-a100-64" => Ok(eight_nodes(
             "dgx-a100-64",
             links::nd96asr_a100(),
             "A100-40",
-            8,
+            (8, 8),
             (128_000, 1024 * 1024),
         )),
-        "rtx2080ti-64" => Ok(eight_gpu_nodes(
+        "rtx2080ti-64" => Ok(eight_nodes(
             "rtx2080ti-64",
             links::rtx_2080ti(),
             "RTX2080Ti",
-            0,
+            (8, 0),
             (48_000, 384 * 1024),
+        )),
+        "quadro-rtx6000-32" => Ok(eight_nodes(
+            "quadro-rtx6000-32",
+            links::quadro_rtx6000(),
+            "RTX6000",
+            (4, 0),
+            (32_000, 256 * 1024),
         )),
         _ => Err(DatasetError::UnknownCluster {
             name: name.to_string(),
@@ -118,12 +127,13 @@ fn dgx_h100_64() -> ClusterSpec {
     )
 }
 
-/// 8 nodes of 8 `gpu_model` GPUs in one rack; `(cpu_milli, memory_mib)` per node.
-fn eight_gpu_nodes(
+/// 8 nodes in one rack, each with `gpus` `gpu_model` GPUs in NVLink islands of
+/// `nvlink_domain` (0: none), `cpu_milli` and `memory_mib`.
+fn eight_nodes(
     name: &str,
     links: LinkSpec,
     gpu_model: &str,
-    nvlink_domain: u16,
+    (gpus, nvlink_domain): (u16, u16),
     (cpu_milli, memory_mib): (u32, u64),
 ) -> ClusterSpec {
     uniform(
@@ -135,7 +145,7 @@ fn eight_gpu_nodes(
             name_prefix: Some(name.split('-').next().unwrap_or(name).to_string()),
             names: Vec::new(),
             gpu_model: Some(gpu_model.to_string()),
-            gpus: 8,
+            gpus,
             nvlink_domain,
             cpu_milli,
             memory_mib,

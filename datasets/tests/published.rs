@@ -275,9 +275,15 @@ fn sias_testbeds_have_their_gpus_and_islands() {
         ("nd40rs-v100-64", "V100M32", 8),
         ("dgx-a100-64", "A100-40", 8),
         ("rtx2080ti-64", "RTX2080Ti", 1),
+        ("quadro-rtx6000-32", "RTX6000", 1),
     ] {
         let topo = Topology::build(&cluster_preset(name).unwrap()).unwrap();
-        assert_eq!((topo.gpu_count(), topo.nodes().len()), (64, 8), "{name}");
+        let per_node = if name.starts_with("quadro") { 4 } else { 8 };
+        assert_eq!(
+            (topo.gpu_count(), topo.nodes().len()),
+            (8 * per_node, 8),
+            "{name}"
+        );
         assert_eq!(
             topo.max_gpus_within(TopoLevel::NvlinkIsland),
             island,

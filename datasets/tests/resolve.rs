@@ -62,7 +62,7 @@ fn unknown_trace_lists_the_known_names() {
 #[test]
 fn unknown_cluster_lists_the_presets() {
     let err = load_cluster("dgx-h100-65").unwrap_err();
-    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 10));
+    assert!(matches!(&err, DatasetError::UnknownCluster { known, .. } if known.len() == 11));
     let text = err.to_string();
     for preset in [
         "openb",
@@ -75,6 +75,7 @@ fn unknown_cluster_lists_the_presets() {
         "nd40rs-v100-64",
         "dgx-a100-64",
         "rtx2080ti-64",
+        "quadro-rtx6000-32",
     ] {
         assert!(text.contains(preset), "{text}");
     }

@@ -138,6 +138,8 @@ fn datasheet(gpu: &str) -> (f32, f32) {
         _ if g.starts_with("L4") => (121.0, 0.3),
         // FP16 tensor rate with FP32 accumulation (GeForce: half of FP16 accumulation).
         _ if g.starts_with("RTX2080TI") => (53.8, 0.62),
+        // Quadro: FP32 accumulation at the full FP16 tensor rate.
+        _ if g.starts_with("RTX6000") => (130.5, 0.67),
         _ => (100.0, 1.0),
     }
 }

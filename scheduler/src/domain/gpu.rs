@@ -98,6 +98,8 @@ impl Default for GpuCatalog {
             model("A10", 24.0, 0.8, vec![]),
             // Sia's `rtx` testbed: about 0.7 of a V100 in mixed-precision training.
             model("RTX2080Ti", 11.0, 0.7, vec![]),
+            // Sia's `quad` testbed (Quadro RTX 6000): about 0.85 of a V100.
+            model("RTX6000", 24.0, 0.85, vec![]),
             // openb's anonymised 8-GPU models; their node shapes match A100/V100-class
             // servers, so they get the V100-to-A100 range.
             model("G2", 32.0, 1.0, vec![]),
