@@ -68,6 +68,9 @@ pub enum MeasuredSet {
     SiaDgx,
     /// Sia's profiles on 8 × RTX 2080 Ti servers (PCIe only), on `rtx2080ti-64`.
     SiaRtx,
+    /// Sia's profiles on one server of 4 Quadro RTX 6000 (PCIe), on
+    /// `quadro-rtx6000-32`: single-machine placements only.
+    SiaQuad,
 }
 
 impl MeasuredSet {
@@ -78,6 +81,7 @@ impl MeasuredSet {
             MeasuredSet::SiaAzure => Some(("azure", "V100M32", "nd40rs-v100-64")),
             MeasuredSet::SiaDgx => Some(("dgx", "A100-40", "dgx-a100-64")),
             MeasuredSet::SiaRtx => Some(("rtx", "RTX2080Ti", "rtx2080ti-64")),
+            MeasuredSet::SiaQuad => Some(("quad", "RTX6000", "quadro-rtx6000-32")),
         }
     }
 }
@@ -799,6 +803,15 @@ mod tests {
                 858,
                 621,
                 3,
+            ),
+            (
+                MeasuredSet::SiaQuad,
+                "RTX6000",
+                24.0,
+                "quadro-rtx6000-32",
+                260,
+                260,
+                1,
             ),
         ] {
             let (examples, c) = measured_set(set).unwrap();
