@@ -20,8 +20,9 @@
 //! and the prior is multiplied by its exponential. A physics prior with a form error
 //! particular to a kind (a model whose all-reduce overlaps its backward pass better than
 //! the line assumes) then stops repeating that error on every new placement of it. Each
-//! entry's prior is taken before any offset ([`StepHistory::fit_with_priors`]), so the
-//! offsets do not feed on themselves.
+//! entry's prior is the one a new job of its kind would get on its placement, taken
+//! before any offset ([`StepHistory::fit_with_priors`]), so the offsets carry the
+//! prior's error rather than the history's and do not feed on themselves.
 //!
 //! The example's own job is always left out. Without that, a training example whose key
 //! holds only its own job would see its answer as a feature, the network would learn to
@@ -53,8 +54,8 @@ pub struct HistoryEntry {
     /// the prior's offsets; such an entry gives no offset).
     #[serde(default)]
     pub nodes: u32,
-    /// The prior's step time for its placement, before any offset; `None` gives no
-    /// offset.
+    /// The prior's step time for a new job of its kind on its placement, before any
+    /// offset; `None` gives no offset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prior_s: Option<f64>,
 }
