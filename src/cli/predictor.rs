@@ -301,6 +301,10 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Context of an error loading Sia's profiles: they are not bundled.
+const SIA_FROM_TRACES: &str =
+    "Sia's profiles are read from the traces directory (MARSHAL_TRACES_DIR)";
+
 /// The examples of a measured set and the cluster they were measured on.
 fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static str)> {
     let (profiles, gpu, cluster, source) = match set.sia() {
@@ -309,9 +313,8 @@ fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static 
             (p.profiles().to_vec(), "T4", "pollux-64", "Pollux, AWS g4dn")
         }
         Some((suffix, gpu, cluster)) => {
-            let (p, _) = marshal_datasets::load_sia_placement_profiles().context(
-                "Sia's profiles are read from the traces directory (MARSHAL_TRACES_DIR)",
-            )?;
+            let (p, _) =
+                marshal_datasets::load_sia_placement_profiles().context(SIA_FROM_TRACES)?;
             let p = sia_only(p.profiles(), suffix);
             (p, gpu, cluster, "Sia")
         }
@@ -343,6 +346,7 @@ fn sia_only(
         .collect()
 }
 
+/// Profile `p` as a measurement on GPU model `gpu` with `placement` (one digit per node).
 fn measured_step(
     p: &marshal_datasets::StepTimeProfile,
     gpu: &str,
@@ -365,9 +369,8 @@ fn scalability_set(set: MeasuredSet) -> anyhow::Result<Vec<StepExample>> {
     let (profiles, gpu) = match set.sia() {
         None => (marshal_datasets::pollux_scalability_profiles()?.0, "T4"),
         Some((suffix, gpu, _)) => {
-            let (p, _) = marshal_datasets::load_sia_scalability_profiles().context(
-                "Sia's profiles are read from the traces directory (MARSHAL_TRACES_DIR)",
-            )?;
+            let (p, _) =
+                marshal_datasets::load_sia_scalability_profiles().context(SIA_FROM_TRACES)?;
             (sia_only(&p, suffix), gpu)
         }
     };
