@@ -311,7 +311,7 @@ pub fn pollux_scalability_profiles()
 /// read twice). One report per file read; a file that fails to parse is an error.
 pub fn load_sia_placement_profiles() -> Result<(PlacementProfiles, Vec<ParseReport>), DatasetError>
 {
-    let (all, reports) = load_sia_files("placements")?;
+    let (all, reports) = load_sia_files("placements", "sia-placement-profiles")?;
     Ok((PlacementProfiles::new(all), reports))
 }
 
@@ -320,12 +320,16 @@ pub fn load_sia_placement_profiles() -> Result<(PlacementProfiles, Vec<ParseRepo
 /// `azure` they reach 5 nodes and on `rtx` 3, beyond the placement files' 2.
 pub fn load_sia_scalability_profiles()
 -> Result<(Vec<StepTimeProfile>, Vec<ParseReport>), DatasetError> {
-    load_sia_files("scalability")
+    load_sia_files("scalability", "sia-scalability-profiles")
 }
 
-/// Every `<model>/<stem>-<gpu>.csv` of Sia's profiles in the traces directory.
-fn load_sia_files(stem: &str) -> Result<(Vec<StepTimeProfile>, Vec<ParseReport>), DatasetError> {
-    let name = format!("sia-{stem}-profiles");
+/// Every `<model>/<stem>-<gpu>.csv` of Sia's profiles in the traces directory; `name`
+/// names the trace in errors.
+fn load_sia_files(
+    stem: &str,
+    name: &str,
+) -> Result<(Vec<StepTimeProfile>, Vec<ParseReport>), DatasetError> {
+    let name = name.to_string();
     let dirs = trace_dirs();
     let Some(root) = dirs.iter().map(|d| d.join(SIA_DIR)).find(|d| d.is_dir()) else {
         return Err(DatasetError::TraceNotFound {

@@ -434,46 +434,32 @@ mod tests {
         assert!(loaded.prior_offset(&spread("new", "bert", 0.0)) > 0.0);
         // A history written before entries kept their placement and prior loads without
         // offsets.
-        std::fs::write(
-            &path,
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            StepHistory::load(&path)
+        };
+        let old = load(
             r#"[{"job_id":"a","model":"bert","gpu_type":"V100M32","num_gpus":8,"step_time_s":2.0,"speed":1.0}]"#,
         )
         .unwrap();
-        let old = StepHistory::load(&path).unwrap();
         assert_eq!(old.len(), 1);
         assert_eq!(old.prior_offset(&spread("new", "bert", 0.0)), 0.0);
+        let refusal = |text: &str| load(text).unwrap_err().to_string();
         // A prior that is not a positive number is refused, named.
-        std::fs::write(
-            &path,
+        assert!(refusal(
             r#"[{"job_id":"a","model":"bert","gpu_type":"V100M32","num_gpus":8,"step_time_s":2.0,"speed":1.0,"nodes":2,"prior_s":-1.0}]"#,
         )
-        .unwrap();
-        assert!(
-            StepHistory::load(&path)
-                .unwrap_err()
-                .to_string()
-                .contains("prior")
-        );
+        .contains("prior"));
         // A history written before entries kept their speed is refused.
-        std::fs::write(
-            &path,
+        assert!(refusal(
             r#"[{"job_id":"a","model":"bert","gpu_type":"V100","num_gpus":4,"step_time_s":1.5}]"#,
         )
-        .unwrap();
-        assert!(
-            StepHistory::load(&path)
-                .unwrap_err()
-                .to_string()
-                .contains("speed")
-        );
-        std::fs::write(
-            &path,
+        .contains("speed"));
+        assert!(load(
             r#"[{"job_id":"a","model":"bert","gpu_type":"V100","num_gpus":4,"step_time_s":1.5,"speed":0.0}]"#,
         )
-        .unwrap();
-        assert!(StepHistory::load(&path).is_err());
-        std::fs::write(&path, "[{\"job_id\":").unwrap();
-        let err = StepHistory::load(&path).unwrap_err().to_string();
+        .is_err());
+        let err = refusal("[{\"job_id\":");
         assert!(err.contains(HISTORY_FILE), "{err}");
     }
 }
