@@ -75,6 +75,8 @@ pub mod synthetic;
 pub mod train;
 
 pub use artifact::{ARTIFACT_SCHEMA_VERSION, ArtifactInfo, ArtifactMeta, LoadedArtifact};
+/// burn's device handle (its backend included), so callers need not depend on burn.
+pub use burn::tensor::Device;
 pub use calibration::{
     Calibration, GraphCalibration, HeldOutLogStep, NovelRule, choose_novel_weights,
 };

@@ -2,12 +2,14 @@
 //! held-out jobs and on placement shapes never seen in training, against the baselines.
 
 mod calibration_runs;
+mod device;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use calibration_runs::{TrainingCost, novel_summary, train_calibrated};
 use clap::{Args, ValueEnum};
+use device::DeviceArg;
 use marshal_model::{ArtifactInfo, PredictorConfig, Targets};
 use marshal_trainer::{
     ClusterContext, HISTORY_FILE, LinearBaseline, LookupBaseline, MeasuredFold, MeasuredStep,
@@ -51,6 +53,9 @@ pub struct PredictorEvalArgs {
     cluster: Option<String>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Where the networks train (with --measured).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
 }
 
 /// Measured step-time sets `marshal eval predictor --measured` knows.
@@ -159,6 +164,9 @@ pub struct TrainPredictorArgs {
     /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
     #[arg(long, default_value_t = 0.5)]
     nll_beta: f64,
+    /// Where the networks train (the main one and the calibration runs).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
 }
 
 /// One way of holding examples out, named for reports and artifact scores.
@@ -254,7 +262,13 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
             .with_max_epochs(a.max_epochs)
             .with_nll_beta(a.nll_beta);
         config.validate()?;
-        return eval_measured(set, a.folds, &config, a.prior_form.into());
+        return eval_measured(
+            set,
+            a.folds,
+            &config,
+            a.prior_form.into(),
+            &a.device.open()?,
+        );
     }
     let examples = load(&a.telemetry)?;
     let splits = splits(&examples, a.seed);
@@ -423,6 +437,7 @@ fn measured_report(
     folds: &[MeasuredFold],
     config: &PredictorConfig,
     form: PriorForm,
+    device: &marshal_model::Device,
 ) -> anyhow::Result<Vec<MeasuredRow>> {
     let mut rows = Vec::new();
     for f in folds {
@@ -433,7 +448,8 @@ fn measured_report(
             form,
         };
         let mut cost = TrainingCost::default();
-        let (predictor, history, ctx) = train_calibrated(&prior, &f.split, config, &mut cost)?;
+        let (predictor, history, ctx) =
+            train_calibrated(&prior, &f.split, config, device, &mut cost)?;
         let (learned, coverage) = model_errors(&predictor, &ctx, &history, &f.split.test)?;
         let (prior, _) = prior_errors(&ctx, &history, &f.split.test);
         let prior_linear = prior_linear_errors(&ctx, &history, &f.split)?;
@@ -497,6 +513,7 @@ fn eval_measured(
     which: MeasuredFolds,
     config: &PredictorConfig,
     form: PriorForm,
+    device: &marshal_model::Device,
 ) -> anyhow::Result<()> {
     let seed = config.seed;
     let (examples, cluster) = measured_set(set)?;
@@ -519,7 +536,7 @@ fn eval_measured(
             "scalability runs",
         ));
     }
-    let rows = measured_report(&base, &folds, config, form)?;
+    let rows = measured_report(&base, &folds, config, form, device)?;
     println!(
         "| held out | train / test | learned MAPE | 90 % interval holds | prior alone | prior + linear | lookup | linear | learned vs best baseline |"
     );
@@ -691,6 +708,7 @@ fn data_hash(examples: &[StepExample]) -> String {
 /// Trains one predictor per test set, reports each against the baselines, and saves the
 /// held-out-jobs model with the history its inputs were computed from.
 pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
+    let device = a.device.open()?;
     let examples = load(&a.telemetry)?;
     let ctx = context(&a.cluster)?;
     let config = PredictorConfig::new()
@@ -708,8 +726,13 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
         let split = &s.split;
         let started = std::time::Instant::now();
         let mut cost = TrainingCost::default();
-        let (predictor, history, _) =
-            train_calibrated(&PriorSource::Fixed(&ctx), split, &config, &mut cost)?;
+        let (predictor, history, _) = train_calibrated(
+            &PriorSource::Fixed(&ctx),
+            split,
+            &config,
+            &device,
+            &mut cost,
+        )?;
         let (model_mape, coverage) = model_errors(&predictor, &ctx, &history, &split.test)?;
         let (prior_mape, _) = prior_errors(&ctx, &history, &split.test);
         let prior_linear = prior_linear_errors(&ctx, &history, split)?;
@@ -889,7 +912,14 @@ mod tests {
             .with_seed(1)
             .with_max_epochs(2)
             .with_patience(1);
-        let rows = measured_report(&base, &folds, &config, PriorForm::Sync).unwrap();
+        let rows = measured_report(
+            &base,
+            &folds,
+            &config,
+            PriorForm::Sync,
+            &marshal_model::device::cpu(),
+        )
+        .unwrap();
         assert_eq!(rows.len(), folds.len() + 2);
         for (row, fold) in rows.iter().zip(&folds) {
             assert_eq!((row.group, &row.label), (fold.group, &fold.label));

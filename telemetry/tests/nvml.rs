@@ -40,6 +40,10 @@ fn default_open_fails_cleanly_or_samples_every_gpu() {
             assert_eq!(topo.gpus.len(), rows.len());
             let n = rows.len();
             assert_eq!(topo.pairs.len(), n * n.saturating_sub(1) / 2);
+            // MIG off: no instances; MIG on: each one named with a parsed profile.
+            let mig_on = rows.iter().any(|r| r.mig_mode == Some(true));
+            let instances = src.mig_instances().unwrap();
+            assert!(mig_on || instances.is_empty(), "{instances:?}");
         }
     }
 }

@@ -2,7 +2,7 @@
 //! and gang sizes it never trained on.
 
 use marshal_model::calibration::Z95;
-use marshal_model::{DEFAULT_RIDGE, LinearResidual, PredictorConfig};
+use marshal_model::{DEFAULT_RIDGE, Device, LinearResidual, PredictorConfig};
 use marshal_trainer::{
     ClusterContext, Split, StepExample, StepHistory, split_holding_out, split_unseen_placements,
 };
@@ -112,11 +112,13 @@ pub(super) fn train_calibrated(
     prior: &PriorSource,
     split: &Split,
     config: &PredictorConfig,
+    device: &Device,
     cost: &mut TrainingCost,
 ) -> anyhow::Result<(marshal_model::TrainedPredictor, StepHistory, ClusterContext)> {
     let ctx = &prior.context(&split.train)?;
     let history = ctx.history(&split.train);
-    let predictor = marshal_model::train::fit(
+    let predictor = marshal_model::train::fit_on(
+        device,
         &rebalanced(graphs(ctx, &history, &split.train)),
         &graphs(ctx, &history, &split.valid),
         config,
@@ -155,11 +157,12 @@ pub(super) fn train_calibrated(
             continue;
         }
         let mut aux_epochs = 0;
-        let aux = marshal_model::train::fit(&train, &seen_valid, &aux_config, &mut |r| {
-            aux_epochs = r.epoch
-        })?
-        .calibrate(&seen_valid)?
-        .with_linear_residual(linear)?;
+        let aux =
+            marshal_model::train::fit_on(device, &train, &seen_valid, &aux_config, &mut |r| {
+                aux_epochs = r.epoch
+            })?
+            .calibrate(&seen_valid)?
+            .with_linear_residual(linear)?;
         let half_width = marshal_model::calibration::Z95 * aux.calibration().seen_multiplier;
         let novel: Vec<_> = graphs(ctx, &inner_history, &inner.test)
             .into_iter()
@@ -201,7 +204,7 @@ pub(super) fn train_calibrated(
     } else {
         predictor
     };
-    let predictor = match extrapolation_run(prior, split, &aux_config, &predictor)? {
+    let predictor = match extrapolation_run(prior, split, &aux_config, device, &predictor)? {
         Some((weights, pairs)) => predictor.with_extrapolation(Some(weights), &pairs)?,
         None => {
             eprintln!(
@@ -234,6 +237,7 @@ fn extrapolation_run(
     prior: &PriorSource,
     split: &Split,
     aux_config: &PredictorConfig,
+    device: &Device,
     main: &marshal_model::TrainedPredictor,
 ) -> anyhow::Result<Option<ExtrapolationRun>> {
     let near = split.train.iter().map(|e| e.nodes).max().unwrap_or(0) / 2;
@@ -253,12 +257,15 @@ fn extrapolation_run(
     let linear = LinearResidual::fit(&unweighted, DEFAULT_RIDGE)?;
     let near_valid = graphs(ctx, &history, &near_valid);
     let mut epochs = 0;
-    let aux =
-        marshal_model::train::fit(&rebalanced(unweighted), &near_valid, aux_config, &mut |r| {
-            epochs = r.epoch
-        })?
-        .calibrate(&near_valid)?
-        .with_linear_residual(linear)?;
+    let aux = marshal_model::train::fit_on(
+        device,
+        &rebalanced(unweighted),
+        &near_valid,
+        aux_config,
+        &mut |r| epochs = r.epoch,
+    )?
+    .calibrate(&near_valid)?
+    .with_linear_residual(linear)?;
     let half_width = Z95 * aux.calibration().seen_multiplier;
     let c = main.calibration();
     let novel_ratio = c.novel_multiplier / c.seen_multiplier;
