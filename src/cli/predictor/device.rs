@@ -31,9 +31,7 @@ impl DeviceArg {
             .with_context(|| format!("--device {} is unusable on this machine", self.name()))?;
         Ok(device)
     }
-}
 
-impl DeviceArg {
     fn name(self) -> &'static str {
         match self {
             Self::Cpu => "cpu",
