@@ -27,18 +27,23 @@ impl DeviceArg {
             Self::Cuda => cuda()?,
             Self::Wgpu => wgpu()?,
         };
-        marshal_model::device::probe(&device)
-            .with_context(|| format!("--device {} is unusable on this machine", self.name()))?;
+        marshal_model::device::probe(&device).with_context(|| {
+            let name = self.to_possible_value().map(|v| v.get_name().to_owned());
+            format!(
+                "--device {} is unusable on this machine",
+                name.unwrap_or_default()
+            )
+        })?;
         Ok(device)
     }
+}
 
-    fn name(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::Cuda => "cuda",
-            Self::Wgpu => "wgpu",
-        }
-    }
+/// The error for a backend whose cargo feature (named like the `--device` value) is off.
+#[cfg(not(all(feature = "cuda", feature = "wgpu")))]
+fn built_without(feature: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "--device {feature}: this binary was built without it; rebuild with `cargo build --release --features {feature}`"
+    )
 }
 
 #[cfg(feature = "cuda")]
@@ -48,9 +53,7 @@ fn cuda() -> anyhow::Result<Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda() -> anyhow::Result<Device> {
-    anyhow::bail!(
-        "--device cuda: this binary was built without CUDA; rebuild with `cargo build --release --features cuda`"
-    )
+    Err(built_without("cuda"))
 }
 
 #[cfg(feature = "wgpu")]
@@ -60,9 +63,7 @@ fn wgpu() -> anyhow::Result<Device> {
 
 #[cfg(not(feature = "wgpu"))]
 fn wgpu() -> anyhow::Result<Device> {
-    anyhow::bail!(
-        "--device wgpu: this binary was built without wgpu; rebuild with `cargo build --release --features wgpu`"
-    )
+    Err(built_without("wgpu"))
 }
 
 #[cfg(test)]
