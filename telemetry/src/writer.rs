@@ -37,14 +37,19 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
-use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
+use arrow_schema::{DataType, SchemaRef};
+use parquet::arrow::arrow_writer::{ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves};
+use parquet::arrow::{ArrowSchemaConverter, add_encoded_arrow_schema_to_metadata};
 use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
+use crate::dict_column::DictColumn;
 use crate::error::{Result, TelemetryError};
 use crate::partition::tmp_name;
 use crate::schema::{META_KIND, META_SCHEMA_VERSION, SCHEMA_VERSION, TelemetryKind, col};
@@ -180,11 +185,33 @@ pub fn writer_properties(
     Ok(b.build())
 }
 
+/// Where a top-level field's Parquet leaves are encoded.
+#[derive(Debug, Clone, Copy)]
+enum FieldEncoder {
+    /// parquet-rs's Arrow column writers, for the leaves `first..first + count`.
+    Arrow { first: usize, count: usize },
+    /// Our dictionary string encoder (one leaf), by its index in `dict_columns`.
+    Dict(usize),
+}
+
 /// A Parquet file being written under a temporary name, published by [`Self::commit`].
+///
+/// Dictionary string columns are encoded by [`DictColumn`] from their Arrow keys, every
+/// other column by parquet-rs's Arrow column writers; both kinds of chunk are appended
+/// to the same row group in schema order (see [`crate::dict_column`] for why).
 pub(crate) struct AtomicParquetFile {
     final_path: PathBuf,
     tmp_path: PathBuf,
-    writer: ArrowWriter<BufWriter<File>>,
+    writer: SerializedFileWriter<BufWriter<File>>,
+    schema: SchemaRef,
+    factory: ArrowRowGroupWriterFactory,
+    fields: Vec<FieldEncoder>,
+    dict_columns: Vec<DictColumn>,
+    /// Column writers of the open row group, one per leaf (`None` for a dictionary
+    /// string leaf); empty while no row group is open.
+    arrow_columns: Vec<Option<ArrowColumnWriter>>,
+    row_group_rows: usize,
+    buffered_rows: usize,
     rows: u64,
 }
 
@@ -197,30 +224,72 @@ impl std::fmt::Debug for AtomicParquetFile {
     }
 }
 
+/// `Dictionary(Int32, Utf8)`: the type [`DictColumn`] encodes.
+fn is_dictionary_string(field: &arrow_schema::Field) -> bool {
+    matches!(field.data_type(), DataType::Dictionary(k, v)
+        if **k == DataType::Int32 && **v == DataType::Utf8)
+}
+
 impl AtomicParquetFile {
     /// Creates `dir/.<name>.tmp` (never overwriting an existing file).
     pub(crate) fn create(
         dir: &Path,
         name: &str,
         schema: SchemaRef,
-        props: WriterProperties,
+        mut props: WriterProperties,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| TelemetryError::io("creating directory", dir, e))?;
         let final_path = dir.join(name);
         let tmp_path = dir.join(tmp_name(name));
+        let parquet_schema = ArrowSchemaConverter::new()
+            .with_coerce_types(props.coerce_types())
+            .convert(&schema)
+            .map_err(|e| TelemetryError::parquet(&tmp_path, e))?;
+        add_encoded_arrow_schema_to_metadata(&schema, &mut props);
+        let row_group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
+
+        let mut fields = Vec::with_capacity(schema.fields().len());
+        let mut dict_columns = Vec::new();
+        let mut leaf = 0;
+        for (i, field) in schema.fields().iter().enumerate() {
+            let count = (leaf..parquet_schema.num_columns())
+                .take_while(|&l| parquet_schema.get_column_root_idx(l) == i)
+                .count();
+            if is_dictionary_string(field) && count == 1 {
+                let column = DictColumn::new(parquet_schema.column(leaf), &props)
+                    .map_err(TelemetryError::Config)?;
+                fields.push(FieldEncoder::Dict(dict_columns.len()));
+                dict_columns.push(column);
+            } else {
+                fields.push(FieldEncoder::Arrow { first: leaf, count });
+            }
+            leaf += count;
+        }
+
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&tmp_path)
             .map_err(|e| TelemetryError::io("creating", &tmp_path, e))?;
-        let writer =
-            ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema, Some(props))
-                .map_err(|e| TelemetryError::parquet(&tmp_path, e))?;
+        let writer = SerializedFileWriter::new(
+            BufWriter::with_capacity(1 << 20, file),
+            parquet_schema.root_schema_ptr(),
+            Arc::new(props),
+        )
+        .map_err(|e| TelemetryError::parquet(&tmp_path, e))?;
+        let factory = ArrowRowGroupWriterFactory::new(&writer, schema.clone());
         Ok(Self {
             final_path,
             tmp_path,
             writer,
+            schema,
+            factory,
+            fields,
+            dict_columns,
+            arrow_columns: Vec::new(),
+            row_group_rows,
+            buffered_rows: 0,
             rows: 0,
         })
     }
@@ -232,23 +301,137 @@ impl AtomicParquetFile {
 
     /// Bytes written to disk plus bytes buffered in the open row group.
     pub(crate) fn bytes(&self) -> u64 {
-        (self.writer.bytes_written() + self.writer.in_progress_size()) as u64
+        let arrow: usize = self
+            .arrow_columns
+            .iter()
+            .flatten()
+            .map(ArrowColumnWriter::get_estimated_total_bytes)
+            .sum();
+        let dict: usize = self
+            .dict_columns
+            .iter()
+            .map(DictColumn::buffered_bytes)
+            .sum();
+        (self.writer.bytes_written() + arrow + dict) as u64
     }
 
-    /// Appends a batch (buffered into the current row group).
+    /// Appends a batch (buffered into the current row group; a row group is closed when
+    /// it reaches the properties' row limit).
     pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        self.writer
-            .write(batch)
-            .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))?;
+        let types_match = batch.num_columns() == self.schema.fields().len()
+            && (batch.columns().iter())
+                .zip(self.schema.fields())
+                .all(|(c, f)| c.data_type() == f.data_type());
+        if !types_match {
+            return Err(TelemetryError::schema(
+                self.tmp_path.display().to_string(),
+                format!("batch schema {} differs from the file's", batch.schema()),
+            ));
+        }
+        let mut at = 0;
+        while at < batch.num_rows() {
+            let take = (self.row_group_rows - self.buffered_rows).min(batch.num_rows() - at);
+            self.write_rows(&batch.slice(at, take))?;
+            at += take;
+            if self.buffered_rows >= self.row_group_rows {
+                self.end_row_group()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.arrow_columns.is_empty() {
+            let index = self.writer.flushed_row_groups().len();
+            let mut writers = self
+                .factory
+                .create_column_writers(index)
+                .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))?;
+            self.arrow_columns = writers.drain(..).map(Some).collect();
+            // A dictionary string leaf's own writer is never used.
+            let mut leaf = 0;
+            for field in &self.fields {
+                match *field {
+                    FieldEncoder::Dict(_) => {
+                        self.arrow_columns[leaf] = None;
+                        leaf += 1;
+                    }
+                    FieldEncoder::Arrow { count, .. } => leaf += count,
+                }
+            }
+        }
+        let tmp = &self.tmp_path;
+        for ((encoder, field), column) in self
+            .fields
+            .iter()
+            .zip(self.schema.fields())
+            .zip(batch.columns())
+        {
+            match *encoder {
+                FieldEncoder::Dict(d) => self.dict_columns[d]
+                    .push(column.as_ref())
+                    .map_err(|e| TelemetryError::schema(tmp.display().to_string(), e))?,
+                FieldEncoder::Arrow { first, count } => {
+                    let leaves = compute_leaves(field, column)
+                        .map_err(|e| TelemetryError::parquet(tmp, e))?;
+                    if leaves.len() != count {
+                        return Err(TelemetryError::schema(
+                            tmp.display().to_string(),
+                            format!(
+                                "field {}: {} leaves, expected {count}",
+                                field.name(),
+                                leaves.len()
+                            ),
+                        ));
+                    }
+                    for (leaf, writer) in leaves.iter().zip(&mut self.arrow_columns[first..]) {
+                        if let Some(writer) = writer {
+                            writer
+                                .write(leaf)
+                                .map_err(|e| TelemetryError::parquet(tmp, e))?;
+                        }
+                    }
+                }
+            }
+        }
+        self.buffered_rows += batch.num_rows();
         self.rows += batch.num_rows() as u64;
         Ok(())
     }
 
-    /// Closes the current row group.
+    /// Closes the current row group (nothing happens when no row is buffered).
     pub(crate) fn end_row_group(&mut self) -> Result<()> {
-        self.writer
-            .flush()
+        if self.buffered_rows == 0 {
+            return Ok(());
+        }
+        self.buffered_rows = 0;
+        let writers = std::mem::take(&mut self.arrow_columns);
+        self.close_row_group(writers)
             .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))
+    }
+
+    fn close_row_group(
+        &mut self,
+        writers: Vec<Option<ArrowColumnWriter>>,
+    ) -> parquet::errors::Result<()> {
+        let mut row_group = self.writer.next_row_group()?;
+        let mut writers = writers.into_iter();
+        for field in &self.fields {
+            match *field {
+                FieldEncoder::Dict(d) => {
+                    writers.next();
+                    let (bytes, close) = self.dict_columns[d].finish()?;
+                    row_group.append_column(&bytes, close)?;
+                }
+                FieldEncoder::Arrow { count, .. } => {
+                    for writer in writers.by_ref().take(count).flatten() {
+                        writer.close()?.append_to_row_group(&mut row_group)?;
+                    }
+                }
+            }
+        }
+        row_group.close()?;
+        Ok(())
     }
 
     /// Adds key-value metadata to the footer.
@@ -269,6 +452,7 @@ impl AtomicParquetFile {
     }
 
     fn finish_inner(&mut self) -> Result<()> {
+        self.end_row_group()?;
         self.writer
             .finish()
             .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))?;
