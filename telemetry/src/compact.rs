@@ -302,6 +302,7 @@ fn write_row_group<R: Columnar>(
         return Ok(0);
     }
     let mut rows = 0;
+    out.reserve(buf.len());
     for batch in buf.take_batches()? {
         out.write(&batch)?;
         rows += batch.num_rows() as u64;

@@ -29,36 +29,24 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
 use arrow_array::{Array, StringArray};
 use bytes::Bytes;
-use parquet::basic::{BoundaryOrder, Compression, Encoding, EncodingMask, PageType};
-use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::basic::Encoding;
 use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::ByteArray;
-use parquet::file::metadata::{
-    ColumnChunkMetaData, ColumnIndexBuilder, OffsetIndexBuilder, PageEncodingStats,
-};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::{Statistics, ValueStatistics};
-use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
 
+use crate::chunk::{
+    BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, PageCompressor, encode_levels,
+};
 use crate::rle;
-
-/// How the chunk's values are compressed.
-#[derive(Debug, Clone, Copy)]
-enum Codec {
-    None,
-    Zstd(i32),
-}
 
 /// One dictionary string column of the row group being written.
 #[derive(Debug)]
 pub(crate) struct DictColumn {
-    descr: ColumnDescPtr,
-    codec: Codec,
-    statistics: EnabledStatistics,
-    page_rows: usize,
-    offset_index: bool,
+    settings: ColumnSettings,
+    compressor: PageCompressor,
     /// The chunk's dictionary, in first-seen order, and its index.
     values: Vec<Box<[u8]>>,
     lookup: FxHashMap<Box<[u8]>, u32>,
@@ -74,23 +62,10 @@ pub(crate) struct DictColumn {
 impl DictColumn {
     /// A column for the leaf `descr`, with the settings `props` gives it.
     pub(crate) fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Result<Self, String> {
-        let path = descr.path();
-        let codec = match props.compression(path) {
-            Compression::UNCOMPRESSED => Codec::None,
-            Compression::ZSTD(level) => Codec::Zstd(level.compression_level()),
-            other => {
-                return Err(format!(
-                    "column {path}: dictionary string columns are written with ZSTD or \
-                     uncompressed, not {other}"
-                ));
-            }
-        };
+        let settings = ColumnSettings::new(descr, props)?;
         Ok(Self {
-            codec,
-            statistics: props.statistics_enabled(path),
-            page_rows: props.data_page_row_count_limit().max(1),
-            offset_index: !props.offset_index_disabled(),
-            descr,
+            compressor: settings.compressor()?,
+            settings,
             values: Vec::new(),
             lookup: FxHashMap::default(),
             ids: Vec::new(),
@@ -98,10 +73,6 @@ impl DictColumn {
             rows: 0,
             remap: Vec::new(),
         })
-    }
-
-    fn nullable(&self) -> bool {
-        self.descr.max_def_level() > 0
     }
 
     /// Bytes buffered, an upper bound of what the chunk will take before compression.
@@ -113,24 +84,22 @@ impl DictColumn {
 
     /// Appends a `Dictionary(Int32, Utf8)` array.
     pub(crate) fn push(&mut self, array: &dyn Array) -> Result<(), String> {
+        let path = self.settings.descr.path();
         let dict = array.as_dictionary_opt::<Int32Type>().ok_or_else(|| {
             format!(
-                "column {}: expected Dictionary(Int32, Utf8), got {}",
-                self.descr.path(),
+                "column {path}: expected Dictionary(Int32, Utf8), got {}",
                 array.data_type()
             )
         })?;
         let strings: &StringArray = dict.values().as_string_opt::<i32>().ok_or_else(|| {
             format!(
-                "column {}: dictionary values are {}, not Utf8",
-                self.descr.path(),
+                "column {path}: dictionary values are {}, not Utf8",
                 dict.values().data_type()
             )
         })?;
-        if !self.nullable() && dict.logical_null_count() > 0 {
+        if !self.settings.nullable() && dict.logical_null_count() > 0 {
             return Err(format!(
-                "column {}: {} nulls in a non-nullable column",
-                self.descr.path(),
+                "column {path}: {} nulls in a non-nullable column",
                 dict.logical_null_count()
             ));
         }
@@ -146,12 +115,11 @@ impl DictColumn {
         }
 
         let keys = dict.keys();
-        let null_values = strings.null_count() > 0;
-        if keys.null_count() == 0 && !null_values {
+        if keys.null_count() == 0 && strings.null_count() == 0 {
             self.ids.reserve(keys.len());
             self.ids
                 .extend(keys.values().iter().map(|&k| self.remap[k as usize]));
-            if self.nullable() {
+            if self.settings.nullable() {
                 self.levels.resize(self.levels.len() + keys.len(), 1);
             }
         } else {
@@ -180,20 +148,32 @@ impl DictColumn {
     /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
     /// resets the column for the next row group.
     pub(crate) fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let chunk = self.encode();
-        self.values.clear();
-        self.lookup.clear();
-        self.ids.clear();
-        self.levels.clear();
+        let mut compressor = std::mem::take(&mut self.compressor);
+        let chunk = self.encode(&mut compressor);
+        self.compressor = compressor;
+        // Freed, not kept: an open file per partition would otherwise hold a row
+        // group's worth of buffers between row groups.
+        self.values = Default::default();
+        self.lookup = Default::default();
+        self.ids = Default::default();
+        self.levels = Default::default();
         self.rows = 0;
         chunk
     }
 
-    fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let mut sink = TrackedWrite::new(Vec::new());
-        let mut pages = SerializedPageWriter::new(&mut sink);
-        let mut compressed = 0u64;
-        let mut uncompressed = 0u64;
+    /// Makes room for `rows` more rows (the sink knows a row group's size up front).
+    pub(crate) fn reserve(&mut self, rows: usize) {
+        self.ids.reserve(rows);
+        if self.settings.nullable() {
+            self.levels.reserve(rows);
+        }
+    }
+
+    fn encode(
+        &self,
+        compressor: &mut PageCompressor,
+    ) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let mut chunk = ChunkBuilder::new(&self.settings, compressor);
 
         // Rank of each id in byte order: min/max become integer comparisons per run.
         let mut order: Vec<u32> = (0..self.values.len() as u32).collect();
@@ -202,199 +182,69 @@ impl DictColumn {
         for (r, &id) in order.iter().enumerate() {
             rank[id as usize] = r as u32;
         }
+        let value_of_rank = |r: u32| self.values[order[r as usize] as usize].to_vec();
 
         let mut dictionary = Vec::with_capacity(self.buffered_bytes());
         for v in &self.values {
             dictionary.extend_from_slice(&(v.len() as u32).to_le_bytes());
             dictionary.extend_from_slice(v);
         }
-        let dict_len = dictionary.len();
-        let dict_page = Page::DictionaryPage {
-            buf: self.compress(dictionary)?,
-            num_values: self.values.len() as u32,
-            encoding: Encoding::PLAIN,
-            is_sorted: false,
-        };
-        let spec = pages.write_page(CompressedPage::new(dict_page, dict_len))?;
-        let dictionary_offset = spec.offset as i64;
-        compressed += spec.compressed_size as u64;
-        uncompressed += spec.uncompressed_size as u64;
+        chunk.dictionary_page(dictionary, self.values.len())?;
 
         let bit_width = rle::bit_width(self.values.len().saturating_sub(1) as u32);
-        let mut column_index = ColumnIndexBuilder::new(self.descr.physical_type());
-        if self.statistics != EnabledStatistics::Page {
-            column_index.to_invalid();
-        }
-        let mut offset_index = OffsetIndexBuilder::new();
+        let mut boundary = BoundaryTracker::new();
         let mut chunk_range: Option<(u32, u32)> = None;
-        let mut last_page_range: Option<(u32, u32)> = None;
-        let (mut ascending, mut descending) = (true, true);
-        let mut first_data_offset = None;
-        let mut data_pages = 0;
         let mut unencoded_bytes = 0i64;
-        let mut nulls_total = 0u64;
-
-        let mut row = 0;
-        let mut id_at = 0;
+        let mut nulls = 0u64;
+        let (mut row, mut id_at) = (0, 0);
         loop {
-            let page_rows = self.page_rows.min(self.rows - row);
-            let mut buf = Vec::new();
-            let mut present = page_rows;
-            if self.nullable() {
-                let levels = &self.levels[row..row + page_rows];
-                present = 0;
-                rle::encode(levels, 1, &mut buf, |level, len| {
-                    if level == 1 {
-                        present += len;
-                    }
-                });
-            }
-            let levels_len = buf.len();
-            let nulls = page_rows - present;
-            nulls_total += nulls as u64;
-
-            let mut values = Vec::with_capacity(16);
-            values.push(bit_width);
+            let rows = self.settings.page_rows.min(self.rows - row);
+            let mut levels = Vec::new();
+            let present = if self.settings.nullable() {
+                encode_levels(&self.levels[row..row + rows], &mut levels)
+            } else {
+                rows
+            };
+            let mut values = vec![bit_width];
             let mut range: Option<(u32, u32)> = None;
             let mut page_bytes = 0i64;
-            rle::encode(
-                &self.ids[id_at..id_at + present],
-                bit_width,
-                &mut values,
-                |id, len| {
-                    let r = rank[id as usize];
-                    range = Some(range.map_or((r, r), |(lo, hi)| (lo.min(r), hi.max(r))));
-                    page_bytes += (self.values[id as usize].len() * len) as i64;
-                },
-            );
-            id_at += present;
-            unencoded_bytes += page_bytes;
-            let values_len = values.len();
-            buf.extend_from_slice(&self.compress(values)?);
-
-            let page = Page::DataPageV2 {
-                buf: Bytes::from(buf),
-                num_values: page_rows as u32,
+            let ids = &self.ids[id_at..id_at + present];
+            rle::encode(ids, bit_width, &mut values, |id, len| {
+                let r = rank[id as usize];
+                range = Some(range.map_or((r, r), |(lo, hi)| (lo.min(r), hi.max(r))));
+                page_bytes += (self.values[id as usize].len() * len) as i64;
+            });
+            if let Some((lo, hi)) = range {
+                boundary.page(lo, hi);
+                chunk_range = Some(chunk_range.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
+            }
+            chunk.data_page(DataPage {
+                levels,
+                values,
                 encoding: Encoding::RLE_DICTIONARY,
-                num_nulls: nulls as u32,
-                num_rows: page_rows as u32,
-                def_levels_byte_len: levels_len as u32,
-                rep_levels_byte_len: 0,
-                is_compressed: !matches!(self.codec, Codec::None),
-                statistics: None,
-            };
-            let spec = pages.write_page(CompressedPage::new(page, levels_len + values_len))?;
-            first_data_offset.get_or_insert(spec.offset as i64);
-            compressed += spec.compressed_size as u64;
-            uncompressed += spec.uncompressed_size as u64;
-            data_pages += 1;
-            offset_index.append_offset_and_size(spec.offset as i64, spec.compressed_size as i32);
-            offset_index.append_row_count(page_rows as i64);
-            if self.statistics != EnabledStatistics::None {
-                offset_index.append_unencoded_byte_array_data_bytes(Some(page_bytes));
-            }
-
-            match range {
-                None => column_index.append(true, vec![], vec![], nulls as i64, None),
-                Some((lo, hi)) => {
-                    if let Some((last_lo, last_hi)) = last_page_range {
-                        ascending &= last_lo <= lo && last_hi <= hi;
-                        descending &= last_lo >= lo && last_hi >= hi;
-                    }
-                    last_page_range = Some((lo, hi));
-                    chunk_range =
-                        Some(chunk_range.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
-                    column_index.append(
-                        false,
-                        self.value_of_rank(&order, lo).to_vec(),
-                        self.value_of_rank(&order, hi).to_vec(),
-                        nulls as i64,
-                        None,
-                    );
-                }
-            }
-            row += page_rows;
+                rows,
+                nulls: rows - present,
+                min_max: range.map(|(lo, hi)| (value_of_rank(lo), value_of_rank(hi))),
+                unencoded_bytes: Some(page_bytes),
+            })?;
+            id_at += present;
+            nulls += (rows - present) as u64;
+            unencoded_bytes += page_bytes;
+            row += rows;
             if row >= self.rows {
                 break;
             }
         }
-        pages.close()?;
 
-        column_index.set_boundary_order(match (ascending, descending) {
-            (true, _) => BoundaryOrder::ASCENDING,
-            (false, true) => BoundaryOrder::DESCENDING,
-            (false, false) => BoundaryOrder::UNORDERED,
-        });
-        let column_index = if column_index.valid() {
-            Some(column_index.build()?)
-        } else {
-            None
-        };
-
-        let mut metadata = ColumnChunkMetaData::builder(self.descr.clone())
-            .set_compression(match self.codec {
-                Codec::None => Compression::UNCOMPRESSED,
-                Codec::Zstd(level) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(level)?),
-            })
-            .set_encodings_mask(EncodingMask::new_from_encodings(
-                [Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY].iter(),
-            ))
-            .set_page_encoding_stats(vec![
-                PageEncodingStats {
-                    page_type: PageType::DICTIONARY_PAGE,
-                    encoding: Encoding::PLAIN,
-                    count: 1,
-                },
-                PageEncodingStats {
-                    page_type: PageType::DATA_PAGE_V2,
-                    encoding: Encoding::RLE_DICTIONARY,
-                    count: data_pages,
-                },
-            ])
-            .set_total_compressed_size(compressed as i64)
-            .set_total_uncompressed_size(uncompressed as i64)
-            .set_num_values(self.rows as i64)
-            .set_data_page_offset(first_data_offset.unwrap_or(dictionary_offset))
-            .set_dictionary_page_offset(Some(dictionary_offset));
-        if self.statistics != EnabledStatistics::None {
-            let bound = |r: u32| ByteArray::from(self.value_of_rank(&order, r).to_vec());
-            metadata = metadata
-                .set_statistics(Statistics::ByteArray(ValueStatistics::new(
-                    chunk_range.map(|(lo, _)| bound(lo)),
-                    chunk_range.map(|(_, hi)| bound(hi)),
-                    None,
-                    Some(nulls_total),
-                    false,
-                )))
-                .set_unencoded_byte_array_data_bytes(Some(unencoded_bytes));
-        }
-        let metadata = metadata.build()?;
-
-        let bytes = Bytes::from(sink.into_inner()?);
-        Ok((
-            bytes.clone(),
-            ColumnCloseResult {
-                bytes_written: bytes.len() as u64,
-                rows_written: self.rows as u64,
-                metadata,
-                bloom_filter: None,
-                column_index,
-                offset_index: self.offset_index.then(|| offset_index.build()),
-            },
-        ))
-    }
-
-    fn value_of_rank<'a>(&'a self, order: &[u32], rank: u32) -> &'a [u8] {
-        &self.values[order[rank as usize] as usize]
-    }
-
-    fn compress(&self, data: Vec<u8>) -> parquet::errors::Result<Bytes> {
-        match self.codec {
-            Codec::None => Ok(Bytes::from(data)),
-            Codec::Zstd(level) => zstd::bulk::compress(&data, level)
-                .map(Bytes::from)
-                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e))),
-        }
+        let bound = |r: u32| ByteArray::from(value_of_rank(r));
+        let statistics = Statistics::ByteArray(ValueStatistics::new(
+            chunk_range.map(|(lo, _)| bound(lo)),
+            chunk_range.map(|(_, hi)| bound(hi)),
+            None,
+            Some(nulls),
+            false,
+        ));
+        chunk.finish(statistics, boundary.order(), Some(unencoded_bytes))
     }
 }
 

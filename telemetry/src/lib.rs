@@ -47,11 +47,14 @@
 //!   scheduler converts it into its own topology graph, so this crate does not depend on
 //!   the scheduler.
 pub mod batch;
+mod chunk;
 pub(crate) mod columns;
 pub mod compact;
 pub mod convert;
+mod delta;
 mod dict_column;
 pub mod error;
+mod int_column;
 pub mod mig;
 pub mod nvml;
 pub mod partition;

@@ -525,6 +525,7 @@ impl OpenFile {
                 self.file = Some(self.create_file(ctx)?);
             }
             let file = self.file.as_mut().expect("just created");
+            file.reserve(n);
             for batch in &batches {
                 file.write(batch)?;
             }

@@ -51,6 +51,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::dict_column::DictColumn;
 use crate::error::{Result, TelemetryError};
+use crate::int_column::IntColumn;
 use crate::partition::tmp_name;
 use crate::schema::{META_KIND, META_SCHEMA_VERSION, SCHEMA_VERSION, TelemetryKind, col};
 
@@ -192,13 +193,16 @@ enum FieldEncoder {
     Arrow { first: usize, count: usize },
     /// Our dictionary string encoder (one leaf), by its index in `dict_columns`.
     Dict(usize),
+    /// Our integer encoder (one leaf), by its index in `int_columns`.
+    Int(usize),
 }
 
 /// A Parquet file being written under a temporary name, published by [`Self::commit`].
 ///
-/// Dictionary string columns are encoded by [`DictColumn`] from their Arrow keys, every
-/// other column by parquet-rs's Arrow column writers; both kinds of chunk are appended
-/// to the same row group in schema order (see [`crate::dict_column`] for why).
+/// Dictionary string columns are encoded by [`DictColumn`] from their Arrow keys, delta
+/// encoded integer columns by [`IntColumn`], every other column by parquet-rs's Arrow
+/// column writers; all chunks are appended to the same row group in schema order (see
+/// [`crate::dict_column`] and [`crate::int_column`] for why).
 pub(crate) struct AtomicParquetFile {
     final_path: PathBuf,
     tmp_path: PathBuf,
@@ -207,8 +211,9 @@ pub(crate) struct AtomicParquetFile {
     factory: ArrowRowGroupWriterFactory,
     fields: Vec<FieldEncoder>,
     dict_columns: Vec<DictColumn>,
+    int_columns: Vec<IntColumn>,
     /// Column writers of the open row group, one per leaf (`None` for a dictionary
-    /// string leaf); empty while no row group is open.
+    /// string or integer leaf); empty while no row group is open.
     arrow_columns: Vec<Option<ArrowColumnWriter>>,
     row_group_rows: usize,
     buffered_rows: usize,
@@ -251,6 +256,7 @@ impl AtomicParquetFile {
 
         let mut fields = Vec::with_capacity(schema.fields().len());
         let mut dict_columns = Vec::new();
+        let mut int_columns = Vec::new();
         let mut leaf = 0;
         for (i, field) in schema.fields().iter().enumerate() {
             let count = (leaf..parquet_schema.num_columns())
@@ -261,6 +267,16 @@ impl AtomicParquetFile {
                     .map_err(TelemetryError::Config)?;
                 fields.push(FieldEncoder::Dict(dict_columns.len()));
                 dict_columns.push(column);
+            } else if let Some(column) = (count == 1)
+                .then(|| {
+                    IntColumn::for_leaf(parquet_schema.column(leaf), field.data_type(), &props)
+                })
+                .transpose()
+                .map_err(TelemetryError::Config)?
+                .flatten()
+            {
+                fields.push(FieldEncoder::Int(int_columns.len()));
+                int_columns.push(column);
             } else {
                 fields.push(FieldEncoder::Arrow { first: leaf, count });
             }
@@ -287,6 +303,7 @@ impl AtomicParquetFile {
             factory,
             fields,
             dict_columns,
+            int_columns,
             arrow_columns: Vec::new(),
             row_group_rows,
             buffered_rows: 0,
@@ -312,7 +329,16 @@ impl AtomicParquetFile {
             .iter()
             .map(DictColumn::buffered_bytes)
             .sum();
-        (self.writer.bytes_written() + arrow + dict) as u64
+        let int: usize = self.int_columns.iter().map(IntColumn::buffered_bytes).sum();
+        (self.writer.bytes_written() + arrow + dict + int) as u64
+    }
+
+    /// Makes room for `rows` more rows in the open row group's self-encoded columns, so
+    /// that several batches of one row group fill buffers allocated once.
+    pub(crate) fn reserve(&mut self, rows: usize) {
+        let rows = rows.min(self.row_group_rows - self.buffered_rows);
+        self.dict_columns.iter_mut().for_each(|c| c.reserve(rows));
+        self.int_columns.iter_mut().for_each(|c| c.reserve(rows));
     }
 
     /// Appends a batch (buffered into the current row group; a row group is closed when
@@ -348,11 +374,11 @@ impl AtomicParquetFile {
                 .create_column_writers(index)
                 .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))?;
             self.arrow_columns = writers.drain(..).map(Some).collect();
-            // A dictionary string leaf's own writer is never used.
+            // A self-encoded leaf's own writer is never used.
             let mut leaf = 0;
             for field in &self.fields {
                 match *field {
-                    FieldEncoder::Dict(_) => {
+                    FieldEncoder::Dict(_) | FieldEncoder::Int(_) => {
                         self.arrow_columns[leaf] = None;
                         leaf += 1;
                     }
@@ -369,6 +395,9 @@ impl AtomicParquetFile {
         {
             match *encoder {
                 FieldEncoder::Dict(d) => self.dict_columns[d]
+                    .push(column.as_ref())
+                    .map_err(|e| TelemetryError::schema(tmp.display().to_string(), e))?,
+                FieldEncoder::Int(i) => self.int_columns[i]
                     .push(column.as_ref())
                     .map_err(|e| TelemetryError::schema(tmp.display().to_string(), e))?,
                 FieldEncoder::Arrow { first, count } => {
@@ -421,6 +450,11 @@ impl AtomicParquetFile {
                 FieldEncoder::Dict(d) => {
                     writers.next();
                     let (bytes, close) = self.dict_columns[d].finish()?;
+                    row_group.append_column(&bytes, close)?;
+                }
+                FieldEncoder::Int(i) => {
+                    writers.next();
+                    let (bytes, close) = self.int_columns[i].finish()?;
                     row_group.append_column(&bytes, close)?;
                 }
                 FieldEncoder::Arrow { count, .. } => {

@@ -1,0 +1,353 @@
+//! Column chunks assembled from pages the writer encodes itself ([`crate::dict_column`],
+//! [`crate::int_column`]), with parquet-rs's page writer (page headers) and metadata
+//! builders (chunk metadata, column index, offset index), so that the result is spliced
+//! into a row group exactly like a chunk parquet-rs wrote.
+//!
+//! The encoders own the values and their order; this module owns the bookkeeping every
+//! chunk needs: compression, page offsets and sizes, the offset index, the column index
+//! when page statistics are on, the encodings and page encoding statistics, and the
+//! chunk's metadata.
+
+use bytes::Bytes;
+use parquet::basic::{BoundaryOrder, Compression, Encoding, EncodingMask, PageType, ZstdLevel};
+use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::errors::{ParquetError, Result};
+use parquet::file::metadata::{
+    ColumnChunkMetaData, ColumnIndexBuilder, OffsetIndexBuilder, PageEncodingStats,
+};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::statistics::Statistics;
+use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
+use parquet::schema::types::ColumnDescPtr;
+
+/// How a chunk's pages are compressed.
+#[derive(Debug, Clone, Copy)]
+enum Codec {
+    None,
+    Zstd(i32),
+}
+
+/// The writer properties one self-encoded column follows.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnSettings {
+    pub(crate) descr: ColumnDescPtr,
+    codec: Codec,
+    pub(crate) statistics: EnabledStatistics,
+    pub(crate) page_rows: usize,
+    offset_index: bool,
+}
+
+impl ColumnSettings {
+    /// The settings `props` gives the leaf `descr`; an error for a codec other than ZSTD
+    /// or none (the only ones telemetry uses).
+    pub(crate) fn new(
+        descr: ColumnDescPtr,
+        props: &WriterProperties,
+    ) -> std::result::Result<Self, String> {
+        let path = descr.path();
+        let codec = match props.compression(path) {
+            Compression::UNCOMPRESSED => Codec::None,
+            Compression::ZSTD(level) => Codec::Zstd(level.compression_level()),
+            other => {
+                return Err(format!(
+                    "column {path}: self-encoded columns are written with ZSTD or \
+                     uncompressed, not {other}"
+                ));
+            }
+        };
+        Ok(Self {
+            codec,
+            statistics: props.statistics_enabled(path),
+            page_rows: props.data_page_row_count_limit().max(1),
+            offset_index: !props.offset_index_disabled(),
+            descr,
+        })
+    }
+
+    pub(crate) fn nullable(&self) -> bool {
+        self.descr.max_def_level() > 0
+    }
+
+    /// The compressor for this column's pages.
+    pub(crate) fn compressor(&self) -> std::result::Result<PageCompressor, String> {
+        match self.codec {
+            Codec::None => Ok(PageCompressor(None)),
+            Codec::Zstd(level) => zstd::bulk::Compressor::new(level)
+                .map(|c| PageCompressor(Some(c)))
+                .map_err(|e| format!("column {}: ZSTD level {level}: {e}", self.descr.path())),
+        }
+    }
+
+    fn compression(&self) -> Result<Compression> {
+        Ok(match self.codec {
+            Codec::None => Compression::UNCOMPRESSED,
+            Codec::Zstd(level) => Compression::ZSTD(ZstdLevel::try_new(level)?),
+        })
+    }
+}
+
+/// A column's ZSTD context (or none, for uncompressed pages), kept across pages and row
+/// groups: setting one up per page costs about as much as compressing a small page.
+#[derive(Default)]
+pub(crate) struct PageCompressor(Option<zstd::bulk::Compressor<'static>>);
+
+impl std::fmt::Debug for PageCompressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Zstd" } else { "None" })
+    }
+}
+
+impl PageCompressor {
+    fn compress(&mut self, data: Vec<u8>) -> Result<Bytes> {
+        match &mut self.0 {
+            None => Ok(Bytes::from(data)),
+            Some(zstd) => zstd
+                .compress(&data)
+                .map(Bytes::from)
+                .map_err(|e| ParquetError::External(Box::new(e))),
+        }
+    }
+}
+
+/// One data page, encoded but not yet compressed.
+#[derive(Debug)]
+pub(crate) struct DataPage {
+    /// RLE definition levels (empty for a required column); stored uncompressed.
+    pub(crate) levels: Vec<u8>,
+    /// The encoded values.
+    pub(crate) values: Vec<u8>,
+    pub(crate) encoding: Encoding,
+    pub(crate) rows: usize,
+    pub(crate) nulls: usize,
+    /// Plain-encoded min and max of the page's values (`None` if all are null), for the
+    /// column index.
+    pub(crate) min_max: Option<(Vec<u8>, Vec<u8>)>,
+    /// Bytes of the values before encoding (byte arrays only), for the offset index.
+    pub(crate) unencoded_bytes: Option<i64>,
+}
+
+/// A column chunk being assembled from pages.
+pub(crate) struct ChunkBuilder<'a> {
+    settings: &'a ColumnSettings,
+    compressor: &'a mut PageCompressor,
+    sink: TrackedWrite<Vec<u8>>,
+    column_index: ColumnIndexBuilder,
+    offset_index: OffsetIndexBuilder,
+    encodings: Vec<Encoding>,
+    page_stats: Vec<PageEncodingStats>,
+    compressed: u64,
+    uncompressed: u64,
+    dictionary_offset: Option<i64>,
+    first_data_offset: Option<i64>,
+    rows: u64,
+}
+
+impl std::fmt::Debug for ChunkBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkBuilder")
+            .field("column", &self.settings.descr.path())
+            .field("rows", &self.rows)
+            .field("bytes", &self.sink.bytes_written())
+            .finish()
+    }
+}
+
+impl<'a> ChunkBuilder<'a> {
+    pub(crate) fn new(settings: &'a ColumnSettings, compressor: &'a mut PageCompressor) -> Self {
+        let mut column_index = ColumnIndexBuilder::new(settings.descr.physical_type());
+        if settings.statistics != EnabledStatistics::Page {
+            column_index.to_invalid();
+        }
+        Self {
+            settings,
+            compressor,
+            sink: TrackedWrite::new(Vec::new()),
+            column_index,
+            offset_index: OffsetIndexBuilder::new(),
+            encodings: vec![Encoding::RLE],
+            page_stats: Vec::new(),
+            compressed: 0,
+            uncompressed: 0,
+            dictionary_offset: None,
+            first_data_offset: None,
+            rows: 0,
+        }
+    }
+
+    fn write(&mut self, page: Page, uncompressed: usize) -> Result<u64> {
+        let (page_type, encoding) = match &page {
+            Page::DictionaryPage { encoding, .. } => (PageType::DICTIONARY_PAGE, *encoding),
+            Page::DataPageV2 { encoding, .. } => (PageType::DATA_PAGE_V2, *encoding),
+            Page::DataPage { encoding, .. } => (PageType::DATA_PAGE, *encoding),
+        };
+        let spec = SerializedPageWriter::new(&mut self.sink)
+            .write_page(CompressedPage::new(page, uncompressed))?;
+        self.compressed += spec.compressed_size as u64;
+        self.uncompressed += spec.uncompressed_size as u64;
+        if !self.encodings.contains(&encoding) {
+            self.encodings.push(encoding);
+        }
+        match self.page_stats.last_mut() {
+            Some(s) if s.page_type == page_type && s.encoding == encoding => s.count += 1,
+            _ => self.page_stats.push(PageEncodingStats {
+                page_type,
+                encoding,
+                count: 1,
+            }),
+        }
+        self.offset_index_entry(spec.offset, spec.compressed_size, page_type);
+        Ok(spec.offset)
+    }
+
+    fn offset_index_entry(&mut self, offset: u64, size: usize, page_type: PageType) {
+        if page_type != PageType::DICTIONARY_PAGE {
+            self.offset_index
+                .append_offset_and_size(offset as i64, size as i32);
+        }
+    }
+
+    /// Writes the dictionary page (plain-encoded values); must come before any data page.
+    pub(crate) fn dictionary_page(&mut self, plain: Vec<u8>, values: usize) -> Result<()> {
+        let len = plain.len();
+        let page = Page::DictionaryPage {
+            buf: self.compressor.compress(plain)?,
+            num_values: values as u32,
+            encoding: Encoding::PLAIN,
+            is_sorted: false,
+        };
+        self.dictionary_offset = Some(self.write(page, len)? as i64);
+        Ok(())
+    }
+
+    /// Writes a `DATA_PAGE_V2` (levels uncompressed, values compressed).
+    pub(crate) fn data_page(&mut self, page: DataPage) -> Result<()> {
+        let levels_len = page.levels.len();
+        let uncompressed = levels_len + page.values.len();
+        let mut buf = page.levels;
+        buf.extend_from_slice(&self.compressor.compress(page.values)?);
+        let written = Page::DataPageV2 {
+            buf: Bytes::from(buf),
+            num_values: page.rows as u32,
+            encoding: page.encoding,
+            num_nulls: page.nulls as u32,
+            num_rows: page.rows as u32,
+            def_levels_byte_len: levels_len as u32,
+            rep_levels_byte_len: 0,
+            is_compressed: !matches!(self.settings.codec, Codec::None),
+            statistics: None,
+        };
+        let offset = self.write(written, uncompressed)?;
+        self.first_data_offset.get_or_insert(offset as i64);
+        self.rows += page.rows as u64;
+        self.offset_index.append_row_count(page.rows as i64);
+        if self.settings.statistics != EnabledStatistics::None {
+            self.offset_index
+                .append_unencoded_byte_array_data_bytes(page.unencoded_bytes);
+        }
+        match page.min_max {
+            None => self
+                .column_index
+                .append(true, vec![], vec![], page.nulls as i64, None),
+            Some((min, max)) => self
+                .column_index
+                .append(false, min, max, page.nulls as i64, None),
+        }
+        Ok(())
+    }
+
+    /// The chunk's bytes (starting at offset 0) and what the row group needs to splice
+    /// them in. `statistics` go into the chunk metadata when statistics are enabled;
+    /// `boundary_order` is the order of the pages' min/max in the column's sort order.
+    pub(crate) fn finish(
+        mut self,
+        statistics: Statistics,
+        boundary_order: BoundaryOrder,
+        unencoded_bytes: Option<i64>,
+    ) -> Result<(Bytes, ColumnCloseResult)> {
+        self.column_index.set_boundary_order(boundary_order);
+        let column_index = if self.column_index.valid() {
+            Some(self.column_index.build()?)
+        } else {
+            None
+        };
+        let data_offset = self
+            .first_data_offset
+            .or(self.dictionary_offset)
+            .unwrap_or(0);
+        let mut metadata = ColumnChunkMetaData::builder(self.settings.descr.clone())
+            .set_compression(self.settings.compression()?)
+            .set_encodings_mask(EncodingMask::new_from_encodings(self.encodings.iter()))
+            .set_page_encoding_stats(self.page_stats)
+            .set_total_compressed_size(self.compressed as i64)
+            .set_total_uncompressed_size(self.uncompressed as i64)
+            .set_num_values(self.rows as i64)
+            .set_data_page_offset(data_offset)
+            .set_dictionary_page_offset(self.dictionary_offset);
+        if self.settings.statistics != EnabledStatistics::None {
+            metadata = metadata
+                .set_statistics(statistics)
+                .set_unencoded_byte_array_data_bytes(unencoded_bytes);
+        }
+        let metadata = metadata.build()?;
+        let bytes = Bytes::from(self.sink.into_inner()?);
+        let close = ColumnCloseResult {
+            bytes_written: bytes.len() as u64,
+            rows_written: self.rows,
+            metadata,
+            bloom_filter: None,
+            column_index,
+            offset_index: self
+                .settings
+                .offset_index
+                .then(|| self.offset_index.build()),
+        };
+        Ok((bytes, close))
+    }
+}
+
+/// Tracks whether successive pages' (min, max) keys ascend or descend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BoundaryTracker<K> {
+    last: Option<(K, K)>,
+    ascending: bool,
+    descending: bool,
+}
+
+impl<K: Ord + Copy> BoundaryTracker<K> {
+    pub(crate) fn new() -> Self {
+        Self {
+            last: None,
+            ascending: true,
+            descending: true,
+        }
+    }
+
+    /// Records a page with values (all-null pages do not count).
+    pub(crate) fn page(&mut self, min: K, max: K) {
+        if let Some((lo, hi)) = self.last {
+            self.ascending &= lo <= min && hi <= max;
+            self.descending &= lo >= min && hi >= max;
+        }
+        self.last = Some((min, max));
+    }
+
+    pub(crate) fn order(&self) -> BoundaryOrder {
+        match (self.ascending, self.descending) {
+            (true, _) => BoundaryOrder::ASCENDING,
+            (false, true) => BoundaryOrder::DESCENDING,
+            (false, false) => BoundaryOrder::UNORDERED,
+        }
+    }
+}
+
+/// Definition levels of `levels` (1 = present) as RLE, and how many are present.
+pub(crate) fn encode_levels(levels: &[u8], out: &mut Vec<u8>) -> usize {
+    let mut present = 0;
+    crate::rle::encode(levels, 1, out, |level, len| {
+        if level == 1 {
+            present += len;
+        }
+    });
+    present
+}

@@ -1,0 +1,278 @@
+//! Parquet's `DELTA_BINARY_PACKED` encoding of a page of integers, for the integer
+//! columns the writer encodes itself ([`crate::int_column`]).
+//!
+//! The format (Parquet `Encodings.md`), with parquet-rs's layout: a header (block size
+//! 128, 4 miniblocks per block, the value count, the first value zigzag-ULEB128), then
+//! per block of 128 deltas the block's minimum delta (zigzag ULEB128), one bit-width
+//! byte per miniblock and the miniblocks: 32 values `delta - min_delta`, bit-packed
+//! LSB-first. Deltas wrap at the physical type's width, as readers compute them. In the
+//! last block, the last miniblock is padded with zeros and the unused miniblocks have
+//! width 0 and no bytes.
+//!
+//! parquet-rs's encoder spends about 45 instructions per value here (a bit writer that
+//! packs one value at a time behind several layers); packing 32 values into a 128-bit
+//! accumulator in one loop takes a fraction of that.
+
+const BLOCK: usize = 128;
+const MINIBLOCKS: usize = 4;
+const MINIBLOCK: usize = BLOCK / MINIBLOCKS;
+
+/// The physical type's width: where deltas wrap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Width {
+    /// `INT32`; values are passed sign-extended to `i64`.
+    W32,
+    /// `INT64`.
+    W64,
+}
+
+/// Delta arithmetic at one width, so the hot loops are compiled once per width.
+trait Arithmetic {
+    fn delta(value: i64, previous: i64) -> i64;
+    /// `delta - min` as the unsigned value of the type's width.
+    fn above(delta: i64, min: i64) -> u64;
+}
+
+struct Narrow;
+struct Wide;
+
+impl Arithmetic for Narrow {
+    fn delta(value: i64, previous: i64) -> i64 {
+        i64::from((value as i32).wrapping_sub(previous as i32))
+    }
+    fn above(delta: i64, min: i64) -> u64 {
+        u64::from((delta as i32).wrapping_sub(min as i32) as u32)
+    }
+}
+
+impl Arithmetic for Wide {
+    fn delta(value: i64, previous: i64) -> i64 {
+        value.wrapping_sub(previous)
+    }
+    fn above(delta: i64, min: i64) -> u64 {
+        delta.wrapping_sub(min) as u64
+    }
+}
+
+fn uleb128(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn zigzag(v: i64, out: &mut Vec<u8>) {
+    uleb128(((v << 1) ^ (v >> 63)) as u64, out);
+}
+
+/// Appends the encoding of `values` to `out`.
+pub(crate) fn encode(values: &[i64], width: Width, out: &mut Vec<u8>) {
+    // Header, plus per block its min delta, widths and at most 8 bytes per value.
+    out.reserve(32 + values.len() * 8 + values.len().div_ceil(BLOCK) * (10 + MINIBLOCKS));
+    match width {
+        Width::W32 => encode_as::<Narrow>(values, out),
+        Width::W64 => encode_as::<Wide>(values, out),
+    }
+}
+
+fn encode_as<A: Arithmetic>(values: &[i64], out: &mut Vec<u8>) {
+    uleb128(BLOCK as u64, out);
+    uleb128(MINIBLOCKS as u64, out);
+    uleb128(values.len() as u64, out);
+    let Some((&first, rest)) = values.split_first() else {
+        zigzag(0, out);
+        return;
+    };
+    zigzag(first, out);
+    let mut previous = first;
+    let mut deltas = [0i64; BLOCK];
+    for block in rest.chunks(BLOCK) {
+        let mut min = i64::MAX;
+        for (d, &v) in deltas.iter_mut().zip(block) {
+            *d = A::delta(v, previous);
+            previous = v;
+            min = min.min(*d);
+        }
+        zigzag(min, out);
+        let widths_at = out.len();
+        out.extend_from_slice(&[0; MINIBLOCKS]);
+        for (m, mini) in deltas[..block.len()].chunks(MINIBLOCK).enumerate() {
+            let any = mini.iter().fold(0, |any, &d| any | A::above(d, min));
+            let bits = 64 - any.leading_zeros();
+            out[widths_at + m] = bits as u8;
+            pack_miniblock(mini.iter().map(|&d| A::above(d, min)), bits, out);
+        }
+    }
+}
+
+/// A miniblock's values (32, or fewer in the last one: padded with zeros) of `bits` bits
+/// each, LSB-first: `4 × bits` bytes.
+fn pack_miniblock(values: impl Iterator<Item = u64>, bits: u32, out: &mut Vec<u8>) {
+    if bits == 0 {
+        return;
+    }
+    let padding = std::iter::repeat(0);
+    let values = values.chain(padding).take(MINIBLOCK);
+    if bits <= 32 {
+        // A value fits beside the < 32 bits pending in a u64: words of 32 bits.
+        let mut acc = 0u64;
+        let mut filled = 0;
+        for v in values {
+            acc |= v << filled;
+            filled += bits;
+            if filled >= 32 {
+                out.extend_from_slice(&(acc as u32).to_le_bytes());
+                acc >>= 32;
+                filled -= 32;
+            }
+        }
+    } else {
+        let mut acc: u128 = 0;
+        let mut filled = 0;
+        for v in values {
+            acc |= u128::from(v) << filled;
+            filled += bits;
+            if filled >= 64 {
+                out.extend_from_slice(&(acc as u64).to_le_bytes());
+                acc >>= 64;
+                filled -= 64;
+            }
+        }
+        // 32 × bits is a multiple of 32, so at most half a word is left.
+        out.extend_from_slice(&(acc as u64).to_le_bytes()[..(filled / 8) as usize]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reference decoder written from the format description.
+    fn uleb(data: &[u8], at: &mut usize) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let b = data[*at];
+            *at += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                return v;
+            }
+        }
+    }
+
+    fn decode(data: &[u8], width: Width) -> Vec<i64> {
+        let mut at = 0;
+        let uleb = |at: &mut usize| uleb(data, at);
+        let unzig = |v: u64| ((v >> 1) as i64) ^ -((v & 1) as i64);
+        let block = uleb(&mut at) as usize;
+        let minis = uleb(&mut at) as usize;
+        let n = uleb(&mut at) as usize;
+        let first = unzig(uleb(&mut at));
+        let mut out = Vec::new();
+        if n == 0 {
+            return out;
+        }
+        out.push(first);
+        let per_mini = block / minis;
+        while out.len() < n {
+            let min = unzig(uleb(&mut at));
+            let widths: Vec<u32> = (0..minis)
+                .map(|_| {
+                    u32::from(
+                        data[{
+                            at += 1;
+                            at - 1
+                        }],
+                    )
+                })
+                .collect();
+            for w in widths {
+                if out.len() >= n {
+                    break;
+                }
+                for k in 0..per_mini {
+                    let mut v = 0u64;
+                    for b in 0..w as usize {
+                        let bit = k * w as usize + b;
+                        v |= u64::from((data[at + bit / 8] >> (bit % 8)) & 1) << b;
+                    }
+                    if out.len() < n {
+                        let prev = *out.last().unwrap();
+                        let next = match width {
+                            Width::W32 => i64::from(
+                                (prev as i32)
+                                    .wrapping_add((min as i32).wrapping_add(v as u32 as i32)),
+                            ),
+                            Width::W64 => prev.wrapping_add(min.wrapping_add(v as i64)),
+                        };
+                        out.push(next);
+                    }
+                }
+                at += per_mini * w as usize / 8;
+            }
+        }
+        assert_eq!(at, data.len(), "trailing bytes");
+        out
+    }
+
+    fn round_trip(values: &[i64], width: Width) {
+        let mut out = Vec::new();
+        encode(values, width, &mut out);
+        assert_eq!(
+            decode(&out, width),
+            values,
+            "{width:?}, {} values",
+            values.len()
+        );
+    }
+
+    #[test]
+    fn counters_timestamps_and_constants_round_trip() {
+        round_trip(&[], Width::W64);
+        round_trip(&[42], Width::W64);
+        let ts: Vec<i64> = (0..1000)
+            .map(|i| 1_741_910_400_000_000 + i * 1_000_000)
+            .collect();
+        round_trip(&ts, Width::W64);
+        round_trip(&[7; 300], Width::W32);
+        let counter: Vec<i64> = (0..517).map(|i| i * i * 31).collect();
+        round_trip(&counter, Width::W64);
+    }
+
+    #[test]
+    fn extremes_wrap_like_the_reader() {
+        round_trip(&[i64::MAX, i64::MIN, 0, -1, i64::MAX, 5], Width::W64);
+        // u64 counters near the top, stored as i64 bits.
+        round_trip(&[u64::MAX as i64, 0, (u64::MAX - 1) as i64], Width::W64);
+        // u32 values above i32::MAX, stored as i32 bits sign-extended.
+        let u32s: Vec<i64> = [u32::MAX, 0, 1 << 31, 12, u32::MAX - 7]
+            .iter()
+            .map(|&v| i64::from(v as i32))
+            .collect();
+        round_trip(&u32s, Width::W32);
+        round_trip(&[i64::from(i32::MIN), i64::from(i32::MAX)], Width::W32);
+    }
+
+    #[test]
+    fn a_seeded_fuzz_of_lengths_and_ranges_round_trips() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..200 {
+            let n = (next() % 700) as usize;
+            let shift = next() % 64;
+            let w64: Vec<i64> = (0..n).map(|_| (next() >> shift) as i64).collect();
+            round_trip(&w64, Width::W64);
+            let w32: Vec<i64> = (0..n)
+                .map(|_| i64::from((next() >> (shift / 2 + 32)) as i32))
+                .collect();
+            round_trip(&w32, Width::W32);
+        }
+    }
+}

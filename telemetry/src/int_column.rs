@@ -1,0 +1,301 @@
+//! `DELTA_BINARY_PACKED` integer column chunks, encoded by the writer itself.
+//!
+//! Timestamps, counters, memory, clocks and bitmasks are a dozen columns per GPU row;
+//! through parquet-rs's Arrow writer each value costs a gather into a temporary vector,
+//! a min/max update and a delta bit-packing step that packs one value at a time — a
+//! quarter of the writer's instructions on the sink benchmark. Here a batch's values are
+//! copied once (widened to `i64`), and at the end of the row group each page is
+//! delta-encoded in one pass ([`crate::delta`]) with its min/max taken in the column's
+//! sort order (unsigned for `UInt*` columns, as their logical type says). Pages,
+//! statistics and the page index go through [`crate::chunk`].
+//!
+//! Which columns: those whose writer properties ask for `DELTA_BINARY_PACKED` without a
+//! dictionary, of an integer or timestamp Arrow type; the rest stay with parquet-rs.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    ArrowPrimitiveType, Int8Type, Int16Type, Int32Type, Int64Type, TimestampMicrosecondType,
+    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type,
+    UInt32Type, UInt64Type,
+};
+use arrow_array::{Array, PrimitiveArray};
+use arrow_schema::{DataType, TimeUnit};
+use bytes::Bytes;
+use parquet::basic::{Encoding, SortOrder, Type as PhysicalType};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::properties::WriterProperties;
+use parquet::file::statistics::{Statistics, ValueStatistics};
+use parquet::schema::types::ColumnDescPtr;
+
+use crate::chunk::{
+    BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, PageCompressor, encode_levels,
+};
+use crate::delta::{self, Width};
+
+/// One integer column of the row group being written.
+#[derive(Debug)]
+pub(crate) struct IntColumn {
+    settings: ColumnSettings,
+    compressor: PageCompressor,
+    width: Width,
+    unsigned: bool,
+    /// The non-null values, as the physical type's bits sign-extended to `i64`.
+    values: Vec<i64>,
+    /// Definition level per row (1 = present), kept only for a nullable column.
+    levels: Vec<u8>,
+    rows: usize,
+}
+
+/// Whether this module encodes an Arrow column of type `data_type`.
+fn supported(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        data_type,
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Timestamp(_, _)
+    )
+}
+
+impl IntColumn {
+    /// A column for the leaf `descr` of Arrow type `data_type`, if the properties ask for
+    /// plain delta encoding and the type is one this module writes; `None` otherwise.
+    pub(crate) fn for_leaf(
+        descr: ColumnDescPtr,
+        data_type: &DataType,
+        props: &WriterProperties,
+    ) -> Result<Option<Self>, String> {
+        let path = descr.path();
+        let width = match descr.physical_type() {
+            PhysicalType::INT32 => Width::W32,
+            PhysicalType::INT64 => Width::W64,
+            _ => return Ok(None),
+        };
+        if props.encoding(path) != Some(Encoding::DELTA_BINARY_PACKED)
+            || props.dictionary_enabled(path)
+            || !supported(data_type)
+        {
+            return Ok(None);
+        }
+        let unsigned = descr.sort_order() == SortOrder::UNSIGNED;
+        let settings = ColumnSettings::new(descr, props)?;
+        Ok(Some(Self {
+            compressor: settings.compressor()?,
+            settings,
+            width,
+            unsigned,
+            values: Vec::new(),
+            levels: Vec::new(),
+            rows: 0,
+        }))
+    }
+
+    /// Bytes buffered.
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.values.len() * 8 + self.levels.len()
+    }
+
+    /// Appends an array of the column's Arrow type.
+    pub(crate) fn push(&mut self, array: &dyn Array) -> Result<(), String> {
+        if !self.settings.nullable() && array.null_count() > 0 {
+            return Err(format!(
+                "column {}: {} nulls in a non-nullable column",
+                self.settings.descr.path(),
+                array.null_count()
+            ));
+        }
+        match array.data_type() {
+            DataType::Int8 => self.extend(array.as_primitive::<Int8Type>(), i64::from),
+            DataType::Int16 => self.extend(array.as_primitive::<Int16Type>(), i64::from),
+            DataType::Int32 => self.extend(array.as_primitive::<Int32Type>(), i64::from),
+            DataType::Int64 => self.extend(array.as_primitive::<Int64Type>(), |v| v),
+            // Unsigned values are stored as the physical type's bits (as parquet-rs does).
+            DataType::UInt8 => self.extend(array.as_primitive::<UInt8Type>(), i64::from),
+            DataType::UInt16 => self.extend(array.as_primitive::<UInt16Type>(), i64::from),
+            DataType::UInt32 => {
+                self.extend(array.as_primitive::<UInt32Type>(), |v| i64::from(v as i32))
+            }
+            DataType::UInt64 => self.extend(array.as_primitive::<UInt64Type>(), |v| v as i64),
+            DataType::Timestamp(unit, _) => match unit {
+                TimeUnit::Second => self.extend(array.as_primitive::<TimestampSecondType>(), |v| v),
+                TimeUnit::Millisecond => {
+                    self.extend(array.as_primitive::<TimestampMillisecondType>(), |v| v)
+                }
+                TimeUnit::Microsecond => {
+                    self.extend(array.as_primitive::<TimestampMicrosecondType>(), |v| v)
+                }
+                TimeUnit::Nanosecond => {
+                    self.extend(array.as_primitive::<TimestampNanosecondType>(), |v| v)
+                }
+            },
+            other => {
+                return Err(format!(
+                    "column {}: {other} is not an integer type",
+                    self.settings.descr.path()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn extend<T: ArrowPrimitiveType>(
+        &mut self,
+        array: &PrimitiveArray<T>,
+        widen: impl Fn(T::Native) -> i64,
+    ) {
+        let values = array.values();
+        match array.nulls().filter(|n| n.null_count() > 0) {
+            None => {
+                self.values.extend(values.iter().map(|&v| widen(v)));
+                if self.settings.nullable() {
+                    self.levels.resize(self.levels.len() + values.len(), 1);
+                }
+            }
+            Some(nulls) => {
+                for (&v, valid) in values.iter().zip(nulls.iter()) {
+                    if valid {
+                        self.values.push(widen(v));
+                    }
+                    self.levels.push(u8::from(valid));
+                }
+            }
+        }
+        self.rows += values.len();
+    }
+
+    /// The page's minimum and maximum in the column's sort order (compared as keys whose
+    /// unsigned order is that order; one pass per page, monomorphised per order).
+    fn min_max(&self, page: &[i64]) -> Option<(i64, i64)> {
+        const SIGN: u64 = 1 << 63;
+        fn by_key(
+            page: &[i64],
+            key: impl Fn(i64) -> u64,
+            value: impl Fn(u64) -> i64,
+        ) -> Option<(i64, i64)> {
+            let first = key(*page.first()?);
+            let (lo, hi) = page.iter().fold((first, first), |(lo, hi), &v| {
+                let k = key(v);
+                (lo.min(k), hi.max(k))
+            });
+            Some((value(lo), value(hi)))
+        }
+        match (self.width, self.unsigned) {
+            (Width::W32, true) => by_key(
+                page,
+                |v| u64::from(v as u32),
+                |k| i64::from(k as u32 as i32),
+            ),
+            (Width::W64, true) => by_key(page, |v| v as u64, |k| k as i64),
+            // Sign-extended, so one flip serves both widths.
+            (_, false) => by_key(page, |v| (v as u64) ^ SIGN, |k| (k ^ SIGN) as i64),
+        }
+    }
+
+    /// A key whose unsigned order is the column's sort order.
+    fn key(&self, v: i64) -> u64 {
+        match (self.width, self.unsigned) {
+            (Width::W32, true) => u64::from(v as u32),
+            (Width::W64, true) => v as u64,
+            (_, false) => (v as u64) ^ (1 << 63),
+        }
+    }
+
+    fn plain(&self, v: i64) -> Vec<u8> {
+        match self.width {
+            Width::W32 => (v as i32).to_le_bytes().to_vec(),
+            Width::W64 => v.to_le_bytes().to_vec(),
+        }
+    }
+
+    /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
+    /// resets the column for the next row group.
+    pub(crate) fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let mut compressor = std::mem::take(&mut self.compressor);
+        let chunk = self.encode(&mut compressor);
+        self.compressor = compressor;
+        // Freed, not kept: an open file per partition would otherwise hold a row
+        // group's worth of buffers between row groups.
+        self.values = Default::default();
+        self.levels = Default::default();
+        self.rows = 0;
+        chunk
+    }
+
+    /// Makes room for `rows` more rows (the sink knows a row group's size up front).
+    pub(crate) fn reserve(&mut self, rows: usize) {
+        self.values.reserve(rows);
+        if self.settings.nullable() {
+            self.levels.reserve(rows);
+        }
+    }
+
+    fn encode(
+        &self,
+        compressor: &mut PageCompressor,
+    ) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let mut chunk = ChunkBuilder::new(&self.settings, compressor);
+        let mut boundary = BoundaryTracker::new();
+        let mut chunk_range: Option<(i64, i64)> = None;
+        let mut nulls = 0u64;
+        let (mut row, mut at) = (0, 0);
+        loop {
+            let rows = self.settings.page_rows.min(self.rows - row);
+            let mut levels = Vec::new();
+            let present = if self.settings.nullable() {
+                encode_levels(&self.levels[row..row + rows], &mut levels)
+            } else {
+                rows
+            };
+            let page = &self.values[at..at + present];
+            let range = self.min_max(page);
+            if let Some((lo, hi)) = range {
+                boundary.page(self.key(lo), self.key(hi));
+                chunk_range = Some(match chunk_range {
+                    None => (lo, hi),
+                    Some((a, b)) => (
+                        if self.key(lo) < self.key(a) { lo } else { a },
+                        if self.key(hi) > self.key(b) { hi } else { b },
+                    ),
+                });
+            }
+            let mut values = Vec::with_capacity(page.len() * 2 + 16);
+            delta::encode(page, self.width, &mut values);
+            chunk.data_page(DataPage {
+                levels,
+                values,
+                encoding: Encoding::DELTA_BINARY_PACKED,
+                rows,
+                nulls: rows - present,
+                min_max: range.map(|(lo, hi)| (self.plain(lo), self.plain(hi))),
+                unencoded_bytes: None,
+            })?;
+            at += present;
+            nulls += (rows - present) as u64;
+            row += rows;
+            if row >= self.rows {
+                break;
+            }
+        }
+
+        let signed = !self.unsigned;
+        let (min, max) = (chunk_range.map(|r| r.0), chunk_range.map(|r| r.1));
+        let statistics = match self.width {
+            Width::W32 => Statistics::Int32(
+                ValueStatistics::new(
+                    min.map(|v| v as i32),
+                    max.map(|v| v as i32),
+                    None,
+                    Some(nulls),
+                    false,
+                )
+                .with_backwards_compatible_min_max(signed),
+            ),
+            Width::W64 => Statistics::Int64(
+                ValueStatistics::new(min, max, None, Some(nulls), false)
+                    .with_backwards_compatible_min_max(signed),
+            ),
+        };
+        chunk.finish(statistics, boundary.order(), None)
+    }
+}
+
+#[cfg(test)]
+mod tests;
