@@ -8,6 +8,8 @@
 //! when page statistics are on, the encodings and page encoding statistics, and the
 //! chunk's metadata.
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
 use parquet::basic::{BoundaryOrder, Compression, Encoding, EncodingMask, PageType, ZstdLevel};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
@@ -28,11 +30,12 @@ enum Codec {
     Zstd(i32),
 }
 
-/// The writer properties one self-encoded column follows.
-#[derive(Debug, Clone)]
+/// The writer properties one self-encoded column follows, and its compressor.
+#[derive(Debug)]
 pub(crate) struct ColumnSettings {
     pub(crate) descr: ColumnDescPtr,
     codec: Codec,
+    compressor: PageCompressor,
     pub(crate) statistics: EnabledStatistics,
     pub(crate) page_rows: usize,
     offset_index: bool,
@@ -56,8 +59,15 @@ impl ColumnSettings {
                 ));
             }
         };
+        let compressor = match codec {
+            Codec::None => PageCompressor::default(),
+            Codec::Zstd(level) => zstd::bulk::Compressor::new(level)
+                .map(|c| PageCompressor(RefCell::new(Some(c))))
+                .map_err(|e| format!("column {path}: ZSTD level {level}: {e}"))?,
+        };
         Ok(Self {
             codec,
+            compressor,
             statistics: props.statistics_enabled(path),
             page_rows: props.data_page_row_count_limit().max(1),
             offset_index: !props.offset_index_disabled(),
@@ -67,16 +77,6 @@ impl ColumnSettings {
 
     pub(crate) fn nullable(&self) -> bool {
         self.descr.max_def_level() > 0
-    }
-
-    /// The compressor for this column's pages.
-    pub(crate) fn compressor(&self) -> std::result::Result<PageCompressor, String> {
-        match self.codec {
-            Codec::None => Ok(PageCompressor(None)),
-            Codec::Zstd(level) => zstd::bulk::Compressor::new(level)
-                .map(|c| PageCompressor(Some(c)))
-                .map_err(|e| format!("column {}: ZSTD level {level}: {e}", self.descr.path())),
-        }
     }
 
     fn compression(&self) -> Result<Compression> {
@@ -89,18 +89,23 @@ impl ColumnSettings {
 
 /// A column's ZSTD context (or none, for uncompressed pages), kept across pages and row
 /// groups: setting one up per page costs about as much as compressing a small page.
+/// (A `RefCell`, because encoding reads the column's buffers while it compresses.)
 #[derive(Default)]
-pub(crate) struct PageCompressor(Option<zstd::bulk::Compressor<'static>>);
+struct PageCompressor(RefCell<Option<zstd::bulk::Compressor<'static>>>);
 
 impl std::fmt::Debug for PageCompressor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "Zstd" } else { "None" })
+        f.write_str(if self.0.borrow().is_some() {
+            "Zstd"
+        } else {
+            "None"
+        })
     }
 }
 
 impl PageCompressor {
-    fn compress(&mut self, data: Vec<u8>) -> Result<Bytes> {
-        match &mut self.0 {
+    fn compress(&self, data: Vec<u8>) -> Result<Bytes> {
+        match &mut *self.0.borrow_mut() {
             None => Ok(Bytes::from(data)),
             Some(zstd) => zstd
                 .compress(&data)
@@ -130,7 +135,6 @@ pub(crate) struct DataPage {
 /// A column chunk being assembled from pages.
 pub(crate) struct ChunkBuilder<'a> {
     settings: &'a ColumnSettings,
-    compressor: &'a mut PageCompressor,
     sink: TrackedWrite<Vec<u8>>,
     column_index: ColumnIndexBuilder,
     offset_index: OffsetIndexBuilder,
@@ -154,14 +158,13 @@ impl std::fmt::Debug for ChunkBuilder<'_> {
 }
 
 impl<'a> ChunkBuilder<'a> {
-    pub(crate) fn new(settings: &'a ColumnSettings, compressor: &'a mut PageCompressor) -> Self {
+    pub(crate) fn new(settings: &'a ColumnSettings) -> Self {
         let mut column_index = ColumnIndexBuilder::new(settings.descr.physical_type());
         if settings.statistics != EnabledStatistics::Page {
             column_index.to_invalid();
         }
         Self {
             settings,
-            compressor,
             sink: TrackedWrite::new(Vec::new()),
             column_index,
             offset_index: OffsetIndexBuilder::new(),
@@ -211,7 +214,7 @@ impl<'a> ChunkBuilder<'a> {
     pub(crate) fn dictionary_page(&mut self, plain: Vec<u8>, values: usize) -> Result<()> {
         let len = plain.len();
         let page = Page::DictionaryPage {
-            buf: self.compressor.compress(plain)?,
+            buf: self.settings.compressor.compress(plain)?,
             num_values: values as u32,
             encoding: Encoding::PLAIN,
             is_sorted: false,
@@ -225,7 +228,7 @@ impl<'a> ChunkBuilder<'a> {
         let levels_len = page.levels.len();
         let uncompressed = levels_len + page.values.len();
         let mut buf = page.levels;
-        buf.extend_from_slice(&self.compressor.compress(page.values)?);
+        buf.extend_from_slice(&self.settings.compressor.compress(page.values)?);
         let written = Page::DataPageV2 {
             buf: Bytes::from(buf),
             num_values: page.rows as u32,
@@ -341,13 +344,93 @@ impl<K: Ord + Copy> BoundaryTracker<K> {
     }
 }
 
-/// Definition levels of `levels` (1 = present) as RLE, and how many are present.
-pub(crate) fn encode_levels(levels: &[u8], out: &mut Vec<u8>) -> usize {
-    let mut present = 0;
-    crate::rle::encode(levels, 1, out, |level, len| {
-        if level == 1 {
-            present += len;
+/// A column's rows: how many, and for a nullable column which are present (definition
+/// level 1) or null (0), one byte per row until the row group is encoded.
+#[derive(Debug, Default)]
+pub(crate) struct RowLevels {
+    nullable: bool,
+    levels: Vec<u8>,
+    count: usize,
+}
+
+/// One page's share of a column's rows.
+#[derive(Debug)]
+pub(crate) struct PageRows {
+    pub(crate) rows: usize,
+    /// The page's definition levels, RLE-encoded (empty for a required column).
+    pub(crate) levels: Vec<u8>,
+    /// The page's present values, as a range of the column's value buffer.
+    pub(crate) values: std::ops::Range<usize>,
+}
+
+impl PageRows {
+    pub(crate) fn nulls(&self) -> usize {
+        self.rows - self.values.len()
+    }
+}
+
+impl RowLevels {
+    pub(crate) fn new(nullable: bool) -> Self {
+        Self {
+            nullable,
+            ..Self::default()
         }
-    });
-    present
+    }
+
+    /// Appends `n` rows with a value each.
+    pub(crate) fn present(&mut self, n: usize) {
+        if self.nullable {
+            self.levels.resize(self.levels.len() + n, 1);
+        }
+        self.count += n;
+    }
+
+    /// Appends one row, null or not (only a nullable column has nulls).
+    pub(crate) fn push(&mut self, present: bool) {
+        debug_assert!(self.nullable || present);
+        self.levels.push(u8::from(present));
+        self.count += 1;
+    }
+
+    pub(crate) fn reserve(&mut self, rows: usize) {
+        if self.nullable {
+            self.levels.reserve(rows);
+        }
+    }
+
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Cuts the rows into pages of at most `page_rows` (one empty page when there are no
+    /// rows, so that a chunk always has a data page).
+    pub(crate) fn pages(&self, page_rows: usize) -> Vec<PageRows> {
+        let mut pages = Vec::new();
+        let (mut row, mut value) = (0, 0);
+        loop {
+            let rows = page_rows.min(self.count - row);
+            let mut levels = Vec::new();
+            let present = if self.nullable {
+                let mut present = 0;
+                crate::rle::encode(&self.levels[row..row + rows], 1, &mut levels, |l, len| {
+                    if l == 1 {
+                        present += len;
+                    }
+                });
+                present
+            } else {
+                rows
+            };
+            pages.push(PageRows {
+                rows,
+                levels,
+                values: value..value + present,
+            });
+            value += present;
+            row += rows;
+            if row >= self.count {
+                return pages;
+            }
+        }
+    }
 }

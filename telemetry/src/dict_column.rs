@@ -37,24 +37,19 @@ use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
 
-use crate::chunk::{
-    BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, PageCompressor, encode_levels,
-};
+use crate::chunk::{BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, RowLevels};
 use crate::rle;
 
 /// One dictionary string column of the row group being written.
 #[derive(Debug)]
 pub(crate) struct DictColumn {
     settings: ColumnSettings,
-    compressor: PageCompressor,
     /// The chunk's dictionary, in first-seen order, and its index.
     values: Vec<Box<[u8]>>,
     lookup: FxHashMap<Box<[u8]>, u32>,
     /// Dictionary ids of the non-null rows.
     ids: Vec<u32>,
-    /// Definition level per row (1 = present), kept only for a nullable column.
-    levels: Vec<u8>,
-    rows: usize,
+    rows: RowLevels,
     /// Reused per batch: batch dictionary key → chunk id.
     remap: Vec<u32>,
 }
@@ -64,13 +59,11 @@ impl DictColumn {
     pub(crate) fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Result<Self, String> {
         let settings = ColumnSettings::new(descr, props)?;
         Ok(Self {
-            compressor: settings.compressor()?,
+            rows: RowLevels::new(settings.nullable()),
             settings,
             values: Vec::new(),
             lookup: FxHashMap::default(),
             ids: Vec::new(),
-            levels: Vec::new(),
-            rows: 0,
             remap: Vec::new(),
         })
     }
@@ -78,7 +71,7 @@ impl DictColumn {
     /// Bytes buffered, an upper bound of what the chunk will take before compression.
     pub(crate) fn buffered_bytes(&self) -> usize {
         self.ids.len() * 4
-            + self.levels.len()
+            + self.rows.buffered_bytes()
             + self.values.iter().map(|v| v.len() + 4).sum::<usize>()
     }
 
@@ -119,19 +112,16 @@ impl DictColumn {
             self.ids.reserve(keys.len());
             self.ids
                 .extend(keys.values().iter().map(|&k| self.remap[k as usize]));
-            if self.settings.nullable() {
-                self.levels.resize(self.levels.len() + keys.len(), 1);
-            }
+            self.rows.present(keys.len());
         } else {
             for (row, &k) in keys.values().iter().enumerate() {
                 let present = keys.is_valid(row) && strings.is_valid(k as usize);
                 if present {
                     self.ids.push(self.remap[k as usize]);
                 }
-                self.levels.push(u8::from(present));
+                self.rows.push(present);
             }
         }
-        self.rows += keys.len();
         Ok(())
     }
 
@@ -148,32 +138,24 @@ impl DictColumn {
     /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
     /// resets the column for the next row group.
     pub(crate) fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let mut compressor = std::mem::take(&mut self.compressor);
-        let chunk = self.encode(&mut compressor);
-        self.compressor = compressor;
+        let chunk = self.encode();
         // Freed, not kept: an open file per partition would otherwise hold a row
         // group's worth of buffers between row groups.
         self.values = Default::default();
         self.lookup = Default::default();
         self.ids = Default::default();
-        self.levels = Default::default();
-        self.rows = 0;
+        self.rows = RowLevels::new(self.settings.nullable());
         chunk
     }
 
     /// Makes room for `rows` more rows (the sink knows a row group's size up front).
     pub(crate) fn reserve(&mut self, rows: usize) {
         self.ids.reserve(rows);
-        if self.settings.nullable() {
-            self.levels.reserve(rows);
-        }
+        self.rows.reserve(rows);
     }
 
-    fn encode(
-        &self,
-        compressor: &mut PageCompressor,
-    ) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let mut chunk = ChunkBuilder::new(&self.settings, compressor);
+    fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let mut chunk = ChunkBuilder::new(&self.settings);
 
         // Rank of each id in byte order: min/max become integer comparisons per run.
         let mut order: Vec<u32> = (0..self.values.len() as u32).collect();
@@ -196,19 +178,11 @@ impl DictColumn {
         let mut chunk_range: Option<(u32, u32)> = None;
         let mut unencoded_bytes = 0i64;
         let mut nulls = 0u64;
-        let (mut row, mut id_at) = (0, 0);
-        loop {
-            let rows = self.settings.page_rows.min(self.rows - row);
-            let mut levels = Vec::new();
-            let present = if self.settings.nullable() {
-                encode_levels(&self.levels[row..row + rows], &mut levels)
-            } else {
-                rows
-            };
+        for page in self.rows.pages(self.settings.page_rows) {
             let mut values = vec![bit_width];
             let mut range: Option<(u32, u32)> = None;
             let mut page_bytes = 0i64;
-            let ids = &self.ids[id_at..id_at + present];
+            let ids = &self.ids[page.values.clone()];
             rle::encode(ids, bit_width, &mut values, |id, len| {
                 let r = rank[id as usize];
                 range = Some(range.map_or((r, r), |(lo, hi)| (lo.min(r), hi.max(r))));
@@ -218,22 +192,17 @@ impl DictColumn {
                 boundary.page(lo, hi);
                 chunk_range = Some(chunk_range.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
             }
+            nulls += page.nulls() as u64;
+            unencoded_bytes += page_bytes;
             chunk.data_page(DataPage {
-                levels,
+                nulls: page.nulls(),
+                levels: page.levels,
                 values,
                 encoding: Encoding::RLE_DICTIONARY,
-                rows,
-                nulls: rows - present,
+                rows: page.rows,
                 min_max: range.map(|(lo, hi)| (value_of_rank(lo), value_of_rank(hi))),
                 unencoded_bytes: Some(page_bytes),
             })?;
-            id_at += present;
-            nulls += (rows - present) as u64;
-            unencoded_bytes += page_bytes;
-            row += rows;
-            if row >= self.rows {
-                break;
-            }
         }
 
         let bound = |r: u32| ByteArray::from(value_of_rank(r));

@@ -27,23 +27,18 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescPtr;
 
-use crate::chunk::{
-    BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, PageCompressor, encode_levels,
-};
+use crate::chunk::{BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, RowLevels};
 use crate::delta::{self, Width};
 
 /// One integer column of the row group being written.
 #[derive(Debug)]
 pub(crate) struct IntColumn {
     settings: ColumnSettings,
-    compressor: PageCompressor,
     width: Width,
     unsigned: bool,
     /// The non-null values, as the physical type's bits sign-extended to `i64`.
     values: Vec<i64>,
-    /// Definition level per row (1 = present), kept only for a nullable column.
-    levels: Vec<u8>,
-    rows: usize,
+    rows: RowLevels,
 }
 
 /// Whether this module encodes an Arrow column of type `data_type`.
@@ -78,19 +73,17 @@ impl IntColumn {
         let unsigned = descr.sort_order() == SortOrder::UNSIGNED;
         let settings = ColumnSettings::new(descr, props)?;
         Ok(Some(Self {
-            compressor: settings.compressor()?,
+            rows: RowLevels::new(settings.nullable()),
             settings,
             width,
             unsigned,
             values: Vec::new(),
-            levels: Vec::new(),
-            rows: 0,
         }))
     }
 
     /// Bytes buffered.
     pub(crate) fn buffered_bytes(&self) -> usize {
-        self.values.len() * 8 + self.levels.len()
+        self.values.len() * 8 + self.rows.buffered_bytes()
     }
 
     /// Appends an array of the column's Arrow type.
@@ -145,20 +138,17 @@ impl IntColumn {
         match array.nulls().filter(|n| n.null_count() > 0) {
             None => {
                 self.values.extend(values.iter().map(|&v| widen(v)));
-                if self.settings.nullable() {
-                    self.levels.resize(self.levels.len() + values.len(), 1);
-                }
+                self.rows.present(values.len());
             }
             Some(nulls) => {
                 for (&v, valid) in values.iter().zip(nulls.iter()) {
                     if valid {
                         self.values.push(widen(v));
                     }
-                    self.levels.push(u8::from(valid));
+                    self.rows.push(valid);
                 }
             }
         }
-        self.rows += values.len();
     }
 
     /// The page's minimum and maximum in the column's sort order (compared as keys whose
@@ -208,43 +198,27 @@ impl IntColumn {
     /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
     /// resets the column for the next row group.
     pub(crate) fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let mut compressor = std::mem::take(&mut self.compressor);
-        let chunk = self.encode(&mut compressor);
-        self.compressor = compressor;
+        let chunk = self.encode();
         // Freed, not kept: an open file per partition would otherwise hold a row
         // group's worth of buffers between row groups.
         self.values = Default::default();
-        self.levels = Default::default();
-        self.rows = 0;
+        self.rows = RowLevels::new(self.settings.nullable());
         chunk
     }
 
     /// Makes room for `rows` more rows (the sink knows a row group's size up front).
     pub(crate) fn reserve(&mut self, rows: usize) {
         self.values.reserve(rows);
-        if self.settings.nullable() {
-            self.levels.reserve(rows);
-        }
+        self.rows.reserve(rows);
     }
 
-    fn encode(
-        &self,
-        compressor: &mut PageCompressor,
-    ) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let mut chunk = ChunkBuilder::new(&self.settings, compressor);
+    fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let mut chunk = ChunkBuilder::new(&self.settings);
         let mut boundary = BoundaryTracker::new();
         let mut chunk_range: Option<(i64, i64)> = None;
         let mut nulls = 0u64;
-        let (mut row, mut at) = (0, 0);
-        loop {
-            let rows = self.settings.page_rows.min(self.rows - row);
-            let mut levels = Vec::new();
-            let present = if self.settings.nullable() {
-                encode_levels(&self.levels[row..row + rows], &mut levels)
-            } else {
-                rows
-            };
-            let page = &self.values[at..at + present];
+        for page_rows in self.rows.pages(self.settings.page_rows) {
+            let page = &self.values[page_rows.values.clone()];
             let range = self.min_max(page);
             if let Some((lo, hi)) = range {
                 boundary.page(self.key(lo), self.key(hi));
@@ -256,23 +230,18 @@ impl IntColumn {
                     ),
                 });
             }
-            let mut values = Vec::with_capacity(page.len() * 2 + 16);
+            let mut values = Vec::new();
             delta::encode(page, self.width, &mut values);
+            nulls += page_rows.nulls() as u64;
             chunk.data_page(DataPage {
-                levels,
+                nulls: page_rows.nulls(),
+                levels: page_rows.levels,
                 values,
                 encoding: Encoding::DELTA_BINARY_PACKED,
-                rows,
-                nulls: rows - present,
+                rows: page_rows.rows,
                 min_max: range.map(|(lo, hi)| (self.plain(lo), self.plain(hi))),
                 unencoded_bytes: None,
             })?;
-            at += present;
-            nulls += (rows - present) as u64;
-            row += rows;
-            if row >= self.rows {
-                break;
-            }
         }
 
         let signed = !self.unsigned;
