@@ -345,10 +345,14 @@ impl<K: Ord + Copy> BoundaryTracker<K> {
 }
 
 /// A column's rows: how many, and for a nullable column which are present (definition
-/// level 1) or null (0), one byte per row until the row group is encoded.
+/// level 1) or null (0). Levels are stored, one byte per row, only from the row group's
+/// first null on: telemetry is mostly present, and a page without nulls is one RLE run.
 #[derive(Debug, Default)]
 pub(crate) struct RowLevels {
     nullable: bool,
+    /// Whether a null has come; until then `levels` stays empty.
+    has_nulls: bool,
+    /// One level per row once a null has come.
     levels: Vec<u8>,
     count: usize,
 }
@@ -379,7 +383,7 @@ impl RowLevels {
 
     /// Appends `n` rows with a value each.
     pub(crate) fn present(&mut self, n: usize) {
-        if self.nullable {
+        if self.has_nulls {
             self.levels.resize(self.levels.len() + n, 1);
         }
         self.count += n;
@@ -388,14 +392,14 @@ impl RowLevels {
     /// Appends one row, null or not (only a nullable column has nulls).
     pub(crate) fn push(&mut self, present: bool) {
         debug_assert!(self.nullable || present);
-        self.levels.push(u8::from(present));
-        self.count += 1;
-    }
-
-    pub(crate) fn reserve(&mut self, rows: usize) {
-        if self.nullable {
-            self.levels.reserve(rows);
+        if !present && !self.has_nulls {
+            self.has_nulls = true;
+            self.levels.resize(self.count, 1);
         }
+        if self.has_nulls {
+            self.levels.push(u8::from(present));
+        }
+        self.count += 1;
     }
 
     pub(crate) fn buffered_bytes(&self) -> usize {
@@ -410,7 +414,14 @@ impl RowLevels {
         loop {
             let rows = page_rows.min(self.count - row);
             let mut levels = Vec::new();
-            let present = if self.nullable {
+            let present = if !self.nullable {
+                rows
+            } else if !self.has_nulls {
+                if rows > 0 {
+                    crate::rle::write_rle(1, rows, 1, &mut levels);
+                }
+                rows
+            } else {
                 let mut present = 0;
                 crate::rle::encode(&self.levels[row..row + rows], 1, &mut levels, |l, len| {
                     if l == 1 {
@@ -418,8 +429,6 @@ impl RowLevels {
                     }
                 });
                 present
-            } else {
-                rows
             };
             pages.push(PageRows {
                 rows,

@@ -151,7 +151,6 @@ impl DictColumn {
     /// Makes room for `rows` more rows (the sink knows a row group's size up front).
     pub(crate) fn reserve(&mut self, rows: usize) {
         self.ids.reserve(rows);
-        self.rows.reserve(rows);
     }
 
     fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {

@@ -209,7 +209,6 @@ impl IntColumn {
     /// Makes room for `rows` more rows (the sink knows a row group's size up front).
     pub(crate) fn reserve(&mut self, rows: usize) {
         self.values.reserve(rows);
-        self.rows.reserve(rows);
     }
 
     fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {

@@ -74,7 +74,8 @@ fn write_uleb128(mut v: u64, out: &mut Vec<u8>) {
     out.push(v as u8);
 }
 
-fn write_rle(value: u32, len: usize, bit_width: u8, out: &mut Vec<u8>) {
+/// Appends one RLE run: `len` copies of `value` (`len` ≥ 1).
+pub(crate) fn write_rle(value: u32, len: usize, bit_width: u8, out: &mut Vec<u8>) {
     write_uleb128((len as u64) << 1, out);
     let bytes = usize::from(bit_width).div_ceil(8);
     out.extend_from_slice(&value.to_le_bytes()[..bytes]);
