@@ -7,19 +7,18 @@
 //!   `DELTA_BINARY_PACKED` without a dictionary: counters and timestamps have small,
 //!   regular deltas, and constant-ish values (memory per phase, clocks, ECC counts) have
 //!   zero deltas, which pack to nothing. A dictionary would cost a hash per value and buy
-//!   nothing over that;
+//!   nothing over that. These columns are encoded by [`crate::int_column`], not by
+//!   parquet-rs (a third of the cost per value);
 //! * floats and the noisy PCIe rates are `BYTE_STREAM_SPLIT` without a dictionary: the
 //!   bytes of equal significance are stored together, so ZSTD finds the repeated
 //!   sign/exponent and high bytes (NVML percentages and temperatures are integers, which
 //!   leaves the low mantissa bytes zero);
-//! * strings are `PLAIN` without a Parquet dictionary (they stay `Dictionary(Int32, Utf8)`
-//!   in the Arrow schema, so readers get dictionary arrays back). Parquet's dictionary
-//!   encoder hashes every string value again although the Arrow column is already a
-//!   dictionary: a third of the writer's instructions for 8 string columns. Repeated
-//!   strings compress to almost nothing under ZSTD (identity columns are constant per
-//!   GPU, so +0.02 bytes/row on the benchmark) and the writer does 14 % fewer
-//!   instructions per row; readers pay the hashing instead (telemetry is written far
-//!   more often than it is read);
+//! * strings are `Dictionary(Int32, Utf8)` in Arrow and `RLE_DICTIONARY` in Parquet,
+//!   encoded by [`crate::dict_column`] straight from the Arrow keys: parquet-rs would hash
+//!   every value again (its dictionary encoder) or copy every string for ZSTD to fold
+//!   (`PLAIN`, which this writer used before), either about a third of the writer's
+//!   instructions per row for 8 string columns. Readers get the dictionary pages back;
+//!   a string column that is not a dictionary (the node schema's port names) is `PLAIN`;
 //! * pages are ZSTD compressed, level 1 by default (level 3 saved under 0.5 % on the
 //!   benchmark data and cost ~10 % more CPU), data page format v2.
 //!
