@@ -7,15 +7,15 @@
 //!   `DELTA_BINARY_PACKED` without a dictionary: counters and timestamps have small,
 //!   regular deltas, and constant-ish values (memory per phase, clocks, ECC counts) have
 //!   zero deltas, which pack to nothing. A dictionary would cost a hash per value and buy
-//!   nothing over that. These columns are encoded by [`crate::int_column`], not by
-//!   parquet-rs (a third of the cost per value);
+//!   nothing over that. These columns are encoded by the private `int_column` module,
+//!   not by parquet-rs (fewer than half of its instructions per value);
 //! * floats and the noisy PCIe rates are `BYTE_STREAM_SPLIT` without a dictionary: the
 //!   bytes of equal significance are stored together, so ZSTD finds the repeated
 //!   sign/exponent and high bytes (NVML percentages and temperatures are integers, which
 //!   leaves the low mantissa bytes zero);
 //! * strings are `Dictionary(Int32, Utf8)` in Arrow and `RLE_DICTIONARY` in Parquet,
-//!   encoded by [`crate::dict_column`] straight from the Arrow keys: parquet-rs would hash
-//!   every value again (its dictionary encoder) or copy every string for ZSTD to fold
+//!   encoded by the private `dict_column` module straight from the Arrow keys:
+//!   parquet-rs would hash every value again (its dictionary encoder) or copy every string for ZSTD to fold
 //!   (`PLAIN`, which this writer used before), either about a third of the writer's
 //!   instructions per row for 8 string columns. Readers get the dictionary pages back;
 //!   a string column that is not a dictionary (the node schema's port names) is `PLAIN`;
@@ -201,7 +201,7 @@ enum FieldEncoder {
 /// Dictionary string columns are encoded by [`DictColumn`] from their Arrow keys, delta
 /// encoded integer columns by [`IntColumn`], every other column by parquet-rs's Arrow
 /// column writers; all chunks are appended to the same row group in schema order (see
-/// [`crate::dict_column`] and [`crate::int_column`] for why).
+/// the private `dict_column` module and the private `int_column` module for why).
 pub(crate) struct AtomicParquetFile {
     final_path: PathBuf,
     tmp_path: PathBuf,
