@@ -13,6 +13,8 @@
 //! packs one value at a time behind several layers); packing 32 values into a 128-bit
 //! accumulator in one loop takes a fraction of that.
 
+use crate::rle::write_uleb128;
+
 const BLOCK: usize = 128;
 const MINIBLOCKS: usize = 4;
 const MINIBLOCK: usize = BLOCK / MINIBLOCKS;
@@ -54,16 +56,8 @@ impl Arithmetic for Wide {
     }
 }
 
-fn uleb128(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 fn zigzag(v: i64, out: &mut Vec<u8>) {
-    uleb128(((v << 1) ^ (v >> 63)) as u64, out);
+    write_uleb128(((v << 1) ^ (v >> 63)) as u64, out);
 }
 
 /// Appends the encoding of `values` to `out`.
@@ -77,9 +71,9 @@ pub(crate) fn encode(values: &[i64], width: Width, out: &mut Vec<u8>) {
 }
 
 fn encode_as<A: Arithmetic>(values: &[i64], out: &mut Vec<u8>) {
-    uleb128(BLOCK as u64, out);
-    uleb128(MINIBLOCKS as u64, out);
-    uleb128(values.len() as u64, out);
+    write_uleb128(BLOCK as u64, out);
+    write_uleb128(MINIBLOCKS as u64, out);
+    write_uleb128(values.len() as u64, out);
     let Some((&first, rest)) = values.split_first() else {
         zigzag(0, out);
         return;
@@ -147,24 +141,12 @@ fn pack_miniblock(values: impl Iterator<Item = u64>, bits: u32, out: &mut Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{read_uleb128, xorshift};
 
     /// A reference decoder written from the format description.
-    fn uleb(data: &[u8], at: &mut usize) -> u64 {
-        let (mut v, mut shift) = (0u64, 0);
-        loop {
-            let b = data[*at];
-            *at += 1;
-            v |= u64::from(b & 0x7f) << shift;
-            shift += 7;
-            if b & 0x80 == 0 {
-                return v;
-            }
-        }
-    }
-
     fn decode(data: &[u8], width: Width) -> Vec<i64> {
         let mut at = 0;
-        let uleb = |at: &mut usize| uleb(data, at);
+        let uleb = |at: &mut usize| read_uleb128(data, at);
         let unzig = |v: u64| ((v >> 1) as i64) ^ -((v & 1) as i64);
         let block = uleb(&mut at) as usize;
         let minis = uleb(&mut at) as usize;
@@ -257,13 +239,7 @@ mod tests {
 
     #[test]
     fn a_seeded_fuzz_of_lengths_and_ranges_round_trips() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for _ in 0..200 {
             let n = (next() % 700) as usize;
             let shift = next() % 64;

@@ -65,6 +65,8 @@ pub mod schema;
 pub mod sink;
 pub mod source;
 pub mod summary;
+#[cfg(test)]
+mod test_support;
 pub mod validate;
 pub mod writer;
 

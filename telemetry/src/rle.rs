@@ -66,7 +66,7 @@ pub(crate) fn encode<T>(
     }
 }
 
-fn write_uleb128(mut v: u64, out: &mut Vec<u8>) {
+pub(crate) fn write_uleb128(mut v: u64, out: &mut Vec<u8>) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -115,6 +115,7 @@ fn write_bit_packed<T: Copy + Into<u32>>(values: &[T], bit_width: u8, out: &mut 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{read_uleb128, xorshift};
 
     /// A reference decoder written from the format description, independent of the
     /// encoder's run choices.
@@ -122,17 +123,9 @@ mod tests {
         let mut out = Vec::new();
         let value_bytes = usize::from(bit_width).div_ceil(8);
         while out.len() < n {
-            let mut header = 0u64;
-            let mut shift = 0;
-            loop {
-                let b = data[0];
-                data = &data[1..];
-                header |= u64::from(b & 0x7f) << shift;
-                shift += 7;
-                if b & 0x80 == 0 {
-                    break;
-                }
-            }
+            let mut at = 0;
+            let header = read_uleb128(data, &mut at);
+            data = &data[at..];
             if header & 1 == 0 {
                 let len = (header >> 1) as usize;
                 let mut v = [0u8; 4];
@@ -223,19 +216,13 @@ mod tests {
 
     #[test]
     fn a_seeded_fuzz_of_run_lengths_and_widths_round_trips() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for _ in 0..300 {
             let max = (next() % 70_000) as u32;
             let mut values = Vec::new();
             while values.len() < 3000 {
                 let v = (next() % u64::from(max + 1)) as u32;
-                let len = 1 + (next() % if next() % 2 == 0 { 4 } else { 40 }) as usize;
+                let len = 1 + (next() % if next().is_multiple_of(2) { 4 } else { 40 }) as usize;
                 values.extend(std::iter::repeat_n(v, len));
             }
             round_trip(&values);

@@ -18,6 +18,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 use parquet::schema::types::ColumnPath;
 
+use crate::test_support::xorshift;
 use crate::writer::AtomicParquetFile;
 
 const PAGE_ROWS: usize = 50;
@@ -57,20 +58,17 @@ fn props() -> WriterProperties {
 type Rows = (Vec<i64>, Vec<Option<u64>>, Vec<Option<u32>>, Vec<u16>);
 
 fn rows() -> Rows {
-    let mut state = 0x1234_5678_9ABC_DEF1u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x1234_5678_9ABC_DEF1);
     let mut ts = Vec::new();
     let mut big = Vec::new();
     let mut mid = Vec::new();
     let mut small = Vec::new();
     for i in 0..ROWS {
         ts.push(1_741_910_400_000_000 + i as i64 * 1_000_000 + (next() % 1000) as i64);
-        big.push((i >= PAGE_ROWS && next() % 7 != 0).then(|| (i64::MAX as u64 - 300) + i as u64));
+        big.push(
+            (i >= PAGE_ROWS && !next().is_multiple_of(7))
+                .then(|| (i64::MAX as u64 - 300) + i as u64),
+        );
         mid.push(
             (i >= PAGE_ROWS && i % 11 != 3)
                 .then(|| ((next() % 2) as u32 * (1 << 31)).wrapping_add(i as u32 * 3)),
