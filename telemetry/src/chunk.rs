@@ -10,6 +10,8 @@
 
 use std::cell::RefCell;
 
+use arrow_array::types::ArrowPrimitiveType;
+use arrow_array::{Array, PrimitiveArray};
 use bytes::Bytes;
 use parquet::basic::{BoundaryOrder, Compression, Encoding, EncodingMask, PageType, ZstdLevel};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
@@ -22,6 +24,24 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
+
+/// A column the writer encodes itself: it buffers a row group's values and writes them
+/// as one chunk, which the row group splices in where parquet-rs's writer would have put
+/// its own.
+pub(crate) trait ColumnChunkEncoder: std::fmt::Debug {
+    /// Appends an array of the column's Arrow type (another type is an error).
+    fn push(&mut self, array: &dyn Array) -> std::result::Result<(), String>;
+
+    /// Makes room for `rows` more rows (the sink knows a row group's size up front).
+    fn reserve(&mut self, rows: usize);
+
+    /// Bytes buffered.
+    fn buffered_bytes(&self) -> usize;
+
+    /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
+    /// resets the column for the next row group.
+    fn finish(&mut self) -> Result<(Bytes, ColumnCloseResult)>;
+}
 
 /// How a chunk's pages are compressed.
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +99,17 @@ impl ColumnSettings {
         self.descr.max_def_level() > 0
     }
 
+    /// An error if a batch brings `nulls` nulls to a column that cannot hold them.
+    pub(crate) fn check_nulls(&self, nulls: usize) -> std::result::Result<(), String> {
+        if nulls > 0 && !self.nullable() {
+            return Err(format!(
+                "column {}: {nulls} nulls in a non-nullable column",
+                self.descr.path()
+            ));
+        }
+        Ok(())
+    }
+
     fn compression(&self) -> Result<Compression> {
         Ok(match self.codec {
             Codec::None => Compression::UNCOMPRESSED,
@@ -130,6 +161,8 @@ pub(crate) struct DataPage {
     pub(crate) min_max: Option<(Vec<u8>, Vec<u8>)>,
     /// Bytes of the values before encoding (byte arrays only), for the offset index.
     pub(crate) unencoded_bytes: Option<i64>,
+    /// NaN values in the page (floating-point columns only), for the column index.
+    pub(crate) nan_count: Option<i64>,
 }
 
 /// A column chunk being assembled from pages.
@@ -249,12 +282,14 @@ impl<'a> ChunkBuilder<'a> {
                 .append_unencoded_byte_array_data_bytes(page.unencoded_bytes);
         }
         match page.min_max {
-            None => self
-                .column_index
-                .append(true, vec![], vec![], page.nulls as i64, None),
-            Some((min, max)) => self
-                .column_index
-                .append(false, min, max, page.nulls as i64, None),
+            None => {
+                self.column_index
+                    .append(true, vec![], vec![], page.nulls as i64, page.nan_count)
+            }
+            Some((min, max)) => {
+                self.column_index
+                    .append(false, min, max, page.nulls as i64, page.nan_count)
+            }
         }
         Ok(())
     }
@@ -341,6 +376,60 @@ impl<K: Ord + Copy> BoundaryTracker<K> {
             (false, true) => BoundaryOrder::DESCENDING,
             (false, false) => BoundaryOrder::UNORDERED,
         }
+    }
+}
+
+/// A fixed-width column's buffered row group: its present values and its rows.
+#[derive(Debug)]
+pub(crate) struct ValueBuffer<V> {
+    pub(crate) values: Vec<V>,
+    pub(crate) rows: RowLevels,
+}
+
+impl<V> ValueBuffer<V> {
+    pub(crate) fn new(nullable: bool) -> Self {
+        Self {
+            values: Vec::new(),
+            rows: RowLevels::new(nullable),
+        }
+    }
+
+    /// Appends a primitive array's rows, and its present values mapped by `convert`.
+    pub(crate) fn append<T: ArrowPrimitiveType>(
+        &mut self,
+        array: &PrimitiveArray<T>,
+        convert: impl Fn(T::Native) -> V,
+    ) {
+        let raw = array.values();
+        match array.nulls().filter(|n| n.null_count() > 0) {
+            None => {
+                self.values.extend(raw.iter().map(|&v| convert(v)));
+                self.rows.present(raw.len());
+            }
+            Some(nulls) => {
+                for (&v, valid) in raw.iter().zip(nulls.iter()) {
+                    if valid {
+                        self.values.push(convert(v));
+                    }
+                    self.rows.push(valid);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn reserve(&mut self, rows: usize) {
+        self.values.reserve(rows);
+    }
+
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.values.len() * std::mem::size_of::<V>() + self.rows.buffered_bytes()
+    }
+
+    /// Empties the buffer after a row group. Its memory is freed, not kept: an open file
+    /// per partition would otherwise hold a row group's worth of buffers between row
+    /// groups.
+    pub(crate) fn release(&mut self) {
+        *self = Self::new(self.rows.nullable);
     }
 }
 

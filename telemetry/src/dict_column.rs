@@ -37,7 +37,9 @@ use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
 
-use crate::chunk::{BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, RowLevels};
+use crate::chunk::{
+    BoundaryTracker, ChunkBuilder, ColumnChunkEncoder, ColumnSettings, DataPage, RowLevels,
+};
 use crate::rle;
 
 /// One dictionary string column of the row group being written.
@@ -68,63 +70,6 @@ impl DictColumn {
         })
     }
 
-    /// Bytes buffered, an upper bound of what the chunk will take before compression.
-    pub(crate) fn buffered_bytes(&self) -> usize {
-        self.ids.len() * 4
-            + self.rows.buffered_bytes()
-            + self.values.iter().map(|v| v.len() + 4).sum::<usize>()
-    }
-
-    /// Appends a `Dictionary(Int32, Utf8)` array.
-    pub(crate) fn push(&mut self, array: &dyn Array) -> Result<(), String> {
-        let path = self.settings.descr.path();
-        let dict = array.as_dictionary_opt::<Int32Type>().ok_or_else(|| {
-            format!(
-                "column {path}: expected Dictionary(Int32, Utf8), got {}",
-                array.data_type()
-            )
-        })?;
-        let strings: &StringArray = dict.values().as_string_opt::<i32>().ok_or_else(|| {
-            format!(
-                "column {path}: dictionary values are {}, not Utf8",
-                dict.values().data_type()
-            )
-        })?;
-        if !self.settings.nullable() && dict.logical_null_count() > 0 {
-            return Err(format!(
-                "column {path}: {} nulls in a non-nullable column",
-                dict.logical_null_count()
-            ));
-        }
-        self.remap.clear();
-        for i in 0..strings.len() {
-            // A null dictionary value is a null row; its id is never read.
-            let id = if strings.is_null(i) {
-                0
-            } else {
-                self.intern(strings.value(i).as_bytes())
-            };
-            self.remap.push(id);
-        }
-
-        let keys = dict.keys();
-        if keys.null_count() == 0 && strings.null_count() == 0 {
-            self.ids.reserve(keys.len());
-            self.ids
-                .extend(keys.values().iter().map(|&k| self.remap[k as usize]));
-            self.rows.present(keys.len());
-        } else {
-            for (row, &k) in keys.values().iter().enumerate() {
-                let present = keys.is_valid(row) && strings.is_valid(k as usize);
-                if present {
-                    self.ids.push(self.remap[k as usize]);
-                }
-                self.rows.push(present);
-            }
-        }
-        Ok(())
-    }
-
     fn intern(&mut self, value: &[u8]) -> u32 {
         if let Some(&id) = self.lookup.get(value) {
             return id;
@@ -133,24 +78,6 @@ impl DictColumn {
         self.values.push(value.into());
         self.lookup.insert(value.into(), id);
         id
-    }
-
-    /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
-    /// resets the column for the next row group.
-    pub(crate) fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let chunk = self.encode();
-        // Freed, not kept: an open file per partition would otherwise hold a row
-        // group's worth of buffers between row groups.
-        self.values = Default::default();
-        self.lookup = Default::default();
-        self.ids = Default::default();
-        self.rows = RowLevels::new(self.settings.nullable());
-        chunk
-    }
-
-    /// Makes room for `rows` more rows (the sink knows a row group's size up front).
-    pub(crate) fn reserve(&mut self, rows: usize) {
-        self.ids.reserve(rows);
     }
 
     fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
@@ -201,6 +128,7 @@ impl DictColumn {
                 rows: page.rows,
                 min_max: range.map(|(lo, hi)| (value_of_rank(lo), value_of_rank(hi))),
                 unencoded_bytes: Some(page_bytes),
+                nan_count: None,
             })?;
         }
 
@@ -213,6 +141,73 @@ impl DictColumn {
             false,
         ));
         chunk.finish(statistics, boundary.order(), Some(unencoded_bytes))
+    }
+}
+
+impl ColumnChunkEncoder for DictColumn {
+    fn buffered_bytes(&self) -> usize {
+        self.ids.len() * 4
+            + self.rows.buffered_bytes()
+            + self.values.iter().map(|v| v.len() + 4).sum::<usize>()
+    }
+
+    fn push(&mut self, array: &dyn Array) -> Result<(), String> {
+        let path = self.settings.descr.path();
+        let dict = array.as_dictionary_opt::<Int32Type>().ok_or_else(|| {
+            format!(
+                "column {path}: expected Dictionary(Int32, Utf8), got {}",
+                array.data_type()
+            )
+        })?;
+        let strings: &StringArray = dict.values().as_string_opt::<i32>().ok_or_else(|| {
+            format!(
+                "column {path}: dictionary values are {}, not Utf8",
+                dict.values().data_type()
+            )
+        })?;
+        self.settings.check_nulls(dict.logical_null_count())?;
+        self.remap.clear();
+        for i in 0..strings.len() {
+            // A null dictionary value is a null row; its id is never read.
+            let id = if strings.is_null(i) {
+                0
+            } else {
+                self.intern(strings.value(i).as_bytes())
+            };
+            self.remap.push(id);
+        }
+
+        let keys = dict.keys();
+        if keys.null_count() == 0 && strings.null_count() == 0 {
+            self.ids.reserve(keys.len());
+            self.ids
+                .extend(keys.values().iter().map(|&k| self.remap[k as usize]));
+            self.rows.present(keys.len());
+        } else {
+            for (row, &k) in keys.values().iter().enumerate() {
+                let present = keys.is_valid(row) && strings.is_valid(k as usize);
+                if present {
+                    self.ids.push(self.remap[k as usize]);
+                }
+                self.rows.push(present);
+            }
+        }
+        Ok(())
+    }
+
+    fn reserve(&mut self, rows: usize) {
+        self.ids.reserve(rows);
+    }
+
+    fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let chunk = self.encode();
+        // Freed, not kept: an open file per partition would otherwise hold a row
+        // group's worth of buffers between row groups.
+        self.values = Default::default();
+        self.lookup = Default::default();
+        self.ids = Default::default();
+        self.rows = RowLevels::new(self.settings.nullable());
+        chunk
     }
 }
 

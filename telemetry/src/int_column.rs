@@ -27,7 +27,9 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescPtr;
 
-use crate::chunk::{BoundaryTracker, ChunkBuilder, ColumnSettings, DataPage, RowLevels};
+use crate::chunk::{
+    BoundaryTracker, ChunkBuilder, ColumnChunkEncoder, ColumnSettings, DataPage, ValueBuffer,
+};
 use crate::delta::{self, Width};
 
 /// One integer column of the row group being written.
@@ -37,8 +39,7 @@ pub(crate) struct IntColumn {
     width: Width,
     unsigned: bool,
     /// The non-null values, as the physical type's bits sign-extended to `i64`.
-    values: Vec<i64>,
-    rows: RowLevels,
+    buffer: ValueBuffer<i64>,
 }
 
 /// Whether this module encodes an Arrow column of type `data_type`.
@@ -73,60 +74,11 @@ impl IntColumn {
         let unsigned = descr.sort_order() == SortOrder::UNSIGNED;
         let settings = ColumnSettings::new(descr, props)?;
         Ok(Some(Self {
-            rows: RowLevels::new(settings.nullable()),
+            buffer: ValueBuffer::new(settings.nullable()),
             settings,
             width,
             unsigned,
-            values: Vec::new(),
         }))
-    }
-
-    /// Bytes buffered.
-    pub(crate) fn buffered_bytes(&self) -> usize {
-        self.values.len() * 8 + self.rows.buffered_bytes()
-    }
-
-    /// Appends an array of the column's Arrow type.
-    pub(crate) fn push(&mut self, array: &dyn Array) -> Result<(), String> {
-        if !self.settings.nullable() && array.null_count() > 0 {
-            return Err(format!(
-                "column {}: {} nulls in a non-nullable column",
-                self.settings.descr.path(),
-                array.null_count()
-            ));
-        }
-        match array.data_type() {
-            DataType::Int8 => self.extend(array.as_primitive::<Int8Type>(), i64::from),
-            DataType::Int16 => self.extend(array.as_primitive::<Int16Type>(), i64::from),
-            DataType::Int32 => self.extend(array.as_primitive::<Int32Type>(), i64::from),
-            DataType::Int64 => self.extend(array.as_primitive::<Int64Type>(), |v| v),
-            // Unsigned values are stored as the physical type's bits (as parquet-rs does).
-            DataType::UInt8 => self.extend(array.as_primitive::<UInt8Type>(), i64::from),
-            DataType::UInt16 => self.extend(array.as_primitive::<UInt16Type>(), i64::from),
-            DataType::UInt32 => {
-                self.extend(array.as_primitive::<UInt32Type>(), |v| i64::from(v as i32))
-            }
-            DataType::UInt64 => self.extend(array.as_primitive::<UInt64Type>(), |v| v as i64),
-            DataType::Timestamp(unit, _) => match unit {
-                TimeUnit::Second => self.extend(array.as_primitive::<TimestampSecondType>(), |v| v),
-                TimeUnit::Millisecond => {
-                    self.extend(array.as_primitive::<TimestampMillisecondType>(), |v| v)
-                }
-                TimeUnit::Microsecond => {
-                    self.extend(array.as_primitive::<TimestampMicrosecondType>(), |v| v)
-                }
-                TimeUnit::Nanosecond => {
-                    self.extend(array.as_primitive::<TimestampNanosecondType>(), |v| v)
-                }
-            },
-            other => {
-                return Err(format!(
-                    "column {}: {other} is not an integer type",
-                    self.settings.descr.path()
-                ));
-            }
-        }
-        Ok(())
     }
 
     fn extend<T: ArrowPrimitiveType>(
@@ -134,21 +86,7 @@ impl IntColumn {
         array: &PrimitiveArray<T>,
         widen: impl Fn(T::Native) -> i64,
     ) {
-        let values = array.values();
-        match array.nulls().filter(|n| n.null_count() > 0) {
-            None => {
-                self.values.extend(values.iter().map(|&v| widen(v)));
-                self.rows.present(values.len());
-            }
-            Some(nulls) => {
-                for (&v, valid) in values.iter().zip(nulls.iter()) {
-                    if valid {
-                        self.values.push(widen(v));
-                    }
-                    self.rows.push(valid);
-                }
-            }
-        }
+        self.buffer.append(array, widen);
     }
 
     /// The page's minimum and maximum in the column's sort order (compared as keys whose
@@ -195,29 +133,13 @@ impl IntColumn {
         }
     }
 
-    /// Encodes the buffered rows as one column chunk (its bytes start at offset 0) and
-    /// resets the column for the next row group.
-    pub(crate) fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
-        let chunk = self.encode();
-        // Freed, not kept: an open file per partition would otherwise hold a row
-        // group's worth of buffers between row groups.
-        self.values = Default::default();
-        self.rows = RowLevels::new(self.settings.nullable());
-        chunk
-    }
-
-    /// Makes room for `rows` more rows (the sink knows a row group's size up front).
-    pub(crate) fn reserve(&mut self, rows: usize) {
-        self.values.reserve(rows);
-    }
-
     fn encode(&self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
         let mut chunk = ChunkBuilder::new(&self.settings);
         let mut boundary = BoundaryTracker::new();
         let mut chunk_range: Option<(i64, i64)> = None;
         let mut nulls = 0u64;
-        for page_rows in self.rows.pages(self.settings.page_rows) {
-            let page = &self.values[page_rows.values.clone()];
+        for page_rows in self.buffer.rows.pages(self.settings.page_rows) {
+            let page = &self.buffer.values[page_rows.values.clone()];
             let range = self.min_max(page);
             if let Some((lo, hi)) = range {
                 boundary.page(self.key(lo), self.key(hi));
@@ -240,6 +162,7 @@ impl IntColumn {
                 rows: page_rows.rows,
                 min_max: range.map(|(lo, hi)| (self.plain(lo), self.plain(hi))),
                 unencoded_bytes: None,
+                nan_count: None,
             })?;
         }
 
@@ -262,6 +185,58 @@ impl IntColumn {
             ),
         };
         chunk.finish(statistics, boundary.order(), None)
+    }
+}
+
+impl ColumnChunkEncoder for IntColumn {
+    fn buffered_bytes(&self) -> usize {
+        self.buffer.buffered_bytes()
+    }
+
+    fn push(&mut self, array: &dyn Array) -> Result<(), String> {
+        self.settings.check_nulls(array.null_count())?;
+        match array.data_type() {
+            DataType::Int8 => self.extend(array.as_primitive::<Int8Type>(), i64::from),
+            DataType::Int16 => self.extend(array.as_primitive::<Int16Type>(), i64::from),
+            DataType::Int32 => self.extend(array.as_primitive::<Int32Type>(), i64::from),
+            DataType::Int64 => self.extend(array.as_primitive::<Int64Type>(), |v| v),
+            // Unsigned values are stored as the physical type's bits (as parquet-rs does).
+            DataType::UInt8 => self.extend(array.as_primitive::<UInt8Type>(), i64::from),
+            DataType::UInt16 => self.extend(array.as_primitive::<UInt16Type>(), i64::from),
+            DataType::UInt32 => {
+                self.extend(array.as_primitive::<UInt32Type>(), |v| i64::from(v as i32))
+            }
+            DataType::UInt64 => self.extend(array.as_primitive::<UInt64Type>(), |v| v as i64),
+            DataType::Timestamp(unit, _) => match unit {
+                TimeUnit::Second => self.extend(array.as_primitive::<TimestampSecondType>(), |v| v),
+                TimeUnit::Millisecond => {
+                    self.extend(array.as_primitive::<TimestampMillisecondType>(), |v| v)
+                }
+                TimeUnit::Microsecond => {
+                    self.extend(array.as_primitive::<TimestampMicrosecondType>(), |v| v)
+                }
+                TimeUnit::Nanosecond => {
+                    self.extend(array.as_primitive::<TimestampNanosecondType>(), |v| v)
+                }
+            },
+            other => {
+                return Err(format!(
+                    "column {}: {other} is not an integer type",
+                    self.settings.descr.path()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn reserve(&mut self, rows: usize) {
+        self.buffer.reserve(rows);
+    }
+
+    fn finish(&mut self) -> parquet::errors::Result<(Bytes, ColumnCloseResult)> {
+        let chunk = self.encode();
+        self.buffer.release();
+        chunk
     }
 }
 

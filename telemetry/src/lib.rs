@@ -64,6 +64,7 @@ mod rle;
 pub mod schema;
 pub mod sink;
 pub mod source;
+mod split_column;
 pub mod summary;
 #[cfg(test)]
 mod test_support;

@@ -12,7 +12,9 @@
 //! * floats and the noisy PCIe rates are `BYTE_STREAM_SPLIT` without a dictionary: the
 //!   bytes of equal significance are stored together, so ZSTD finds the repeated
 //!   sign/exponent and high bytes (NVML percentages and temperatures are integers, which
-//!   leaves the low mantissa bytes zero);
+//!   leaves the low mantissa bytes zero). These columns are encoded by the private
+//!   `split_column` module (a copy per value and one pass per page, where parquet-rs
+//!   gathers, checks for NaN twice and scatters each value, with a ZSTD context per page);
 //! * strings are `Dictionary(Int32, Utf8)` in Arrow and `RLE_DICTIONARY` in Parquet,
 //!   encoded by the private `dict_column` module straight from the Arrow keys:
 //!   parquet-rs would hash every value again (its dictionary encoder) or copy every string for ZSTD to fold
@@ -48,11 +50,13 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
+use crate::chunk::ColumnChunkEncoder;
 use crate::dict_column::DictColumn;
 use crate::error::{Result, TelemetryError};
 use crate::int_column::IntColumn;
 use crate::partition::tmp_name;
 use crate::schema::{META_KIND, META_SCHEMA_VERSION, SCHEMA_VERSION, TelemetryKind, col};
+use crate::split_column::SplitColumn;
 
 /// Tunable Parquet settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,18 +194,17 @@ pub fn writer_properties(
 enum FieldEncoder {
     /// parquet-rs's Arrow column writers, for the leaves `first..first + count`.
     Arrow { first: usize, count: usize },
-    /// Our dictionary string encoder (one leaf), by its index in `dict_columns`.
-    Dict(usize),
-    /// Our integer encoder (one leaf), by its index in `int_columns`.
-    Int(usize),
+    /// One of our own encoders (one leaf), by its index in `own_columns`.
+    Own(usize),
 }
 
 /// A Parquet file being written under a temporary name, published by [`Self::commit`].
 ///
 /// Dictionary string columns are encoded by [`DictColumn`] from their Arrow keys, delta
-/// encoded integer columns by [`IntColumn`], every other column by parquet-rs's Arrow
-/// column writers; all chunks are appended to the same row group in schema order (see
-/// the private `dict_column` module and the private `int_column` module for why).
+/// encoded integer columns by [`IntColumn`], byte-stream-split floats and rates by
+/// [`SplitColumn`], the rest (lists, booleans) by parquet-rs's Arrow column writers; all
+/// chunks are appended to the same row group in schema order (see the private
+/// `dict_column`, `int_column` and `split_column` modules for why).
 pub(crate) struct AtomicParquetFile {
     final_path: PathBuf,
     tmp_path: PathBuf,
@@ -209,10 +212,9 @@ pub(crate) struct AtomicParquetFile {
     schema: SchemaRef,
     factory: ArrowRowGroupWriterFactory,
     fields: Vec<FieldEncoder>,
-    dict_columns: Vec<DictColumn>,
-    int_columns: Vec<IntColumn>,
-    /// Column writers of the open row group, one per leaf (`None` for a dictionary
-    /// string or integer leaf); empty while no row group is open.
+    own_columns: Vec<Box<dyn ColumnChunkEncoder + Send>>,
+    /// Column writers of the open row group, one per leaf (`None` for a leaf we encode
+    /// ourselves); empty while no row group is open.
     arrow_columns: Vec<Option<ArrowColumnWriter>>,
     row_group_rows: usize,
     buffered_rows: usize,
@@ -254,30 +256,33 @@ impl AtomicParquetFile {
         let row_group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
 
         let mut fields = Vec::with_capacity(schema.fields().len());
-        let mut dict_columns = Vec::new();
-        let mut int_columns = Vec::new();
+        let mut own_columns: Vec<Box<dyn ColumnChunkEncoder + Send>> = Vec::new();
         let mut leaf = 0;
+        let config = TelemetryError::Config;
         for (i, field) in schema.fields().iter().enumerate() {
             let count = (leaf..parquet_schema.num_columns())
                 .take_while(|&l| parquet_schema.get_column_root_idx(l) == i)
                 .count();
-            if is_dictionary_string(field) && count == 1 {
-                let column = DictColumn::new(parquet_schema.column(leaf), &props)
-                    .map_err(TelemetryError::Config)?;
-                fields.push(FieldEncoder::Dict(dict_columns.len()));
-                dict_columns.push(column);
-            } else if let Some(column) = (count == 1)
-                .then(|| {
-                    IntColumn::for_leaf(parquet_schema.column(leaf), field.data_type(), &props)
-                })
-                .transpose()
-                .map_err(TelemetryError::Config)?
-                .flatten()
-            {
-                fields.push(FieldEncoder::Int(int_columns.len()));
-                int_columns.push(column);
+            let own: Option<Box<dyn ColumnChunkEncoder + Send>> = if count != 1 {
+                None
+            } else if is_dictionary_string(field) {
+                let descr = parquet_schema.column(leaf);
+                Some(Box::new(DictColumn::new(descr, &props).map_err(config)?))
             } else {
-                fields.push(FieldEncoder::Arrow { first: leaf, count });
+                let (descr, data_type) = (parquet_schema.column(leaf), field.data_type());
+                match IntColumn::for_leaf(descr.clone(), data_type, &props).map_err(config)? {
+                    Some(column) => Some(Box::new(column)),
+                    None => SplitColumn::for_leaf(descr, data_type, &props)
+                        .map_err(config)?
+                        .map(|c| Box::new(c) as Box<dyn ColumnChunkEncoder + Send>),
+                }
+            };
+            match own {
+                Some(column) => {
+                    fields.push(FieldEncoder::Own(own_columns.len()));
+                    own_columns.push(column);
+                }
+                None => fields.push(FieldEncoder::Arrow { first: leaf, count }),
             }
             leaf += count;
         }
@@ -301,8 +306,7 @@ impl AtomicParquetFile {
             schema,
             factory,
             fields,
-            dict_columns,
-            int_columns,
+            own_columns,
             arrow_columns: Vec::new(),
             row_group_rows,
             buffered_rows: 0,
@@ -323,21 +327,15 @@ impl AtomicParquetFile {
             .flatten()
             .map(ArrowColumnWriter::get_estimated_total_bytes)
             .sum();
-        let dict: usize = self
-            .dict_columns
-            .iter()
-            .map(DictColumn::buffered_bytes)
-            .sum();
-        let int: usize = self.int_columns.iter().map(IntColumn::buffered_bytes).sum();
-        (self.writer.bytes_written() + arrow + dict + int) as u64
+        let own: usize = self.own_columns.iter().map(|c| c.buffered_bytes()).sum();
+        (self.writer.bytes_written() + arrow + own) as u64
     }
 
     /// Makes room for `rows` more rows in the open row group's self-encoded columns, so
     /// that several batches of one row group fill buffers allocated once.
     pub(crate) fn reserve(&mut self, rows: usize) {
         let rows = rows.min(self.row_group_rows - self.buffered_rows);
-        self.dict_columns.iter_mut().for_each(|c| c.reserve(rows));
-        self.int_columns.iter_mut().for_each(|c| c.reserve(rows));
+        self.own_columns.iter_mut().for_each(|c| c.reserve(rows));
     }
 
     /// Appends a batch (buffered into the current row group; a row group is closed when
@@ -377,7 +375,7 @@ impl AtomicParquetFile {
             let mut leaf = 0;
             for field in &self.fields {
                 match *field {
-                    FieldEncoder::Dict(_) | FieldEncoder::Int(_) => {
+                    FieldEncoder::Own(_) => {
                         self.arrow_columns[leaf] = None;
                         leaf += 1;
                     }
@@ -393,10 +391,7 @@ impl AtomicParquetFile {
             .zip(batch.columns())
         {
             match *encoder {
-                FieldEncoder::Dict(d) => self.dict_columns[d]
-                    .push(column.as_ref())
-                    .map_err(|e| TelemetryError::schema(tmp.display().to_string(), e))?,
-                FieldEncoder::Int(i) => self.int_columns[i]
+                FieldEncoder::Own(c) => self.own_columns[c]
                     .push(column.as_ref())
                     .map_err(|e| TelemetryError::schema(tmp.display().to_string(), e))?,
                 FieldEncoder::Arrow { first, count } => {
@@ -446,14 +441,9 @@ impl AtomicParquetFile {
         let mut writers = writers.into_iter();
         for field in &self.fields {
             match *field {
-                FieldEncoder::Dict(d) => {
+                FieldEncoder::Own(c) => {
                     writers.next();
-                    let (bytes, close) = self.dict_columns[d].finish()?;
-                    row_group.append_column(&bytes, close)?;
-                }
-                FieldEncoder::Int(i) => {
-                    writers.next();
-                    let (bytes, close) = self.int_columns[i].finish()?;
+                    let (bytes, close) = self.own_columns[c].finish()?;
                     row_group.append_column(&bytes, close)?;
                 }
                 FieldEncoder::Arrow { count, .. } => {
