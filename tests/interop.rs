@@ -41,14 +41,17 @@ fn python_with_pyarrow() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// Python with pyarrow, or `None` after saying why the test is skipped.
+fn python_or_skip() -> Option<PathBuf> {
+    python_with_pyarrow()
+        .map_err(|why| eprintln!("skipped: {why}"))
+        .ok()
+}
+
 #[test]
 fn telemetry_files_open_in_pyarrow_with_the_documented_schema() {
-    let python = match python_with_pyarrow() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some(python) = python_or_skip() else {
+        return;
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("tel");
@@ -75,12 +78,18 @@ fn telemetry_files_open_in_pyarrow_with_the_documented_schema() {
         String::from_utf8_lossy(&rec.stderr)
     );
     // 61 ticks × 64 GPUs.
-    let check = Command::new(&python)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop_check.py"))
-        .arg(&out)
-        .arg((61 * 64).to_string())
-        .output()
-        .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop_check.py");
+    run_check(
+        Command::new(&python)
+            .arg(script)
+            .arg(&out)
+            .arg((61 * 64).to_string()),
+    );
+}
+
+/// Runs a pyarrow check and prints what it says; its failure fails the test.
+fn run_check(command: &mut Command) {
+    let check = command.output().unwrap();
     assert!(
         check.status.success(),
         "pyarrow check failed:\n{}{}",
@@ -88,4 +97,69 @@ fn telemetry_files_open_in_pyarrow_with_the_documented_schema() {
         String::from_utf8_lossy(&check.stderr)
     );
     eprintln!("{}", String::from_utf8_lossy(&check.stdout));
+}
+
+/// Per-link NVLink counters (lists: a dozen links, empty, null, and a whole file of
+/// nulls) read back in pyarrow as written. The simulated source has no per-link
+/// counters, so the samples are written through the sink here.
+#[test]
+fn per_link_counters_open_in_pyarrow() {
+    use marshal_telemetry::{GpuSample, SinkConfig, TelemetrySink};
+
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tel");
+    let sink = TelemetrySink::open(SinkConfig::new(&out)).unwrap();
+    // 2025-03-14T00:00:00Z, one sample a second for an hour, two GPUs; the rule for
+    // each row's lists is repeated in the Python check below.
+    let t0 = 1_741_910_400_000_000i64;
+    let samples: Vec<GpuSample> = (0..3600i64)
+        .flat_map(|s| {
+            (0..2u16).map(move |gpu| {
+                let links = |base: u64| match (gpu, s % 7) {
+                    (1, _) => None,
+                    (_, 0) => None,
+                    (_, 1) => Some(vec![]),
+                    _ => Some((0..12).map(|k| base + s as u64 * 100 + k).collect()),
+                };
+                GpuSample {
+                    timestamp_us: t0 + s * 1_000_000,
+                    cluster: "c1".into(),
+                    node: format!("n{gpu}").into(),
+                    gpu_index: gpu,
+                    gpu_uuid: format!("GPU-{gpu}").into(),
+                    gpu_type: "NVIDIA A100-SXM4-80GB".into(),
+                    nvlink_tx_per_link_kib: links(1 << 40),
+                    nvlink_rx_per_link_kib: links(7),
+                    ..Default::default()
+                }
+            })
+        })
+        .collect();
+    sink.send(samples).unwrap();
+    sink.finish().unwrap();
+    let script = r#"
+import sys, pyarrow.dataset as ds
+part = ds.HivePartitioning.discover(infer_dictionary=True)
+t = ds.dataset(sys.argv[1] + "/kind=gpu", format="parquet", partitioning=part).to_table()
+assert t.num_rows == 7200, t.num_rows
+t0 = 1_741_910_400_000_000
+checked = 0
+for ts, gpu, tx, rx in zip(t.column("timestamp").cast("int64").to_pylist(), t.column("gpu_index").to_pylist(),
+                           t.column("nvlink_tx_per_link_kib").to_pylist(), t.column("nvlink_rx_per_link_kib").to_pylist()):
+    s = (ts - t0) // 1_000_000
+    def want(base):
+        if gpu == 1 or s % 7 == 0:
+            return None
+        if s % 7 == 1:
+            return []
+        return [base + s * 100 + k for k in range(12)]
+    assert tx == want(1 << 40), (ts, gpu, tx)
+    assert rx == want(7), (ts, gpu, rx)
+    checked += 1
+print(f"per-link lists: {checked} rows as written")
+"#;
+    run_check(Command::new(&python).args(["-c", script]).arg(&out));
 }

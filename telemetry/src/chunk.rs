@@ -149,12 +149,18 @@ impl PageCompressor {
 /// One data page, encoded but not yet compressed.
 #[derive(Debug)]
 pub(crate) struct DataPage {
+    /// RLE repetition levels (empty for a column outside any list); stored uncompressed.
+    pub(crate) rep_levels: Vec<u8>,
     /// RLE definition levels (empty for a required column); stored uncompressed.
     pub(crate) levels: Vec<u8>,
+    /// Level entries: one per row outside lists, one per item (or null or empty list)
+    /// in a list column.
+    pub(crate) entries: usize,
     /// The encoded values.
     pub(crate) values: Vec<u8>,
     pub(crate) encoding: Encoding,
     pub(crate) rows: usize,
+    /// Entries without a value (null, or an empty or null list).
     pub(crate) nulls: usize,
     /// Plain-encoded min and max of the page's values (`None` if all are null), for the
     /// column index.
@@ -163,6 +169,29 @@ pub(crate) struct DataPage {
     pub(crate) unencoded_bytes: Option<i64>,
     /// NaN values in the page (floating-point columns only), for the column index.
     pub(crate) nan_count: Option<i64>,
+}
+
+impl DataPage {
+    /// A page of a column outside any list: an entry per row, levels from `rows`.
+    pub(crate) fn flat(
+        rows: PageRows,
+        values: Vec<u8>,
+        encoding: Encoding,
+        min_max: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> Self {
+        Self {
+            rep_levels: Vec::new(),
+            entries: rows.rows,
+            nulls: rows.nulls(),
+            levels: rows.levels,
+            values,
+            encoding,
+            rows: rows.rows,
+            min_max,
+            unencoded_bytes: None,
+            nan_count: None,
+        }
+    }
 }
 
 /// A column chunk being assembled from pages.
@@ -178,6 +207,7 @@ pub(crate) struct ChunkBuilder<'a> {
     dictionary_offset: Option<i64>,
     first_data_offset: Option<i64>,
     rows: u64,
+    entries: u64,
 }
 
 impl std::fmt::Debug for ChunkBuilder<'_> {
@@ -208,6 +238,7 @@ impl<'a> ChunkBuilder<'a> {
             dictionary_offset: None,
             first_data_offset: None,
             rows: 0,
+            entries: 0,
         }
     }
 
@@ -258,24 +289,26 @@ impl<'a> ChunkBuilder<'a> {
 
     /// Writes a `DATA_PAGE_V2` (levels uncompressed, values compressed).
     pub(crate) fn data_page(&mut self, page: DataPage) -> Result<()> {
-        let levels_len = page.levels.len();
-        let uncompressed = levels_len + page.values.len();
-        let mut buf = page.levels;
+        let (rep_len, def_len) = (page.rep_levels.len(), page.levels.len());
+        let uncompressed = rep_len + def_len + page.values.len();
+        let mut buf = page.rep_levels;
+        buf.extend_from_slice(&page.levels);
         buf.extend_from_slice(&self.settings.compressor.compress(page.values)?);
         let written = Page::DataPageV2 {
             buf: Bytes::from(buf),
-            num_values: page.rows as u32,
+            num_values: page.entries as u32,
             encoding: page.encoding,
             num_nulls: page.nulls as u32,
             num_rows: page.rows as u32,
-            def_levels_byte_len: levels_len as u32,
-            rep_levels_byte_len: 0,
+            def_levels_byte_len: def_len as u32,
+            rep_levels_byte_len: rep_len as u32,
             is_compressed: !matches!(self.settings.codec, Codec::None),
             statistics: None,
         };
         let offset = self.write(written, uncompressed)?;
         self.first_data_offset.get_or_insert(offset as i64);
         self.rows += page.rows as u64;
+        self.entries += page.entries as u64;
         self.offset_index.append_row_count(page.rows as i64);
         if self.settings.statistics != EnabledStatistics::None {
             self.offset_index
@@ -319,7 +352,7 @@ impl<'a> ChunkBuilder<'a> {
             .set_page_encoding_stats(self.page_stats)
             .set_total_compressed_size(self.compressed as i64)
             .set_total_uncompressed_size(self.uncompressed as i64)
-            .set_num_values(self.rows as i64)
+            .set_num_values(self.entries as i64)
             .set_data_page_offset(data_offset)
             .set_dictionary_page_offset(self.dictionary_offset);
         if self.settings.statistics != EnabledStatistics::None {

@@ -120,15 +120,11 @@ impl DictColumn {
             }
             nulls += page.nulls() as u64;
             unencoded_bytes += page_bytes;
+            let min_max = range.map(|(lo, hi)| (value_of_rank(lo), value_of_rank(hi)));
+            let encoding = Encoding::RLE_DICTIONARY;
             chunk.data_page(DataPage {
-                nulls: page.nulls(),
-                levels: page.levels,
-                values,
-                encoding: Encoding::RLE_DICTIONARY,
-                rows: page.rows,
-                min_max: range.map(|(lo, hi)| (value_of_rank(lo), value_of_rank(hi))),
                 unencoded_bytes: Some(page_bytes),
-                nan_count: None,
+                ..DataPage::flat(page, values, encoding, min_max)
             })?;
         }
 

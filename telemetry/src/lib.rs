@@ -55,6 +55,7 @@ mod delta;
 mod dict_column;
 pub mod error;
 mod int_column;
+mod list_column;
 pub mod mig;
 pub mod nvml;
 pub mod partition;

@@ -1,5 +1,6 @@
-//! Parquet's RLE / bit-packing hybrid encoding, for dictionary indices and definition
-//! levels of the string columns the writer encodes itself ([`crate::dict_column`]).
+//! Parquet's RLE / bit-packing hybrid encoding, for the dictionary indices
+//! ([`crate::dict_column`]) and the repetition and definition levels of the columns the
+//! writer encodes itself.
 //!
 //! The format (Parquet `Encodings.md`): a sequence of runs, each a ULEB128 header whose
 //! low bit says which kind it is. An *RLE run* (`len << 1`) is followed by the value in
@@ -13,8 +14,18 @@
 //! follows literals that do not fill a group, the group is completed from the run,
 //! since a bit-packed run in the middle of the data must hold whole groups.
 
-/// Values at or above this run length are written as an RLE run.
+/// Runs shorter than this are never written as an RLE run (a bit-packed run in the
+/// middle of the data holds whole groups of 8).
 const MIN_RLE_RUN: usize = 8;
+
+/// The shortest run written as an RLE run at `bit_width`: a group, and long enough that
+/// its header and value (about 2 bytes, plus the header of the bit-packed run it
+/// interrupts) cost less than packing it. At 1 bit that is 32 values: a list's
+/// repetition levels (a 0, then a 1 per further item) stay bit-packed, 12 bits for 12
+/// items, where RLE runs of 11 would take 32.
+fn min_rle_run(bit_width: u8) -> usize {
+    MIN_RLE_RUN.max(32usize.div_ceil(usize::from(bit_width.max(1))))
+}
 /// Groups per bit-packed run header; parquet-rs and Arrow C++ write at most 63 (so the
 /// header stays one byte), and so do we.
 const MAX_GROUPS_PER_RUN: usize = 63;
@@ -36,6 +47,7 @@ pub(crate) fn encode<T>(
     T: Copy + PartialEq + Into<u32>,
 {
     debug_assert!(bit_width <= 32);
+    let min_run = min_rle_run(bit_width);
     let mut literal_start = 0;
     let mut i = 0;
     while i < values.len() {
@@ -46,7 +58,7 @@ pub(crate) fn encode<T>(
         }
         let run = end - i;
         on_run(value, run);
-        if run >= MIN_RLE_RUN {
+        if run >= min_run {
             // Complete the pending literals' last group from the run (at most 7 < run).
             let pending = i - literal_start;
             let borrowed = (MIN_RLE_RUN - pending % MIN_RLE_RUN) % MIN_RLE_RUN;
@@ -79,6 +91,31 @@ pub(crate) fn write_rle(value: u32, len: usize, bit_width: u8, out: &mut Vec<u8>
     write_uleb128((len as u64) << 1, out);
     let bytes = usize::from(bit_width).div_ceil(8);
     out.extend_from_slice(&value.to_le_bytes()[..bytes]);
+}
+
+/// Appends the repetition levels of `lists` lists of `len` items each (`len` ≥ 1): a 0,
+/// then `len - 1` ones, per list. Written from the pattern's bits, a byte per 8 levels,
+/// rather than level by level: the per-link counters are a dozen items in every row.
+pub(crate) fn write_uniform_repetition(len: usize, lists: usize, out: &mut Vec<u8>) {
+    let n = len * lists;
+    if n == 0 {
+        return;
+    }
+    if len == 1 {
+        return write_rle(0, n, 1, out);
+    }
+    let mut bits = vec![0xFFu8; n.div_ceil(8)];
+    for start in (0..n).step_by(len) {
+        bits[start / 8] &= !(1 << (start % 8));
+    }
+    // Zero the last group's padding.
+    if !n.is_multiple_of(8) {
+        *bits.last_mut().expect("n > 0") &= (1u8 << (n % 8)) - 1;
+    }
+    for run in bits.chunks(MAX_GROUPS_PER_RUN) {
+        write_uleb128(((run.len() as u64) << 1) | 1, out);
+        out.extend_from_slice(run);
+    }
 }
 
 /// Bit-packs `values` in runs of at most [`MAX_GROUPS_PER_RUN`] groups; the last group is
@@ -218,7 +255,12 @@ mod tests {
     fn a_seeded_fuzz_of_run_lengths_and_widths_round_trips() {
         let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for _ in 0..300 {
-            let max = (next() % 70_000) as u32;
+            // A third at 1 or 2 bits, where runs up to 32 or 16 stay bit-packed.
+            let max = if next().is_multiple_of(3) {
+                (next() % 4) as u32
+            } else {
+                (next() % 70_000) as u32
+            };
             let mut values = Vec::new();
             while values.len() < 3000 {
                 let v = (next() % u64::from(max + 1)) as u32;
@@ -226,6 +268,38 @@ mod tests {
                 values.extend(std::iter::repeat_n(v, len));
             }
             round_trip(&values);
+        }
+    }
+
+    #[test]
+    fn list_repetition_levels_stay_bit_packed() {
+        // 100 lists of 12 items: a 0, then eleven 1s, each time.
+        let levels: Vec<u32> = (0..1200).map(|i| u32::from(i % 12 != 0)).collect();
+        let out = round_trip(&levels);
+        // 1200 bits packed, plus a header per 504 values.
+        assert_eq!(out.len(), 150 + 3, "{out:?}");
+        // Runs of 32 and more at 1 bit are worth an RLE run.
+        let mut long = vec![0u32; 5];
+        long.extend([1; 40]);
+        long.extend([0; 3]);
+        assert!(round_trip(&long).len() < 8, "{:?}", round_trip(&long));
+    }
+
+    #[test]
+    fn uniform_repetition_levels_decode_to_the_pattern() {
+        for (len, lists) in [
+            (12, 100),
+            (1, 77),
+            (2, 5),
+            (18, 333),
+            (7, 1),
+            (40, 13),
+            (3, 0),
+        ] {
+            let mut out = Vec::new();
+            write_uniform_repetition(len, lists, &mut out);
+            let expected: Vec<u32> = (0..len * lists).map(|i| u32::from(i % len != 0)).collect();
+            assert_eq!(decode(&out, 1, expected.len()), expected, "{len} × {lists}");
         }
     }
 

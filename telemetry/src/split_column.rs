@@ -278,16 +278,12 @@ impl SplitColumn {
             let mut values = Vec::new();
             split_streams(page, kind.width(), &mut values);
             nulls += page_rows.nulls() as u64;
+            let min_max =
+                bounds.map(|(lo, hi)| (kind.plain(kind.bits(lo)), kind.plain(kind.bits(hi))));
+            let encoding = Encoding::BYTE_STREAM_SPLIT;
             chunk.data_page(DataPage {
-                nulls: page_rows.nulls(),
-                levels: page_rows.levels,
-                values,
-                encoding: Encoding::BYTE_STREAM_SPLIT,
-                rows: page_rows.rows,
-                min_max: bounds
-                    .map(|(lo, hi)| (kind.plain(kind.bits(lo)), kind.plain(kind.bits(hi)))),
-                unencoded_bytes: None,
                 nan_count: kind.is_float().then_some(range.nan_count as i64),
+                ..DataPage::flat(page_rows, values, encoding, min_max)
             })?;
         }
         let bounds = chunk_range.bounds();

@@ -8,7 +8,9 @@
 //!   regular deltas, and constant-ish values (memory per phase, clocks, ECC counts) have
 //!   zero deltas, which pack to nothing. A dictionary would cost a hash per value and buy
 //!   nothing over that. These columns are encoded by the private `int_column` module,
-//!   not by parquet-rs (fewer than half of its instructions per value);
+//!   not by parquet-rs (fewer than half of its instructions per value), and so are the
+//!   per-link counters, lists of integers, by the private `list_column` module (levels
+//!   generated from the list lengths, not item by item);
 //! * floats and the noisy PCIe rates are `BYTE_STREAM_SPLIT` without a dictionary: the
 //!   bytes of equal significance are stored together, so ZSTD finds the repeated
 //!   sign/exponent and high bytes (NVML percentages and temperatures are integers, which
@@ -48,12 +50,13 @@ use parquet::basic::{Compression, Encoding, Type as PhysicalType, ZstdLevel};
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::types::ColumnPath;
+use parquet::schema::types::{ColumnDescPtr, ColumnPath};
 
 use crate::chunk::ColumnChunkEncoder;
 use crate::dict_column::DictColumn;
 use crate::error::{Result, TelemetryError};
 use crate::int_column::IntColumn;
+use crate::list_column::ListColumn;
 use crate::partition::tmp_name;
 use crate::schema::{META_KIND, META_SCHEMA_VERSION, SCHEMA_VERSION, TelemetryKind, col};
 use crate::split_column::SplitColumn;
@@ -202,9 +205,10 @@ enum FieldEncoder {
 ///
 /// Dictionary string columns are encoded by [`DictColumn`] from their Arrow keys, delta
 /// encoded integer columns by [`IntColumn`], byte-stream-split floats and rates by
-/// [`SplitColumn`], the rest (lists, booleans) by parquet-rs's Arrow column writers; all
-/// chunks are appended to the same row group in schema order (see the private
-/// `dict_column`, `int_column` and `split_column` modules for why).
+/// [`SplitColumn`], lists of integers by [`ListColumn`], the rest (booleans, the node
+/// schema's port structs and names) by parquet-rs's Arrow column writers; all chunks are
+/// appended to the same row group in schema order (see the private `dict_column`,
+/// `int_column`, `split_column` and `list_column` modules for why).
 pub(crate) struct AtomicParquetFile {
     final_path: PathBuf,
     tmp_path: PathBuf,
@@ -228,6 +232,22 @@ impl std::fmt::Debug for AtomicParquetFile {
             .field("rows", &self.rows)
             .finish()
     }
+}
+
+/// The encoder of ours that writes a (non-dictionary) leaf, if one does.
+fn own_column(
+    descr: ColumnDescPtr,
+    data_type: &DataType,
+    props: &WriterProperties,
+) -> std::result::Result<Option<Box<dyn ColumnChunkEncoder + Send>>, String> {
+    if let Some(column) = IntColumn::for_leaf(descr.clone(), data_type, props)? {
+        return Ok(Some(Box::new(column)));
+    }
+    if let Some(column) = ListColumn::for_leaf(descr.clone(), data_type, props)? {
+        return Ok(Some(Box::new(column)));
+    }
+    Ok(SplitColumn::for_leaf(descr, data_type, props)?
+        .map(|c| Box::new(c) as Box<dyn ColumnChunkEncoder + Send>))
 }
 
 /// `Dictionary(Int32, Utf8)`: the type [`DictColumn`] encodes.
@@ -270,12 +290,7 @@ impl AtomicParquetFile {
                 Some(Box::new(DictColumn::new(descr, &props).map_err(config)?))
             } else {
                 let (descr, data_type) = (parquet_schema.column(leaf), field.data_type());
-                match IntColumn::for_leaf(descr.clone(), data_type, &props).map_err(config)? {
-                    Some(column) => Some(Box::new(column)),
-                    None => SplitColumn::for_leaf(descr, data_type, &props)
-                        .map_err(config)?
-                        .map(|c| Box::new(c) as Box<dyn ColumnChunkEncoder + Send>),
-                }
+                own_column(descr, data_type, &props).map_err(config)?
             };
             match own {
                 Some(column) => {
@@ -339,7 +354,9 @@ impl AtomicParquetFile {
     }
 
     /// Appends a batch (buffered into the current row group; a row group is closed when
-    /// it reaches the properties' row limit).
+    /// it reaches the properties' row limit). A batch of other types, or with nulls in a
+    /// non-nullable column, is refused and leaves the file as it was; after any other
+    /// error the file is to be aborted.
     pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let types_match = batch.num_columns() == self.schema.fields().len()
             && (batch.columns().iter())
@@ -349,6 +366,17 @@ impl AtomicParquetFile {
             return Err(TelemetryError::schema(
                 self.tmp_path.display().to_string(),
                 format!("batch schema {} differs from the file's", batch.schema()),
+            ));
+        }
+        // Checked before any column takes the batch, so a refused batch leaves the file
+        // as it was.
+        if let Some(field) = (batch.columns().iter())
+            .zip(self.schema.fields())
+            .find_map(|(c, f)| (!f.is_nullable() && c.null_count() > 0).then_some(f))
+        {
+            return Err(TelemetryError::schema(
+                self.tmp_path.display().to_string(),
+                format!("nulls in the non-nullable column {}", field.name()),
             ));
         }
         let mut at = 0;

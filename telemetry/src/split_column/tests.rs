@@ -15,18 +15,15 @@ use arrow_array::{
     UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
-use parquet::file::page_index::column_index::ColumnIndexMetaData;
-use parquet::file::page_index::offset_index::PageLocation;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use super::{Kind, SplitColumn, split_streams};
 use crate::chunk::ColumnChunkEncoder;
-use crate::test_support::xorshift;
+use crate::test_support::{assert_chunks_match, metadata, xorshift};
 use crate::writer::AtomicParquetFile;
 
 const PAGE_ROWS: usize = 50;
@@ -175,14 +172,6 @@ fn write_both(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf)
     (ours.commit().unwrap(), reference_path)
 }
 
-fn metadata(path: &std::path::Path) -> Arc<ParquetMetaData> {
-    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Required);
-    ParquetRecordBatchReaderBuilder::try_new_with_options(File::open(path).unwrap(), options)
-        .unwrap()
-        .metadata()
-        .clone()
-}
-
 /// Each row's value as its bits (`None` for null).
 fn bits(array: &dyn Array) -> Vec<Option<u64>> {
     fn of<T: ArrowPrimitiveType>(
@@ -234,95 +223,13 @@ fn values_read_back_bit_for_bit() {
     }
 }
 
-/// A column index page by page (nulls, NaNs, min and max as bits) and its boundary
-/// order; not the level histograms, which our chunks leave out (they are optional).
-fn describe(index: Option<&ColumnIndexMetaData>) -> Vec<String> {
-    use ColumnIndexMetaData::*;
-    let Some(index) = index else {
-        return vec![];
-    };
-    let bounds = |p: usize| match index {
-        FLOAT(i) => format!(
-            "{:?} {:?}",
-            i.min_value(p).map(|v| v.to_bits()),
-            i.max_value(p).map(|v| v.to_bits())
-        ),
-        DOUBLE(i) => format!(
-            "{:?} {:?}",
-            i.min_value(p).map(|v| v.to_bits()),
-            i.max_value(p).map(|v| v.to_bits())
-        ),
-        INT32(i) => format!("{:?} {:?}", i.min_value(p), i.max_value(p)),
-        INT64(i) => format!("{:?} {:?}", i.min_value(p), i.max_value(p)),
-        other => panic!("{other:?}"),
-    };
-    (0..index.num_pages() as usize)
-        .map(|p| {
-            format!(
-                "{} {:?} {:?} {}",
-                index.is_null_page(p),
-                index.null_count(p),
-                index.nan_count(p),
-                bounds(p)
-            )
-        })
-        .chain([format!("{:?}", index.get_boundary_order())])
-        .collect()
-}
-
 #[test]
 fn statistics_and_page_index_match_parquet_rs() {
     let dir = tempfile::tempdir().unwrap();
     let (ours, reference) = write_both(dir.path());
     let (ours, reference) = (metadata(&ours), metadata(&reference));
     assert_eq!(ours.num_row_groups(), ROWS.div_ceil(GROUP_ROWS));
-    assert_eq!(ours.num_row_groups(), reference.num_row_groups());
-    for g in 0..ours.num_row_groups() {
-        let (a, b) = (ours.row_group(g), reference.row_group(g));
-        for (c, name) in COLUMNS.iter().enumerate() {
-            let (ca, cb) = (a.column(c), b.column(c));
-            let at = format!("row group {g}, column {name}");
-            assert!(
-                ca.encodings().any(|e| e == Encoding::BYTE_STREAM_SPLIT),
-                "{at}"
-            );
-            assert_eq!(ca.num_values(), cb.num_values(), "{at}");
-            match (ca.statistics(), cb.statistics()) {
-                (Some(sa), Some(sb)) => {
-                    assert_eq!(sa.min_bytes_opt(), sb.min_bytes_opt(), "{at}: min");
-                    assert_eq!(sa.max_bytes_opt(), sb.max_bytes_opt(), "{at}: max");
-                    assert_eq!(sa.null_count_opt(), sb.null_count_opt(), "{at}: nulls");
-                    assert_eq!(sa.nan_count_opt(), sb.nan_count_opt(), "{at}: NaNs");
-                    assert_eq!(
-                        sa.is_min_max_backwards_compatible(),
-                        sb.is_min_max_backwards_compatible(),
-                        "{at}"
-                    );
-                }
-                (sa, sb) => assert_eq!(sa.is_some(), sb.is_some(), "{at}: statistics"),
-            }
-            let (ia, ib) = (
-                ours.page_index_for_row_group(g),
-                reference.page_index_for_row_group(g),
-            );
-            assert_eq!(
-                describe(ia.column_index(c)),
-                describe(ib.column_index(c)),
-                "{at}: column index"
-            );
-            let rows = |locations: &[PageLocation]| {
-                locations
-                    .iter()
-                    .map(|l| l.first_row_index)
-                    .collect::<Vec<_>>()
-            };
-            assert_eq!(
-                rows(ia.page_locations(c).unwrap()),
-                rows(ib.page_locations(c).unwrap()),
-                "{at}: pages"
-            );
-        }
-    }
+    assert_chunks_match(&ours, &reference, &COLUMNS, Encoding::BYTE_STREAM_SPLIT);
     // The NaN-only row group states NaN bounds, as parquet-rs does.
     let Some(parquet::file::statistics::Statistics::Float(s)) =
         ours.row_group(1).column(1).statistics()
