@@ -45,6 +45,12 @@ use marshal_telemetry::{
     TelemetrySink, list_files,
 };
 
+/// The allocator of the `marshal` binary, which runs the agent's sink: the writer's
+/// per-row-group buffers are freed and taken again, and the system allocator returns
+/// them to the kernel and faults them back in.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const NODES: usize = 16;
 const GPUS: usize = 8;
 const SECS: i64 = 3600;
