@@ -1,7 +1,8 @@
 //! Column chunks assembled from pages the writer encodes itself ([`crate::dict_column`],
-//! [`crate::int_column`]), with parquet-rs's page writer (page headers) and metadata
-//! builders (chunk metadata, column index, offset index), so that the result is spliced
-//! into a row group exactly like a chunk parquet-rs wrote.
+//! [`crate::int_column`], [`crate::split_column`], [`crate::list_column`]), with
+//! parquet-rs's page writer (page headers) and metadata builders (chunk metadata, column
+//! index, offset index), so that the result is spliced into a row group exactly like a
+//! chunk parquet-rs wrote.
 //!
 //! The encoders own the values and their order; this module owns the bookkeeping every
 //! chunk needs: compression, page offsets and sizes, the offset index, the column index
