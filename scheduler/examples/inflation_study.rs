@@ -1,0 +1,546 @@
+//! Where the unallocated GPUs of openb's `default` inflation experiment come from, and
+//! what placement could save (README, "Learned placement policy", "How far below FGD
+//! can placement go on openb?"). Three studies, each over seeds `FIRST..FIRST+SEEDS`:
+//!
+//! * `failures POLICY FIRST SEEDS`: every task that fails before 100 % arrived load, by
+//!   shape, and where the free GPUs sit at 100 % by their node's free CPU;
+//! * `bound SEED`: how well the shares that arrive before 100 % could be packed offline
+//!   (first-fit decreasing; CPU, nodes and GPU models ignored), all of them or leaving
+//!   the largest out;
+//! * `variants FIRST SEEDS [NAME|all] [TRACE]`: unallocated GPUs at 100 % for FGD and
+//!   for FGD with its ties broken by the sum-of-squares rule of online bin packing
+//!   (`fgd-sumsq`), with ablations of that rule (alone, weighted, per node or per GPU
+//!   only), on `openb-default` or another openb pod list (`openb-gpushare40`, … from the
+//!   traces directory).
+//!
+//! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use marshal_scheduler::domain::{ClusterState, GpuDemand, GpuShare, Job, NodeId, Topology};
+use marshal_scheduler::framework::{Context, NodeScorer, Placer, Policy, ScoredPlacer, TieBreak};
+use marshal_scheduler::policies::{self, Fgd};
+use marshal_scheduler::sim::{InflationRun, SimConfig, run_inflation};
+
+fn gpu_room(job: &Job, state: &ClusterState, node: NodeId) -> bool {
+    let topo_node = state.topology().node(node);
+    if !topo_node.model.is_some_and(|m| job.gpu_models.allows(m)) && job.gpu != GpuDemand::None {
+        return false;
+    }
+    match job.gpu {
+        GpuDemand::None => true,
+        GpuDemand::Whole(n) => {
+            topo_node
+                .gpu_ids()
+                .filter(|&g| state.free_milli(g) == 1000)
+                .count()
+                >= n as usize
+        }
+        GpuDemand::Milli(m) => topo_node.gpu_ids().any(|g| state.free_milli(g) >= m),
+        GpuDemand::Mig { .. } => false,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("bound") {
+        return bound(args[2].parse().unwrap());
+    }
+    if args.get(1).map(String::as_str) == Some("variants") {
+        return variants(&args[2..]);
+    }
+    assert_eq!(
+        args.get(1).map(String::as_str),
+        Some("failures"),
+        "usage: inflation_study failures|bound|variants …"
+    );
+    let policy_name = args.get(2).map_or("fgd", String::as_str);
+    let first: u64 = args.get(3).map_or(42, |s| s.parse().unwrap());
+    let seeds: u64 = args.get(4).map_or(1, |s| s.parse().unwrap());
+    let spec = marshal_datasets::cluster_preset("openb").unwrap();
+    let topo = Arc::new(Topology::build(&spec).unwrap());
+    let (pods, _) = marshal_datasets::load_trace("openb-default", &topo.catalog).unwrap();
+    let policy = policies::build(policy_name, &pods).unwrap();
+    // (shape, reason) → (count, milli)
+    let mut failures: BTreeMap<(String, &str), (u64, u64)> = BTreeMap::new();
+    let mut total_failed = 0u64;
+    for seed in first..first + seeds {
+        let mut run = InflationRun::new(topo.clone(), &pods, &SimConfig::inflation(seed)).unwrap();
+        while run.arrived_pct() < 100.0 {
+            let Some(task) = run.next_task().cloned() else {
+                break;
+            };
+            let placed = run.step(policy.placer.as_ref()).unwrap();
+            if placed {
+                continue;
+            }
+            let state = run.state();
+            let nodes: Vec<_> = state.topology().node_ids().collect();
+            let gpu_ok = nodes.iter().any(|&n| gpu_room(&task, state, n));
+            let cpu_ok = nodes
+                .iter()
+                .any(|&n| state.node_cpu_free(n) >= task.cpu_milli);
+            let reason = match (gpu_ok, cpu_ok) {
+                (false, _) => "no GPU room",
+                (true, false) => "no CPU room",
+                (true, true) => "GPU and CPU apart",
+            };
+            let models: Vec<String> = task
+                .gpu_models
+                .ids()
+                .map(|m| state.topology().catalog.get(m).name.clone())
+                .collect();
+            let shape = format!(
+                "{:?} cpu {} models {}",
+                task.gpu,
+                task.cpu_milli,
+                if task.gpu_models.is_any() {
+                    "any".into()
+                } else {
+                    models.join("|")
+                }
+            );
+            let e = failures.entry((shape, reason)).or_default();
+            e.0 += 1;
+            e.1 += task.gpu_milli();
+            total_failed += task.gpu_milli();
+        }
+    }
+    let mut rows: Vec<_> = failures.into_iter().collect();
+    // Where the free GPUs of the last seed's state sit, by the free CPU of their node.
+    {
+        let mut run = InflationRun::new(topo.clone(), &pods, &SimConfig::inflation(first)).unwrap();
+        while run.arrived_pct() < 100.0 && run.step(policy.placer.as_ref()).is_some() {}
+        let state = run.state();
+        let mut buckets: BTreeMap<u32, (f64, u32, f64)> = BTreeMap::new();
+        for n in state.topology().node_ids() {
+            let free: u32 = state
+                .topology()
+                .node(n)
+                .gpu_ids()
+                .map(|g| state.free_milli(g) as u32)
+                .sum();
+            let whole = state
+                .topology()
+                .node(n)
+                .gpu_ids()
+                .filter(|&g| state.free_milli(g) == 1000)
+                .count() as f64;
+            let cores = state.node_cpu_free(n) / 1000;
+            let key = match cores {
+                0..2 => 0,
+                2..4 => 2,
+                4..8 => 4,
+                8..12 => 8,
+                12..16 => 12,
+                16..32 => 16,
+                _ => 32,
+            };
+            let e = buckets.entry(key).or_default();
+            e.0 += free as f64 / 1000.0;
+            e.1 += 1;
+            e.2 += whole;
+        }
+        println!("seed {first} at 100 %: free GPUs by the node's free cores (>=)");
+        for (k, (gpus, nodes, whole)) in buckets {
+            println!("  >= {k:>2} cores: {gpus:7.1} GPUs free ({whole:.0} whole) on {nodes} nodes");
+        }
+    }
+    {
+        let (mut cpu, mut gpu) = (0f64, 0f64);
+        for p in &pods {
+            cpu += p.cpu_milli as f64 * p.workers as f64;
+            gpu += p.gpu_milli() as f64;
+        }
+        let cap_cpu: f64 = topo.node_ids().map(|n| topo.node(n).cpu_milli as f64).sum();
+        println!(
+            "trace: {:.2} cores per GPU requested; cluster: {:.2} cores per GPU",
+            cpu / gpu,
+            cap_cpu / topo.gpu_count() as f64 / 1000.0 * 1000.0 / 1000.0
+        );
+    }
+    rows.sort_by_key(|(_, (_, milli))| std::cmp::Reverse(*milli));
+    println!(
+        "{policy_name}: failed GPU milli before 100 % per seed: {:.0}",
+        total_failed as f64 / seeds as f64
+    );
+    for ((shape, reason), (count, milli)) in rows.iter().take(30) {
+        println!(
+            "{:>8.1} GPUs {:>6.1} tasks  {reason:<18} {shape}",
+            *milli as f64 / 1000.0 / seeds as f64,
+            *count as f64 / seeds as f64
+        );
+    }
+}
+
+fn scored<S: NodeScorer + 'static>(scorer: S, name: &str) -> Policy {
+    policy_of(Box::new(ScoredPlacer::new(scorer, TieBreak::First)), name)
+}
+
+fn policy_of(placer: Box<dyn Placer>, name: &str) -> Policy {
+    let mut p = policies::build("fgd", &[]).unwrap();
+    p.placer = placer;
+    p.name = name.into();
+    p
+}
+
+fn variants(args: &[String]) {
+    let first: u64 = args.first().map_or(42, |s| s.parse().unwrap());
+    let seeds: u64 = args.get(1).map_or(3, |s| s.parse().unwrap());
+    let only: Option<&str> = args.get(2).map(String::as_str).filter(|&o| o != "all");
+    let trace = args.get(3).map_or("openb-default", String::as_str);
+    let spec = marshal_datasets::cluster_preset("openb").unwrap();
+    let topo = Arc::new(Topology::build(&spec).unwrap());
+    let (pods, _) = marshal_datasets::load_trace(trace, &topo.catalog).unwrap();
+    let fgd = || Fgd::from_workload(&pods);
+    let rule = |weight, per_model| SumOfSquares {
+        tie: fgd(),
+        weight,
+        per_model,
+    };
+    let mut candidates: Vec<Policy> = vec![
+        policies::build("fgd", &pods).unwrap(),
+        scored(rule(1e-5, true), "fgd-sumsq"),
+        policy_of(
+            Box::new(ScoredPlacer::new(fgd(), TieBreak::Random)),
+            "fgd-random-ties",
+        ),
+        scored(rule(1000.0, true), "sumsq-then-fgd"),
+        scored(rule(1000.0, false), "sumsq-all-models-then-fgd"),
+        scored(
+            OneChoice {
+                rule: rule(1e-5, true),
+                on_node: false,
+            },
+            "fgd-sumsq-gpu-only",
+        ),
+        scored(
+            OneChoice {
+                rule: rule(1e-5, true),
+                on_node: true,
+            },
+            "fgd-sumsq-node-only",
+        ),
+    ];
+    for w in [0.003, 0.01, 0.03, 0.1, 0.3] {
+        candidates.push(scored(rule(w, true), &format!("fgd+{w}sumsq")));
+        candidates.push(scored(rule(w, false), &format!("fgd+{w}sumsq-all-models")));
+    }
+    for policy in candidates {
+        if only.is_some_and(|o| o != policy.name) {
+            continue;
+        }
+        let values: Vec<f64> = (first..first + seeds)
+            .map(|seed| {
+                run_inflation(
+                    &policy,
+                    topo.clone(),
+                    &pods,
+                    "openb",
+                    &SimConfig::inflation(seed),
+                )
+                .unwrap()
+                .0
+                .unallocated_gpus_at_100
+                .unwrap()
+            })
+            .collect();
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        println!("{:<16} {mean:7.1}  {values:.0?}", policy.name);
+    }
+}
+
+/// The sum-of-squares rule of online bin packing (Csirik, Johnson, Kenyon, Orlin, Shor
+/// and Weber, JACM 2006) for GPU shares: with N(h) the number of partly used GPUs whose
+/// free capacity is h (per GPU model with `per_model`), put a share of size s where it
+/// lowers Σ N(h)² most; idle and full GPUs are not counted. Whole-GPU tasks change no
+/// partly used GPU and are left to `tie`, as is the choice among equal gains; `weight`
+/// scales the rule against `tie`'s score (1e-5: a tie-break of FGD's integer score).
+#[derive(Debug)]
+struct SumOfSquares<T> {
+    tie: T,
+    weight: f64,
+    per_model: bool,
+}
+
+/// The rule for one of the two choices only: the node (`on_node`, the GPU inside it is
+/// `T`'s choice) or the GPU inside `T`'s chosen node.
+#[derive(Debug)]
+struct OneChoice<T> {
+    rule: SumOfSquares<T>,
+    on_node: bool,
+}
+
+impl<T: NodeScorer> NodeScorer for OneChoice<T> {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64 {
+        let mut scores = Vec::new();
+        self.score_nodes(job, &[node], state, ctx, &mut scores);
+        scores[0]
+    }
+
+    fn score_nodes(
+        &self,
+        job: &Job,
+        nodes: &[NodeId],
+        state: &ClusterState,
+        ctx: &mut Context,
+        scores: &mut Vec<f64>,
+    ) {
+        let scorer: &dyn NodeScorer = if self.on_node {
+            &self.rule
+        } else {
+            &self.rule.tie
+        };
+        scorer.score_nodes(job, nodes, state, ctx, scores)
+    }
+
+    fn pick_gpus(
+        &self,
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        ctx: &mut Context,
+    ) -> Option<Vec<GpuShare>> {
+        let scorer: &dyn NodeScorer = if self.on_node {
+            &self.rule.tie
+        } else {
+            &self.rule
+        };
+        scorer.pick_gpus(job, node, state, ctx)
+    }
+}
+
+fn gap_counts(
+    state: &ClusterState,
+    model: Option<marshal_scheduler::domain::GpuModelId>,
+) -> Vec<i64> {
+    let mut counts = vec![0i64; 1001];
+    for n in state.topology().node_ids() {
+        let node = state.topology().node(n);
+        if model.is_some() && node.model != model {
+            continue;
+        }
+        for g in node.gpu_ids() {
+            counts[state.free_milli(g) as usize] += 1;
+        }
+    }
+    counts[0] = 0;
+    counts[1000] = 0;
+    counts
+}
+
+impl<T: NodeScorer> SumOfSquares<T> {
+    /// −ΔΣN² of putting `s` on a GPU with free `h` (higher is better).
+    fn gain(counts: &[i64], h: u16, s: u16) -> i64 {
+        let (h, to) = (h as usize, (h - s) as usize);
+        let mut before = counts[h] * counts[h] + counts[to] * counts[to];
+        let mut c = counts.to_vec();
+        if h != 0 && h != 1000 {
+            c[h] -= 1;
+        }
+        if to != 0 && to != 1000 {
+            c[to] += 1;
+        }
+        if h == to {
+            before = counts[h] * counts[h];
+            return before - c[h] * c[h];
+        }
+        before - (c[h] * c[h] + c[to] * c[to])
+    }
+
+    fn counts(&self, node: NodeId, state: &ClusterState) -> Vec<i64> {
+        let model = state.topology().node(node).model;
+        gap_counts(state, if self.per_model { model } else { None })
+    }
+
+    fn best_gpu(
+        &self,
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        counts: &[i64],
+    ) -> Option<(i64, usize)> {
+        let GpuDemand::Milli(s) = job.gpu else {
+            return None;
+        };
+        let topo_node = state.topology().node(node);
+        let mut best: Option<(i64, usize)> = None;
+        for (i, g) in topo_node.gpu_ids().enumerate() {
+            let h = state.free_milli(g);
+            if h < s {
+                continue;
+            }
+            let v = Self::gain(counts, h, s);
+            if best.is_none_or(|(b, _)| v > b) {
+                best = Some((v, i));
+            }
+        }
+        best
+    }
+}
+
+impl<T: NodeScorer> NodeScorer for SumOfSquares<T> {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64 {
+        let mut scores = Vec::new();
+        self.score_nodes(job, &[node], state, ctx, &mut scores);
+        scores[0]
+    }
+
+    fn score_nodes(
+        &self,
+        job: &Job,
+        nodes: &[NodeId],
+        state: &ClusterState,
+        ctx: &mut Context,
+        scores: &mut Vec<f64>,
+    ) {
+        let start = scores.len();
+        self.tie.score_nodes(job, nodes, state, ctx, scores);
+        if !matches!(job.gpu, GpuDemand::Milli(_)) {
+            return;
+        }
+        let mut by_model: BTreeMap<Option<u8>, Vec<i64>> = BTreeMap::new();
+        for (k, &node) in nodes.iter().enumerate() {
+            let key = if self.per_model {
+                state.topology().node(node).model.map(|m| m.0)
+            } else {
+                None
+            };
+            let counts = by_model
+                .entry(key)
+                .or_insert_with(|| self.counts(node, state));
+            if let Some((v, _)) = self.best_gpu(job, node, state, counts) {
+                scores[start + k] += v as f64 * self.weight;
+            }
+        }
+    }
+
+    fn pick_gpus(
+        &self,
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        ctx: &mut Context,
+    ) -> Option<Vec<GpuShare>> {
+        let counts = self.counts(node, state);
+        match self.best_gpu(job, node, state, &counts) {
+            Some((_, i)) => {
+                let g = marshal_scheduler::domain::GpuId(
+                    state.topology().node(node).gpus.start + i as u32,
+                );
+                Some(vec![GpuShare::for_demand(g, job.gpu)])
+            }
+            None => self.tie.pick_gpus(job, node, state, ctx),
+        }
+    }
+}
+
+/// Packs `shares` (milli) first-fit decreasing; returns the GPUs used and their slivers
+/// (GPUs).
+fn ffd(shares: &[u32]) -> (usize, f64) {
+    let mut sorted = shares.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let mut bins: Vec<u32> = Vec::new();
+    for s in &sorted {
+        match bins.iter_mut().find(|b| **b + s <= 1000) {
+            Some(b) => *b += s,
+            None => bins.push(*s),
+        }
+    }
+    let used: u64 = shares.iter().map(|&s| s as u64).sum();
+    (bins.len(), bins.len() as f64 - used as f64 / 1000.0)
+}
+
+/// Offline first-fit-decreasing packing of the shares that arrive before 100 %, against
+/// what FGD leaves: the sliver waste no placement order avoids (ignoring CPU, nodes and
+/// GPU models, which only add to it).
+fn bound(seed: u64) {
+    let spec = marshal_datasets::cluster_preset("openb").unwrap();
+    let topo = Arc::new(Topology::build(&spec).unwrap());
+    let (pods, _) = marshal_datasets::load_trace("openb-default", &topo.catalog).unwrap();
+    let mut run = InflationRun::new(topo.clone(), &pods, &SimConfig::inflation(seed)).unwrap();
+    let gpus = topo.gpu_count() as u64;
+    let mut shares: Vec<u32> = Vec::new();
+    let mut whole = 0u64;
+    let mut hist: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut arrived = 0u64;
+    for t in run.tasks() {
+        if arrived >= gpus * 1000 {
+            break;
+        }
+        arrived += t.gpu_milli();
+        match t.gpu {
+            GpuDemand::Milli(m) => {
+                shares.push(m as u32);
+                *hist.entry(m as u32).or_default() += 1;
+            }
+            GpuDemand::Whole(n) => whole += n as u64 * t.workers as u64,
+            _ => {}
+        }
+    }
+    let (bins, slivers) = ffd(&shares);
+    let requested: f64 = shares.iter().map(|&s| s as f64).sum::<f64>() / 1000.0;
+    println!(
+        "seed {seed}: {} shares ({requested:.1} GPUs) need {bins} GPUs by FFD, {slivers:.1} of \
+         them slivers; with {whole} whole GPUs requested, {} GPUs in all",
+        shares.len(),
+        gpus
+    );
+    // Offline a task could also be left out: leave the k largest shares out, pack the
+    // rest by FFD and give the whole-GPU tasks what is left.
+    let mut sorted = shares.clone();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let mut best = (f64::INFINITY, 0usize);
+    for k in (0..sorted.len()).step_by(5) {
+        let (bins, _) = ffd(&sorted[k..]);
+        if bins as u64 > gpus {
+            continue;
+        }
+        let placed: f64 = sorted[k..].iter().map(|&s| s as f64).sum::<f64>() / 1000.0;
+        let unallocated = gpus as f64 - placed - whole.min(gpus - bins as u64) as f64;
+        if unallocated < best.0 {
+            best = (unallocated, k);
+        }
+    }
+    println!(
+        "seed {seed}: offline, leaving the {} largest shares out: {:.1} GPUs unallocated",
+        best.1, best.0
+    );
+    // What FGD does with the same arrivals.
+    let policy = policies::build("fgd", &pods).unwrap();
+    let mut placed_shares = Vec::new();
+    while run.arrived_pct() < 100.0 {
+        let Some(task) = run.next_task().cloned() else {
+            break;
+        };
+        if run.step(policy.placer.as_ref()) == Some(true)
+            && let GpuDemand::Milli(m) = task.gpu
+        {
+            placed_shares.push(m as u32);
+        }
+    }
+    let state = run.state();
+    let (mut idle, mut fgd_slivers) = (0u32, 0f64);
+    for n in state.topology().node_ids() {
+        for g in state.topology().node(n).gpu_ids() {
+            match state.free_milli(g) {
+                1000 => idle += 1,
+                free => fgd_slivers += free as f64 / 1000.0,
+            }
+        }
+    }
+    let (_, packed) = ffd(&placed_shares);
+    println!(
+        "seed {seed}: fgd leaves {:.1} GPUs: {fgd_slivers:.1} of slivers and {idle} idle GPUs; \
+         its {} placed shares packed by FFD would leave {packed:.1} of slivers",
+        fgd_slivers + idle as f64,
+        placed_shares.len()
+    );
+    let mut top: Vec<_> = hist.into_iter().collect();
+    top.sort_by_key(|&(_, c)| std::cmp::Reverse(c));
+    println!(
+        "most common shares (milli, count): {:?}",
+        &top[..top.len().min(12)]
+    );
+}
