@@ -108,7 +108,7 @@ fn main() {
         }
     }
     let mut rows: Vec<_> = failures.into_iter().collect();
-    // Where the free GPUs of the last seed's state sit, by the free CPU of their node.
+    // Where the free GPUs of the first seed's state sit at 100 %, by their node's free CPU.
     {
         let mut run = InflationRun::new(topo.clone(), &pods, &SimConfig::inflation(first)).unwrap();
         while run.arrived_pct() < 100.0 && run.step(policy.placer.as_ref()).is_some() {}
@@ -157,7 +157,7 @@ fn main() {
         println!(
             "trace: {:.2} cores per GPU requested; cluster: {:.2} cores per GPU",
             cpu / gpu,
-            cap_cpu / topo.gpu_count() as f64 / 1000.0 * 1000.0 / 1000.0
+            cap_cpu / topo.gpu_count() as f64 / 1000.0
         );
     }
     rows.sort_by_key(|(_, (_, milli))| std::cmp::Reverse(*milli));
