@@ -353,9 +353,19 @@ struct LinkCol {
     values: Vec<u64>,
     /// `values.len()` after each row, once any row had a list; empty before.
     ends: Vec<u32>,
+    /// The rows the builder expects (its bucket's last row group), so that the first
+    /// list can size `values` for all of them instead of growing them list by list.
+    expected_rows: usize,
 }
 
 impl LinkCol {
+    fn expecting(rows: usize) -> Self {
+        Self {
+            expected_rows: rows,
+            ..Self::default()
+        }
+    }
+
     /// Appends row `row`'s list (`None`: null); returns whether it is null.
     #[inline]
     fn append(&mut self, row: usize, v: Option<&[u64]>) -> bool {
@@ -368,6 +378,9 @@ impl LinkCol {
             }
             Some(v) => {
                 if self.ends.is_empty() {
+                    let rows = self.expected_rows.max(row + 1);
+                    self.ends.reserve(rows);
+                    self.values.reserve((rows - row) * v.len());
                     self.ends.resize(row, 0);
                 }
                 self.values.extend_from_slice(v);
@@ -466,8 +479,8 @@ impl Columns<GpuSample> for GpuColumns {
         Self {
             rows: Vec::with_capacity(n),
             dicts: std::array::from_fn(|_| Interner::new()),
-            tx_links: LinkCol::default(),
-            rx_links: LinkCol::default(),
+            tx_links: LinkCol::expecting(n),
+            rx_links: LinkCol::expecting(n),
         }
     }
 
@@ -1207,6 +1220,24 @@ mod tests {
 
     /// Packed rows come out as the same Arrow columns (values, nulls, dictionaries,
     /// lists) as Arrow's builders make, with the same validation counts.
+    #[test]
+    fn the_first_list_sizes_the_link_values_for_the_expected_rows() {
+        let mut col = LinkCol::expecting(100);
+        assert!(col.append(0, None));
+        assert!(!col.append(1, Some(&[1; 12])));
+        // Room for the 99 rows from the first list on, so no later row grows it.
+        assert!(col.values.capacity() >= 99 * 12);
+        assert!(col.ends.capacity() >= 100);
+        assert_eq!(col.ends, [0, 12]);
+        // A bucket that outgrows its estimate still takes every row.
+        let mut small = LinkCol::expecting(1);
+        for row in 0..5 {
+            small.append(row, Some(&[row as u64; 3]));
+        }
+        assert_eq!(small.values.len(), 15);
+        assert_eq!(small.ends, [3, 6, 9, 12, 15]);
+    }
+
     #[test]
     fn packed_gpu_rows_make_the_same_columns_as_arrow_builders() {
         let (n1, n2): (Arc<str>, Arc<str>) = ("node-1".into(), "node-2".into());

@@ -223,6 +223,13 @@ impl ColumnChunkEncoder for ListColumn {
                 .resize(self.lengths.len() + list.len(), NULL_LIST);
             return Ok(());
         }
+        if self.items.capacity() == 0 {
+            // `reserve` knows the row group's rows, not its lists' lengths: size the items
+            // for the rest of the row group at this batch's items per row.
+            let rows_left = (self.lengths.capacity() - self.lengths.len()).max(list.len());
+            self.items
+                .reserve(rows_left * items.len().div_ceil(list.len().max(1)));
+        }
         match list.nulls().filter(|n| n.null_count() > 0) {
             None => {
                 widen_into(&items, &mut self.items).map_err(column)?;
