@@ -23,9 +23,14 @@ pub fn wgpu() -> Device {
     Device::wgpu(burn::tensor::DeviceKind::DiscreteGpu(0))
 }
 
-/// LibTorch on the CPU (feature `tch`, needs libtorch at build time).
+/// LibTorch on the CPU (feature `tch`, which links LibTorch at build time).
+///
+/// burn 0.22 marks its LibTorch backend deprecated (in favour of CubeCL); it is kept as an
+/// opt-in because it is the one GPU-capable backend here whose build needs no network
+/// (LibTorch comes from a PyTorch wheel on PyPI).
 #[cfg(feature = "tch")]
-pub fn libtorch_cpu() -> Device {
+#[allow(deprecated)]
+pub fn libtorch() -> Device {
     Device::libtorch()
 }
 
@@ -73,6 +78,13 @@ mod tests {
     #[test]
     fn the_cpu_answers_the_probe() {
         probe(&cpu()).unwrap();
+    }
+
+    /// Runs only in a build with `--features tch` (never in CI: it needs LibTorch).
+    #[cfg(feature = "tch")]
+    #[test]
+    fn libtorch_answers_the_probe() {
+        probe(&libtorch()).unwrap();
     }
 
     #[test]

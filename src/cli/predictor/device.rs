@@ -17,6 +17,10 @@ pub enum DeviceArg {
     /// Vulkan loader and the driver's ICD are loaded at run time). Not bit-for-bit
     /// reproducible.
     Wgpu,
+    /// LibTorch on this CPU (cargo feature `tch`; LibTorch comes from a PyTorch 2.9.0
+    /// install at build time and is loaded at run time). Not bit-for-bit reproducible
+    /// with `cpu`.
+    Libtorch,
 }
 
 impl DeviceArg {
@@ -26,6 +30,7 @@ impl DeviceArg {
             Self::Cpu => marshal_model::device::cpu(),
             Self::Cuda => cuda()?,
             Self::Wgpu => wgpu()?,
+            Self::Libtorch => libtorch()?,
         };
         marshal_model::device::probe(&device).with_context(|| {
             let name = self.to_possible_value().map(|v| v.get_name().to_owned());
@@ -38,11 +43,11 @@ impl DeviceArg {
     }
 }
 
-/// The error for a backend whose cargo feature (named like the `--device` value) is off.
-#[cfg(not(all(feature = "cuda", feature = "wgpu")))]
-fn built_without(feature: &str) -> anyhow::Error {
+/// The error for a backend whose cargo feature is off.
+#[cfg(not(all(feature = "cuda", feature = "wgpu", feature = "tch")))]
+fn built_without(device: &str, feature: &str) -> anyhow::Error {
     anyhow::anyhow!(
-        "--device {feature}: this binary was built without it; rebuild with `cargo build --release --features {feature}`"
+        "--device {device}: this binary was built without it; rebuild with `cargo build --release --features {feature}`"
     )
 }
 
@@ -53,7 +58,7 @@ fn cuda() -> anyhow::Result<Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda() -> anyhow::Result<Device> {
-    Err(built_without("cuda"))
+    Err(built_without("cuda", "cuda"))
 }
 
 #[cfg(feature = "wgpu")]
@@ -63,7 +68,17 @@ fn wgpu() -> anyhow::Result<Device> {
 
 #[cfg(not(feature = "wgpu"))]
 fn wgpu() -> anyhow::Result<Device> {
-    Err(built_without("wgpu"))
+    Err(built_without("wgpu", "wgpu"))
+}
+
+#[cfg(feature = "tch")]
+fn libtorch() -> anyhow::Result<Device> {
+    Ok(marshal_model::device::libtorch())
+}
+
+#[cfg(not(feature = "tch"))]
+fn libtorch() -> anyhow::Result<Device> {
+    Err(built_without("libtorch", "tch"))
 }
 
 #[cfg(test)]
@@ -83,5 +98,15 @@ mod tests {
             let e = DeviceArg::Wgpu.open().unwrap_err().to_string();
             assert!(e.contains("--features wgpu"), "{e}");
         }
+        #[cfg(not(feature = "tch"))]
+        {
+            let e = DeviceArg::Libtorch.open().unwrap_err().to_string();
+            assert!(
+                e.contains("--device libtorch") && e.contains("--features tch"),
+                "{e}"
+            );
+        }
+        #[cfg(feature = "tch")]
+        DeviceArg::Libtorch.open().unwrap();
     }
 }
