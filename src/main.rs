@@ -21,8 +21,71 @@ fn main() -> std::process::ExitCode {
     match cli::run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes, `: `-separated like anyhow's `{:#}`, leaving out a cause whose
+/// text the message already holds. Several library errors (telemetry I/O, Parquet and
+/// NVML errors, the agent's, the learned policy's setup) both print their source and
+/// return it from `source()`, so the plain chain said it twice ("… listing /x: not a
+/// directory: not a directory").
+fn render(error: &anyhow::Error) -> String {
+    let mut out = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !out.contains(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    /// An error that prints its source and returns it too.
+    #[derive(Debug)]
+    struct Repeats {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Repeats {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "reading {}: {}", self.path, self.source)
+        }
+    }
+
+    impl std::error::Error for Repeats {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_is_printed_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory");
+        let repeated = anyhow::Error::new(Repeats {
+            path: "/x",
+            source: io(),
+        })
+        .context("inspecting /x");
+        assert_eq!(
+            render(&repeated),
+            "inspecting /x: reading /x: not a directory"
+        );
+        // Causes that the message does not hold are all kept, in order.
+        let chained = anyhow::Error::new(io())
+            .context("opening the log")
+            .context("starting the agent");
+        assert_eq!(
+            render(&chained),
+            "starting the agent: opening the log: not a directory"
+        );
     }
 }

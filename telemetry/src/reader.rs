@@ -82,10 +82,15 @@ pub struct Listing {
 pub fn list_files(root: &Path) -> Result<Listing> {
     let mut listing = Listing::default();
     if !root.is_dir() {
+        let (kind, what) = if root.exists() {
+            (std::io::ErrorKind::NotADirectory, "not a directory")
+        } else {
+            (std::io::ErrorKind::NotFound, "no such directory")
+        };
         return Err(TelemetryError::io(
             "listing",
             root,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            std::io::Error::new(kind, what),
         ));
     }
     walk(root, root, &mut listing);

@@ -455,3 +455,18 @@ fn replay_returns_recorded_samples_in_time_order_up_to_now() {
     assert_eq!(got.len(), expected);
     assert!(src.report().errors.is_empty());
 }
+
+#[test]
+fn listing_a_missing_directory_or_a_file_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nowhere");
+    let e = list_files(&missing).unwrap_err().to_string();
+    assert!(
+        e.contains("nowhere") && e.contains("no such directory"),
+        "{e}"
+    );
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = list_files(&file).unwrap_err().to_string();
+    assert!(e.contains("a-file") && e.contains("not a directory"), "{e}");
+}
