@@ -14,8 +14,8 @@ use marshal_agent::{
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{self, SimConfig};
 use marshal_telemetry::{
-    CompactOptions, NvmlConfig, NvmlSource, SinkConfig, Source, TelemetrySink, compact_all,
-    summarize,
+    CompactOptions, NvmlConfig, NvmlSource, SinkConfig, Source, TelemetrySink, WriteOptions,
+    compact_all, summarize,
 };
 
 use crate::cli::output::Format;
@@ -39,7 +39,11 @@ enum TelemetryCommand {
         format: Format,
     },
     /// Merge each partition's small files into one (atomically).
-    Compact { dir: PathBuf },
+    Compact {
+        dir: PathBuf,
+        #[command(flatten)]
+        parquet: ParquetArgs,
+    },
     /// The GPU topology NVML sees on this machine, as JSON.
     Topology,
 }
@@ -93,6 +97,32 @@ struct RecordArgs {
     hours: Option<f64>,
     #[command(flatten)]
     sim: SimSourceArgs,
+    #[command(flatten)]
+    parquet: ParquetArgs,
+}
+
+/// How the Parquet files are written.
+#[derive(Debug, Args)]
+struct ParquetArgs {
+    /// ZSTD level: 1 (fast) … 22 (small), or one of ZSTD's fast levels (-1, -2, …: faster
+    /// still, larger files).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    zstd_level: i32,
+}
+
+impl ParquetArgs {
+    fn write_options(&self) -> WriteOptions {
+        WriteOptions {
+            zstd_level: self.zstd_level,
+            ..WriteOptions::default()
+        }
+    }
+
+    fn sink_config(&self, out: &std::path::Path) -> SinkConfig {
+        let mut config = SinkConfig::new(out);
+        config.write = self.write_options();
+        config
+    }
 }
 
 #[derive(Debug, Args)]
@@ -114,6 +144,8 @@ pub struct AgentArgs {
     sim: SimSourceArgs,
     #[command(flatten)]
     connect: ConnectArgs,
+    #[command(flatten)]
+    parquet: ParquetArgs,
 }
 
 /// Connected mode: register with a `marshal serve`, stream telemetry, run assignments.
@@ -219,8 +251,12 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
     match args.command {
         TelemetryCommand::Record(a) => record(a),
         TelemetryCommand::Inspect { dir, format } => inspect(&dir, format),
-        TelemetryCommand::Compact { dir } => {
-            let reports = compact_all(&dir, &CompactOptions::default())
+        TelemetryCommand::Compact { dir, parquet } => {
+            let options = CompactOptions {
+                write: parquet.write_options(),
+                ..CompactOptions::default()
+            };
+            let reports = compact_all(&dir, &options)
                 .with_context(|| format!("compacting {}", dir.display()))?;
             for r in &reports {
                 match &r.output {
@@ -301,7 +337,7 @@ fn simulated(a: &SimSourceArgs, epoch_us: i64) -> anyhow::Result<SimulatedTeleme
 }
 
 fn record(a: RecordArgs) -> anyhow::Result<()> {
-    let sink = TelemetrySink::open(SinkConfig::new(&a.out))
+    let sink = TelemetrySink::open(a.parquet.sink_config(&a.out))
         .with_context(|| format!("opening {}", a.out.display()))?;
     match a.source {
         SourceArg::Sim => {
@@ -385,7 +421,7 @@ impl Source for Accelerated {
 
 pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
-    let sink = TelemetrySink::open(SinkConfig::new(&a.out))
+    let sink = TelemetrySink::open(a.parquet.sink_config(&a.out))
         .with_context(|| format!("opening {}", a.out.display()))?;
     let mut clock = SystemClock;
     let mut host = None;

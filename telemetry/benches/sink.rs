@@ -28,8 +28,8 @@
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-telemetry cargo bench -p marshal-telemetry`
 //!
-//! `SINK_BENCH_ONLY=<scenario>` runs one scenario and `SINK_BENCH_RUNS=<n>` sets the runs
-//! per report (default 3); with `SINK_BENCH_REPORT_ONLY=1 SINK_BENCH_RUNS=1` the bench
+//! `SINK_BENCH_ONLY=<scenario>` runs one scenario, `SINK_BENCH_RUNS=<n>` sets the runs
+//! per report (default 3) and `SINK_BENCH_ZSTD_LEVEL=<level>` the ZSTD level (default 1); with `SINK_BENCH_REPORT_ONLY=1 SINK_BENCH_RUNS=1` the bench
 //! binary runs the sink once, e.g. under `valgrind --tool=callgrind --separate-threads=yes`
 //! (the writer thread's instructions are the `telemetry-sink` thread's file).
 
@@ -272,6 +272,12 @@ impl Cluster {
 fn config(dir: &Path) -> SinkConfig {
     let mut cfg = SinkConfig::new(dir);
     cfg.max_file_age = Duration::from_secs(3600);
+    if let Some(level) = std::env::var("SINK_BENCH_ZSTD_LEVEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.write.zstd_level = level;
+    }
     cfg
 }
 

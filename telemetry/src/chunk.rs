@@ -26,6 +26,8 @@ use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
+use crate::schema::META_ZSTD_LEVEL;
+
 /// A column the writer encodes itself: it buffers a row group's values and writes them
 /// as one chunk, which the row group splices in where parquet-rs's writer would have put
 /// its own.
@@ -72,7 +74,11 @@ impl ColumnSettings {
         let path = descr.path();
         let codec = match props.compression(path) {
             Compression::UNCOMPRESSED => Codec::None,
-            Compression::ZSTD(level) => Codec::Zstd(level.compression_level()),
+            // The file's own level when it has one: it may be one of ZSTD's fast levels,
+            // below the least that parquet-rs's `ZstdLevel` (and so `props`) can hold.
+            Compression::ZSTD(level) => {
+                Codec::Zstd(recorded_zstd_level(props).unwrap_or(level.compression_level()))
+            }
             other => {
                 return Err(format!(
                     "column {path}: self-encoded columns are written with ZSTD or \
@@ -114,9 +120,22 @@ impl ColumnSettings {
     fn compression(&self) -> Result<Compression> {
         Ok(match self.codec {
             Codec::None => Compression::UNCOMPRESSED,
-            Codec::Zstd(level) => Compression::ZSTD(ZstdLevel::try_new(level)?),
+            // The chunk metadata names the codec only; a fast level is recorded as 1.
+            Codec::Zstd(level) => Compression::ZSTD(ZstdLevel::try_new(level.max(1))?),
         })
     }
+}
+
+/// The level `writer_properties` recorded under [`META_ZSTD_LEVEL`], if any.
+fn recorded_zstd_level(props: &WriterProperties) -> Option<i32> {
+    props
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == META_ZSTD_LEVEL)?
+        .value
+        .as_deref()?
+        .parse()
+        .ok()
 }
 
 /// A column's ZSTD context (or none, for uncompressed pages), kept across pages and row

@@ -57,6 +57,9 @@ pub const META_KIND: &str = "marshal.telemetry.kind";
 pub const META_PARTITION: &str = "marshal.telemetry.partition";
 /// Key-value metadata key, on files written by `compact`, listing the merged files.
 pub const META_COMPACTED_FROM: &str = "marshal.telemetry.compacted_from";
+/// Key-value metadata key holding the ZSTD level the file's pages were compressed at
+/// (readers need no level; it records the size/speed trade-off the writer chose).
+pub const META_ZSTD_LEVEL: &str = "marshal.telemetry.zstd_level";
 
 /// Column names, shared by the schemas, the writer settings and the reader's filters.
 pub mod col {

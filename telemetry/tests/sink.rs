@@ -485,3 +485,55 @@ fn a_batch_with_ids_from_another_builder_rejects_those_rows() {
         1
     );
 }
+
+#[test]
+fn a_fast_zstd_level_reaches_every_page_and_the_file_records_it() {
+    let rows = gpu_series(&["n1"], 8, DAY0_US, 2_000);
+    let write = |level: i32| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = SinkConfig::new(dir.path());
+        cfg.write.zstd_level = level;
+        let sink = TelemetrySink::open(cfg).unwrap();
+        sink.send(rows.clone()).unwrap();
+        assert_eq!(sink.finish().unwrap().rows_written, rows.len() as u64);
+        let files = list_files(dir.path()).unwrap().files;
+        assert_eq!(files.len(), 1);
+        let path = files[0].path.clone();
+        (dir, path)
+    };
+    let (_one_dir, one) = write(1);
+    let (_fast_dir, fast) = write(-7);
+    assert_eq!(gpu_rows_in(&fast), gpu_rows_in(&one));
+    let recorded = |path: &Path| {
+        let md = marshal_telemetry::reader::read_metadata(path).unwrap();
+        let kv = md.file_metadata().key_value_metadata().unwrap();
+        kv.iter()
+            .find(|kv| kv.key == marshal_telemetry::schema::META_ZSTD_LEVEL)
+            .and_then(|kv| kv.value.clone())
+    };
+    assert_eq!(recorded(&one).as_deref(), Some("1"));
+    assert_eq!(recorded(&fast).as_deref(), Some("-7"));
+    // ZSTD's fastest levels give up compression: the level reached the encoders (the
+    // column chunks' bytes, not the footer, which records the level too).
+    let chunk_bytes = |path: &Path| -> i64 {
+        let md = marshal_telemetry::reader::read_metadata(path).unwrap();
+        md.row_groups()
+            .iter()
+            .flat_map(|rg| rg.columns())
+            .map(|c| c.compressed_size())
+            .sum()
+    };
+    let (fast_bytes, one_bytes) = (chunk_bytes(&fast), chunk_bytes(&one));
+    assert!(fast_bytes > one_bytes, "{fast_bytes} vs {one_bytes}");
+}
+
+#[test]
+fn zstd_level_zero_or_beyond_zstd_is_refused() {
+    for level in [0, 23, i32::MIN] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = SinkConfig::new(dir.path());
+        cfg.write.zstd_level = level;
+        let e = TelemetrySink::open(cfg).err().unwrap().to_string();
+        assert!(e.contains(&format!("zstd level {level}")), "{e}");
+    }
+}
