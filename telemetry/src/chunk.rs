@@ -74,11 +74,12 @@ impl ColumnSettings {
         let path = descr.path();
         let codec = match props.compression(path) {
             Compression::UNCOMPRESSED => Codec::None,
-            // The file's own level when it has one: it may be one of ZSTD's fast levels,
-            // below the least that parquet-rs's `ZstdLevel` (and so `props`) can hold.
-            Compression::ZSTD(level) => {
-                Codec::Zstd(recorded_zstd_level(props).unwrap_or(level.compression_level()))
-            }
+            // One of ZSTD's fast levels, which parquet-rs's `ZstdLevel` (and so `props`)
+            // cannot hold, comes from the level the file records; any other from `props`.
+            Compression::ZSTD(level) => Codec::Zstd(match recorded_zstd_level(props) {
+                Some(fast) if fast < 1 => fast,
+                _ => level.compression_level(),
+            }),
             other => {
                 return Err(format!(
                     "column {path}: self-encoded columns are written with ZSTD or \
