@@ -25,9 +25,8 @@ pub fn wgpu() -> Device {
 
 /// LibTorch on the CPU (feature `tch`, which links LibTorch at build time).
 ///
-/// burn 0.22 marks its LibTorch backend deprecated (in favour of CubeCL); it is kept as an
-/// opt-in because it is the one GPU-capable backend here whose build needs no network
-/// (LibTorch comes from a PyTorch wheel on PyPI).
+/// burn 0.22 marks its LibTorch backend deprecated (in favour of CubeCL); it stays as an
+/// opt-in for sites that standardise on LibTorch, and builds from PyPI's PyTorch wheel.
 #[cfg(feature = "tch")]
 #[allow(deprecated)]
 pub fn libtorch() -> Device {
