@@ -86,7 +86,7 @@ fn encode_as<A: Arithmetic>(values: &[i64], out: &mut Vec<u8>) {
     for block in rest.chunks(BLOCK) {
         let n = block.len();
         // Differences of neighbours within the slice (no loop-carried value), so this
-        // loop vectorises; the minimum is a separate, scalar pass.
+        // loop vectorises; the minimum is taken in its own pass.
         deltas[0] = A::delta(block[0], previous);
         for ((d, &v), &p) in deltas[1..n].iter_mut().zip(&block[1..]).zip(block) {
             *d = A::delta(v, p);
