@@ -272,11 +272,20 @@ struct OneChoice<T> {
     on_node: bool,
 }
 
+impl<T: NodeScorer> OneChoice<T> {
+    /// Who ranks the nodes and who picks the GPUs inside the chosen one.
+    fn roles(&self) -> (&dyn NodeScorer, &dyn NodeScorer) {
+        if self.on_node {
+            (&self.rule, &self.rule.tie)
+        } else {
+            (&self.rule.tie, &self.rule)
+        }
+    }
+}
+
 impl<T: NodeScorer> NodeScorer for OneChoice<T> {
     fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64 {
-        let mut scores = Vec::new();
-        self.score_nodes(job, &[node], state, ctx, &mut scores);
-        scores[0]
+        self.roles().0.score(job, node, state, ctx)
     }
 
     fn score_nodes(
@@ -287,12 +296,7 @@ impl<T: NodeScorer> NodeScorer for OneChoice<T> {
         ctx: &mut Context,
         scores: &mut Vec<f64>,
     ) {
-        let scorer: &dyn NodeScorer = if self.on_node {
-            &self.rule
-        } else {
-            &self.rule.tie
-        };
-        scorer.score_nodes(job, nodes, state, ctx, scores)
+        self.roles().0.score_nodes(job, nodes, state, ctx, scores)
     }
 
     fn pick_gpus(
@@ -302,12 +306,7 @@ impl<T: NodeScorer> NodeScorer for OneChoice<T> {
         state: &ClusterState,
         ctx: &mut Context,
     ) -> Option<Vec<GpuShare>> {
-        let scorer: &dyn NodeScorer = if self.on_node {
-            &self.rule.tie
-        } else {
-            &self.rule
-        };
-        scorer.pick_gpus(job, node, state, ctx)
+        self.roles().1.pick_gpus(job, node, state, ctx)
     }
 }
 
