@@ -23,8 +23,9 @@
 //! timed either).
 //!
 //! Reported: bytes per row on disk (with the largest columns), rows per second of the
-//! writer thread's CPU time (the sink's cost per core; `SinkStats::writer_cpu`), and
-//! criterion's wall-clock throughput (which also includes fsyncing every file).
+//! writer thread's CPU time (the sink's cost per core; `SinkStats::writer_cpu`; the best
+//! and the median run, since single runs spread widely on a shared VM), and criterion's
+//! wall-clock throughput (which also includes fsyncing every file).
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target-telemetry cargo bench -p marshal-telemetry`
 //!
@@ -319,8 +320,8 @@ fn write<M: Into<Records>>(dir: &Path, messages: Vec<M>) -> SinkStats {
 
 /// Bytes on disk per row, the largest columns, and rows per second of writer CPU.
 fn report<M: Into<Records> + Clone>(name: &str, data: &[M]) {
-    let mut best_cpu = f64::MAX;
-    let mut best_wall = f64::MAX;
+    let mut cpu = Vec::new();
+    let mut wall = Vec::new();
     let mut rows = 0;
     let dir = tempfile::tempdir().unwrap();
     let runs: usize = std::env::var("SINK_BENCH_RUNS")
@@ -334,19 +335,24 @@ fn report<M: Into<Records> + Clone>(name: &str, data: &[M]) {
         let messages = data.to_vec();
         let start = Instant::now();
         let stats = write(target, messages);
-        best_wall = best_wall.min(start.elapsed().as_secs_f64());
-        best_cpu = best_cpu.min(stats.writer_cpu.as_secs_f64());
+        wall.push(start.elapsed().as_secs_f64());
+        cpu.push(stats.writer_cpu.as_secs_f64());
         rows = stats.rows_written;
     }
     let listing = list_files(dir.path()).unwrap();
     let bytes: u64 = listing.files.iter().map(|f| f.bytes).sum();
+    let rate = |secs: &mut Vec<f64>| {
+        secs.sort_by(f64::total_cmp);
+        let m = rows as f64 / 1e6;
+        (m / secs[0], m / secs[secs.len() / 2])
+    };
+    let ((best_cpu, median_cpu), (best_wall, median_wall)) = (rate(&mut cpu), rate(&mut wall));
     println!(
         "[{name}] {rows} rows in {} files: {bytes} bytes = {:.2} bytes/row on disk; \
-         {:.2} M rows/s per writer-CPU-second, {:.2} M rows/s wall incl. fsync (best of {runs})",
+         {best_cpu:.2} M rows/s per writer-CPU-second, {best_wall:.2} M rows/s wall incl. \
+         fsync (best of {runs}; medians {median_cpu:.2} and {median_wall:.2})",
         listing.files.len(),
         bytes as f64 / rows as f64,
-        rows as f64 / best_cpu / 1e6,
-        rows as f64 / best_wall / 1e6,
     );
     let mut per_col: Vec<(String, i64)> = Vec::new();
     for f in &listing.files {
