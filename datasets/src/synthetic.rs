@@ -38,11 +38,19 @@ pub struct SyntheticSpec {
     pub seed: u64,
 }
 
+/// The most jobs one synthetic workload holds: several times the largest public trace
+/// (Alibaba's 2020 GPU trace has about 1.2 M), and about a gigabyte of jobs in memory.
+pub const MAX_JOBS: usize = 5_000_000;
+
+/// The latest arrival a synthetic workload may have, a century: a lower load spreads
+/// the jobs beyond any replay, and beyond what the trace formats' timestamps hold.
+const MAX_ARRIVAL_S: f64 = 100.0 * 365.25 * 86_400.0;
+
 impl SyntheticSpec {
     pub fn validate(&self) -> Result<(), DatasetError> {
         let bad = |reason: String| Err(DatasetError::InvalidSynthetic { reason });
-        if self.jobs == 0 || self.jobs > u32::MAX as usize {
-            return bad(format!("{} jobs: need 1 ..= {}", self.jobs, u32::MAX));
+        if self.jobs == 0 || self.jobs > MAX_JOBS {
+            return bad(format!("{} jobs: need 1 ..= {MAX_JOBS}", self.jobs));
         }
         if !(self.load.is_finite() && self.load > 0.0) {
             return bad(format!("load {} must be a positive number", self.load));
@@ -89,6 +97,15 @@ pub fn synthesize(template: &[Job], spec: &SyntheticSpec) -> Result<Vec<Job>, Da
     let mut jobs = Vec::with_capacity(spec.jobs);
     for i in 0..spec.jobs {
         let t = if i == 0 { 0.0 } else { arrivals.next(&mut rng) };
+        if !t.is_finite() || t > MAX_ARRIVAL_S {
+            return Err(DatasetError::InvalidSynthetic {
+                reason: format!(
+                    "load {} is too low for {} jobs: job {i} would arrive after {t:.3e} s, \
+                     more than a century",
+                    spec.load, spec.jobs
+                ),
+            });
+        }
         let drawn = usable[rng.random_range(0..usable.len())];
         jobs.push(Job {
             id: JobId(i as u32),
@@ -257,5 +274,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("duration"), "{err}");
+    }
+
+    #[test]
+    fn a_load_too_low_or_too_many_jobs_is_refused_before_anything_overflows() {
+        let mut s = spec(Arrivals::Poisson);
+        s.load = 1e-300;
+        let err = synthesize(&template(), &s).unwrap_err().to_string();
+        assert!(err.contains("too low") && err.contains("century"), "{err}");
+        s.load = 0.8;
+        s.jobs = MAX_JOBS + 1;
+        let err = synthesize(&template(), &s).unwrap_err().to_string();
+        assert!(err.contains("5000001 jobs"), "{err}");
     }
 }

@@ -65,7 +65,7 @@ pub fn write_trace(
         TraceFormat::Philly => {
             out.push_str("timestamp,duration,num_gpus,gpu_time,cluster\n");
             for job in jobs {
-                let t = PHILLY_EPOCH_S + job.submit_time.round() as i64;
+                let t = PHILLY_EPOCH_S + whole_seconds(job, "submit time", job.submit_time)?;
                 let stamp = chrono::DateTime::from_timestamp(t, 0)
                     .map(|d| d.format("%Y-%m-%d %H:%M:%S").to_string())
                     .ok_or_else(|| DatasetError::Unrepresentable {
@@ -99,8 +99,8 @@ pub fn write_trace(
                     .ids()
                     .map(|id| catalog.get(id).name.as_str())
                     .collect();
-                let created = job.submit_time.round() as i64;
-                let deleted = (job.submit_time + job.total_work).round() as i64;
+                let created = whole_seconds(job, "submit time", job.submit_time)?;
+                let deleted = whole_seconds(job, "end time", job.submit_time + job.total_work)?;
                 let qos = if job.priority > 0 { "LS" } else { "BE" };
                 let _ = writeln!(
                     out,
@@ -114,6 +114,19 @@ pub fn write_trace(
         }
     }
     Ok((format, out))
+}
+
+/// `seconds` rounded to a whole number, or an error naming the job if it is not finite
+/// or beyond what a trace's timestamps hold (±10¹⁵ s, far beyond any workload).
+fn whole_seconds(job: &Job, what: &str, seconds: f64) -> Result<i64, DatasetError> {
+    if seconds.is_finite() && seconds.abs() <= 1e15 {
+        Ok(seconds.round() as i64)
+    } else {
+        Err(DatasetError::Unrepresentable {
+            job: job.name.clone(),
+            reason: format!("{what} {seconds} s is out of range"),
+        })
+    }
 }
 
 fn csv_field(text: &str) -> String {
@@ -182,5 +195,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("gang"), "{err}");
+    }
+
+    #[test]
+    fn a_time_beyond_any_timestamp_is_refused_by_name_in_both_formats() {
+        let mut philly = Job::whole_gpus(JobId(0), 1, 1e300, 60.0);
+        philly.name = "late".into();
+        let mut openb = philly.clone();
+        openb.gpu = GpuDemand::Whole(1);
+        openb.cpu_milli = 1000;
+        for (job, format) in [(philly, TraceFormat::Philly), (openb, TraceFormat::Openb)] {
+            assert_eq!(
+                trace_format_for(std::slice::from_ref(&job)).unwrap(),
+                format
+            );
+            let err = write_trace(&[job], &GpuCatalog::default())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("late") && err.contains("out of range"),
+                "{err}"
+            );
+        }
     }
 }

@@ -8,7 +8,7 @@
 use burn::module::Param;
 use burn::nn::Linear;
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::train::to_vec;
 
 /// `y = x W + b` with `W` stored row-major as `[d_in][d_out]` (burn's layout).
@@ -29,6 +29,14 @@ impl Dense {
             Some(b) => to_vec::<1>(Param::val(b))?,
             None => vec![0.0; d_out],
         };
+        // A checksum proves the file is the one written, not that training wrote
+        // numbers: a NaN weight would make every score NaN.
+        if let Some(i) = w.iter().chain(&b).position(|v| !v.is_finite()) {
+            return Err(ModelError::InvalidInput {
+                field: "weights".into(),
+                reason: format!("a {d_in}×{d_out} layer's value {i} is not finite"),
+            });
+        }
         Ok(Dense { w, b, d_in, d_out })
     }
 

@@ -178,6 +178,25 @@ fn node_failures_requeue_jobs_and_every_job_still_finishes() {
 }
 
 #[test]
+fn failures_too_frequent_for_any_job_to_finish_stop_the_replay_with_an_error() {
+    // A failure per node every 36 s on average, against jobs that take 60 s to restart.
+    let jobs: Vec<Job> = (0..4).map(|i| job(i, 8, 0.0, 20_000.0)).collect();
+    let mut config = SimConfig::replay(7);
+    config.failures = Some(FailureModel {
+        mtbf_s: 36.0,
+        repair_s: 36.0,
+    });
+    let p = policies::build("topo-pack", &jobs).unwrap();
+    let err = run_replay(&p, cluster(4, 8), &jobs, "test", &config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("killed running jobs") && err.contains("cannot finish"),
+        "{err}"
+    );
+}
+
+#[test]
 fn co_tenants_on_a_shared_gpu_slow_each_other() {
     let mut a = job(0, 1, 0.0, 1_000.0);
     a.gpu = GpuDemand::Milli(500);

@@ -215,6 +215,25 @@ struct Enrichment {
     recorded_on: Option<String>,
 }
 
+/// The most seeds one command runs: every run's results are kept in memory until all
+/// are done (a JCT per job per run in replay mode).
+pub const MAX_SEEDS: u64 = 10_000;
+
+/// `seeds` seeds from `seed` upwards, or why not: none, more than [`MAX_SEEDS`], or past
+/// the largest seed.
+fn seed_range(seed: u64, seeds: u64) -> anyhow::Result<std::ops::RangeInclusive<u64>> {
+    if !(1..=MAX_SEEDS).contains(&seeds) {
+        anyhow::bail!("--seeds {seeds}: must be 1 ..= {MAX_SEEDS}");
+    }
+    match seed.checked_add(seeds - 1) {
+        Some(last) => Ok(seed..=last),
+        None => anyhow::bail!(
+            "--seed {seed} with --seeds {seeds} runs past the largest seed {}",
+            u64::MAX
+        ),
+    }
+}
+
 impl Experiment {
     pub fn load(args: &SimArgs) -> anyhow::Result<Experiment> {
         let cluster_arg = args
@@ -447,8 +466,9 @@ impl Experiment {
         for p in policies {
             crate::cli::policy::check_name(p)?;
         }
+        let seeds = seed_range(seed, seeds)?;
         let tasks: Vec<(usize, u64)> = (0..policies.len())
-            .flat_map(|p| (seed..seed + seeds.max(1)).map(move |s| (p, s)))
+            .flat_map(|p| seeds.clone().map(move |s| (p, s)))
             .collect();
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -490,5 +510,28 @@ pub fn default_cluster_for(trace: &str) -> &'static str {
         "dlrm-peak"
     } else {
         "openb"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_ranges_are_refused_when_empty_too_many_or_past_the_largest_seed() {
+        assert_eq!(seed_range(42, 3).unwrap(), 42..=44);
+        assert_eq!(
+            seed_range(u64::MAX - 1, 2).unwrap(),
+            u64::MAX - 1..=u64::MAX
+        );
+        for (seed, seeds, says) in [
+            (42, 0, "must be 1 ..= 10000"),
+            (42, MAX_SEEDS + 1, "must be 1 ..= 10000"),
+            (u64::MAX, 2, "runs past the largest seed"),
+            (u64::MAX - 1, 3, "runs past the largest seed"),
+        ] {
+            let e = seed_range(seed, seeds).unwrap_err().to_string();
+            assert!(e.contains(says), "{seed} {seeds}: {e}");
+        }
     }
 }

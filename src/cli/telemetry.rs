@@ -343,8 +343,14 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
         SourceArg::Sim => {
             let epoch_us = SimTelemetryOptions::default().epoch_us;
             let mut sim = simulated(&a.sim, epoch_us)?;
+            if let Some(h) = a.hours
+                && !(h.is_finite() && h > 0.0)
+            {
+                bail!("--hours {h}: must be a positive number");
+            }
             let end = a.hours.map_or(sim.horizon_s(), |h| h * 3600.0);
             let step = a.interval.as_secs_f64();
+            check_recording_length(end, step)?;
             let (mut t, mut gpu_rows, mut step_rows) = (0.0, 0u64, 0u64);
             while t <= end {
                 let rows = sim.sample_at(t);
@@ -402,6 +408,28 @@ fn stop_on_signal() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
+/// The fastest simulated clock: a simulated year in about half a wall-clock minute.
+const MAX_SPEEDUP: f64 = 1e6;
+
+/// The most samples one `telemetry record` takes (per GPU): ten million, e.g. 115 days
+/// at 1 s or 19 years at 1 min.
+const MAX_RECORDED_TICKS: f64 = 1e7;
+
+/// An error unless recording `end_s` simulated seconds every `step_s` takes at most
+/// [`MAX_RECORDED_TICKS`] samples.
+fn check_recording_length(end_s: f64, step_s: f64) -> anyhow::Result<()> {
+    let ticks = end_s / step_s;
+    if !ticks.is_finite() || ticks > MAX_RECORDED_TICKS {
+        bail!(
+            "{:.0} samples per GPU ({} h every {step_s} s): at most {MAX_RECORDED_TICKS:.0}; \
+             choose fewer --hours or a longer --interval",
+            ticks.ceil(),
+            end_s / 3600.0
+        );
+    }
+    Ok(())
+}
+
 /// Maps wall time onto simulated time `speedup` times faster, from the agent's start.
 struct Accelerated {
     inner: SimulatedTelemetry,
@@ -414,8 +442,9 @@ impl Source for Accelerated {
         &mut self,
         now_us: i64,
     ) -> marshal_telemetry::Result<Vec<marshal_telemetry::GpuSample>> {
-        let elapsed = (now_us - self.start_us) as f64 * self.speedup;
-        self.inner.sample(self.start_us + elapsed as i64)
+        let elapsed = now_us.saturating_sub(self.start_us) as f64 * self.speedup;
+        self.inner
+            .sample(self.start_us.saturating_add(elapsed as i64))
     }
 }
 
@@ -459,8 +488,11 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
             Box::new(nvml)
         }
         SourceArg::Sim => {
-            if !(a.speedup.is_finite() && a.speedup > 0.0) {
-                bail!("--speedup must be positive");
+            if !(a.speedup.is_finite() && a.speedup > 0.0 && a.speedup <= MAX_SPEEDUP) {
+                bail!(
+                    "--speedup {}: must be above 0 and at most {MAX_SPEEDUP}",
+                    a.speedup
+                );
             }
             let start_us = clock.now_us();
             let mut sim = simulated(&a.sim, start_us)?;
@@ -743,5 +775,19 @@ mod tests {
         assert!(parse_interval("1y").is_err());
         assert!(parse_interval("fast").is_err());
         assert!(parse_interval("NaNs").is_err());
+    }
+
+    #[test]
+    fn recordings_longer_than_ten_million_samples_are_refused() {
+        check_recording_length(115.0 * 86_400.0, 1.0).unwrap();
+        check_recording_length(0.0, 1.0).unwrap();
+        for (end, step) in [
+            (116.0 * 86_400.0, 1.0),
+            (f64::INFINITY, 60.0),
+            (1e300, 3600.0),
+        ] {
+            let e = check_recording_length(end, step).unwrap_err().to_string();
+            assert!(e.contains("at most 10000000"), "{end} {step}: {e}");
+        }
     }
 }

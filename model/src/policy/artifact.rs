@@ -222,7 +222,8 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
         ));
     }
     let network = load_network(dir, &config, &Device::flex())?;
-    let scorer = PolicyScorer::new(&network, stats).map_err(|e| corrupt(&stats_path, e))?;
+    // The statistics were checked above: what is left to refuse is in the weights.
+    let scorer = PolicyScorer::new(&network, stats).map_err(|e| corrupt(&weights_path, e))?;
     Ok(PolicyArtifact {
         scorer,
         config,
@@ -386,6 +387,27 @@ mod tests {
             load_policy(&dir).unwrap_err(),
             ModelError::CorruptFile { .. }
         ));
+    }
+
+    #[test]
+    fn weights_that_are_not_numbers_are_refused_though_their_checksum_matches() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        let d = DecisionFeatures {
+            job: [1.0; JOB_FEATURES],
+            candidates: vec![[0.5; CANDIDATE_FEATURES], [2.0; CANDIDATE_FEATURES]],
+        };
+        let config = PolicyConfig::new().with_hidden_size(8);
+        let mut net =
+            PolicyNetwork::init(&config, &mut ChaCha8Rng::seed_from_u64(3), &Device::flex());
+        net.hidden2.weight = net.hidden2.weight.map(|w| w.mul_scalar(f32::NAN));
+        let meta = PolicyMeta::new(0.2, 5.0);
+        save_policy(&dir, &net, &config, &FeatureStats::fit(&[&d]), meta).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains(WEIGHTS_FILE) && err.contains("not finite"),
+            "{err}"
+        );
     }
 
     #[test]

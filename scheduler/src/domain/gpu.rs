@@ -135,6 +135,12 @@ impl GpuCatalog {
                 model.name, model.throughput
             )));
         }
+        if !(model.memory_gib.is_finite() && model.memory_gib > 0.0) {
+            return Err(DomainError::Invalid(format!(
+                "GPU model {}: memory_gib must be a positive number, got {}",
+                model.name, model.memory_gib
+            )));
+        }
         if let Some(id) = self.id(&model.name) {
             self.models[id.0 as usize] = model;
             return Ok(id);
@@ -251,5 +257,23 @@ mod tests {
             }
         }
         assert!(catalog.get(catalog.id("H100").unwrap()).supports_mig());
+    }
+
+    #[test]
+    fn a_model_without_positive_memory_or_throughput_is_refused_by_name() {
+        let mut catalog = GpuCatalog::default();
+        for (memory_gib, throughput, says) in [
+            (f64::NAN, 1.0, "memory_gib"),
+            (-1.0, 1.0, "memory_gib"),
+            (0.0, 1.0, "memory_gib"),
+            (80.0, 0.0, "throughput"),
+        ] {
+            let err = catalog
+                .add(model("X9", memory_gib, throughput, Vec::new()))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("X9") && err.contains(says), "{err}");
+        }
+        assert!(catalog.id("X9").is_none(), "nothing refused was added");
     }
 }

@@ -28,6 +28,12 @@ impl Default for LinkSpec {
     }
 }
 
+/// The most nodes a cluster spec may describe: ten times the largest GPU clusters
+/// built, and about a hundred bytes of state per node in the scheduler.
+pub const MAX_NODES: u64 = 1_000_000;
+/// The most GPUs a cluster spec may describe.
+pub const MAX_GPUS: u64 = 4_000_000;
+
 /// `count` identical nodes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -141,6 +147,13 @@ impl ClusterSpec {
                 ));
             }
         }
+        if self.node_count() > MAX_NODES || self.gpu_count() > MAX_GPUS {
+            return invalid(format!(
+                "{} nodes with {} GPUs: at most {MAX_NODES} nodes and {MAX_GPUS} GPUs",
+                self.node_count(),
+                self.gpu_count()
+            ));
+        }
         Ok(())
     }
 
@@ -191,5 +204,17 @@ memory_mib = 2097152
         assert!(err.contains("NVLink islands"), "{err}");
         let no_model = DGX.replace("gpu_model = \"H100\"", "");
         assert!(ClusterSpec::from_toml(&no_model).is_err());
+    }
+
+    #[test]
+    fn a_cluster_too_large_to_hold_in_memory_is_refused_before_it_is_built() {
+        let huge = DGX.replace("count = 2", "count = 100000000");
+        let err = ClusterSpec::from_toml(&huge).unwrap_err().to_string();
+        assert!(err.contains("at most 1000000 nodes"), "{err}");
+        let largest = DGX.replace("count = 2", "count = 500000");
+        assert_eq!(
+            ClusterSpec::from_toml(&largest).unwrap().gpu_count(),
+            4_000_000
+        );
     }
 }

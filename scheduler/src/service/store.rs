@@ -78,7 +78,18 @@ impl Store {
             path: path.display().to_string(),
             message: e.to_string(),
         };
-        let db = Database::create(path).map_err(|e| err(&e))?;
+        // redb asserts, rather than returns an error, on some damaged files (one cut
+        // short of its header's length): that is a damaged database, not a crash.
+        let db = std::panic::catch_unwind(|| Database::create(path))
+            .map_err(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                err(&format!("the database file is damaged (redb: {what})"))
+            })?
+            .map_err(|e| err(&e))?;
         // Creating the tables up front lets readers open them unconditionally.
         let txn = db.begin_write().map_err(|e| err(&e))?;
         {
@@ -205,6 +216,20 @@ impl Store {
 mod tests {
     use super::*;
     use crate::domain::{Job, JobId};
+
+    #[test]
+    fn a_database_file_cut_short_is_an_error_naming_it_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.redb");
+        drop(Store::open(&path, true).unwrap());
+        let whole = std::fs::read(&path).unwrap();
+        for len in [500, 1000, 4096, whole.len() / 2] {
+            let cut = dir.path().join(format!("cut-{len}.redb"));
+            std::fs::write(&cut, &whole[..len.min(whole.len())]).unwrap();
+            let err = Store::open(&cut, true).unwrap_err().to_string();
+            assert!(err.contains(&format!("cut-{len}.redb")), "{len}: {err}");
+        }
+    }
 
     #[test]
     fn a_committed_batch_survives_reopening_and_a_corrupt_job_stops_the_load() {

@@ -115,6 +115,11 @@ enum Interruption {
     Failure,
 }
 
+/// Job kills by node failures per job after which a replay stops with an error: with
+/// failures more frequent than the jobs' checkpoints and restarts allow, jobs never
+/// finish and the replay would run (and log) forever.
+const MAX_KILLS_PER_JOB: u64 = 1_000;
+
 #[derive(Debug)]
 struct Replay<'a> {
     policy: &'a Policy,
@@ -221,7 +226,7 @@ pub fn run_replay(
             sim.push(t, EventKind::NodeDown(n));
         }
     }
-    sim.run();
+    sim.run()?;
     Ok((sim.result(trace, first_submit, started), sim.log))
 }
 
@@ -240,9 +245,27 @@ impl Replay<'_> {
         -mean * u.ln()
     }
 
-    fn run(&mut self) {
+    /// Runs every event until each job has finished or been rejected; an error if node
+    /// failures kill the jobs so often that they could never finish.
+    fn run(&mut self) -> Result<(), DomainError> {
         let total = self.jobs.len();
+        let most_kills = MAX_KILLS_PER_JOB * total.max(1) as u64;
         while let Some(event) = self.heap.pop() {
+            if self.failures > most_kills {
+                let mtbf_h = self
+                    .config
+                    .failures
+                    .map_or(f64::INFINITY, |f| f.mtbf_s / 3600.0);
+                return Err(DomainError::Invalid(format!(
+                    "node failures (MTBF {mtbf_h} h per node) killed running jobs {} times, \
+                     more than {MAX_KILLS_PER_JOB} per job, with {} of {total} jobs still \
+                     unfinished at {:.1} simulated hours: the jobs cannot finish between \
+                     failures; the replay was stopped",
+                    self.failures,
+                    total - self.finished - self.rejected,
+                    self.now / 3600.0
+                )));
+            }
             self.advance(event.time);
             let mut dirty = self.handle(event.kind);
             while let Some(next) = self.heap.peek().copied() {
@@ -261,6 +284,7 @@ impl Replay<'_> {
                 break;
             }
         }
+        Ok(())
     }
 
     fn advance(&mut self, time: f64) {

@@ -510,6 +510,17 @@ impl LearnedModel {
     /// Loads `dir`, or says why it cannot be used (without naming `dir`).
     pub fn try_load(dir: &Path) -> Result<LearnedModel, String> {
         let a = load_policy(dir).map_err(|e| e.to_string())?;
+        // A heuristic this build cannot run would only fail later, when the policy is
+        // built: refuse it now, so that the policy runs on its default fallback.
+        let named = (a.meta.fallback.iter())
+            .map(|(objective, name)| (format!("the {objective} fallback"), name))
+            .chain(a.meta.gates.keys().map(|name| ("a gate".to_string(), name)));
+        for (role, name) in named {
+            if name == LEARNED {
+                return Err(format!("meta.json: {role} is the learned policy itself"));
+            }
+            build(name, &[]).map_err(|e| format!("meta.json: {role}: {e}"))?;
+        }
         let mut thresholds: std::collections::BTreeMap<String, f32> = a
             .meta
             .fallback

@@ -74,6 +74,50 @@ fn without_a_model_it_says_why_and_schedules_exactly_like_its_fallback() {
 }
 
 #[test]
+fn an_artifact_naming_a_heuristic_this_build_lacks_is_refused_and_the_default_decides() {
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/policy-default");
+    let tmp = tempfile::tempdir().unwrap();
+    for (objective, was, name, says) in [
+        (
+            "replay",
+            "topo-pack",
+            "nope",
+            "the replay fallback: unknown policy \"nope\"",
+        ),
+        (
+            "inflation",
+            "fgd",
+            LEARNED,
+            "the inflation fallback is the learned policy itself",
+        ),
+    ] {
+        let dir = tmp.path().join(format!("{objective}-{name}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in std::fs::read_dir(&shipped).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+        let meta = dir.join("meta.json");
+        let text = std::fs::read_to_string(&meta).unwrap();
+        let entry = format!("\"{objective}\": \"{was}\"");
+        assert!(text.contains(&entry), "{text}");
+        let renamed = text.replace(&entry, &format!("\"{objective}\": \"{name}\""));
+        std::fs::write(&meta, renamed).unwrap();
+        let model = LearnedModel::load(&dir);
+        let err = model.scorer.as_ref().unwrap_err();
+        assert!(err.contains("meta.json") && err.contains(says), "{err}");
+        let setup = LearnedSetup::with_model(model, None, objective);
+        let default = if objective == "replay" {
+            "topo-pack"
+        } else {
+            "fgd"
+        };
+        assert_eq!(setup.fallback, default);
+        assert!(build_policy(LEARNED, &workload(), Some(&setup)).is_ok());
+    }
+}
+
+#[test]
 fn a_fallback_without_a_threshold_closes_the_gate_and_says_so() {
     use std::collections::BTreeMap;
     let w = workload();
