@@ -73,10 +73,10 @@ fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Job, Bad> {
     let job_id = row.text(c.job_id)?;
     let user = row.text(c.user)?;
     let gpus = at_least_one_gpu(row.uint(c.num_gpu)?, "num_gpu")?;
-    let submit = row.seconds(c.submit)? * MINUTE_S;
+    let submit = row.time_s(c.submit)? * MINUTE_S;
     let _: u64 = row.uint(c.iterations)?;
     let model = row.text(c.model)?;
-    let duration = row.seconds(c.duration)? * MINUTE_S;
+    let duration = row.time_s(c.duration)? * MINUTE_S;
     let _: u64 = row.uint(c.interval)?;
     let times = number_list(row.text(c.expect_time)?, "expect_time_list")?;
     let values = number_list(row.text(c.expect_value)?, "expect_value_list")?;

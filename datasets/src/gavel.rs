@@ -32,7 +32,7 @@ pub fn parse_gavel_distribution(
     let mut report = ParseReport::new(name);
     let mut shapes = Vec::new();
     table.for_each_row(&mut report, |row| {
-        let duration_s = row.seconds(duration)?;
+        let duration_s = row.time_s(duration)?;
         let gpus: u32 = row.uint(gpus)?;
         if gpus == 0 {
             return Err(Bad::new("num_gpus", "a job needs at least one GPU"));

@@ -76,15 +76,15 @@ pub fn parse_itp(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), Data
 
 fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Job, Bad> {
     let job_id = row.text(c.job_id)?;
-    let submit = row.seconds(c.submission)?;
-    let duration = row.seconds(c.duration)?;
+    let submit = row.time_s(c.submission)?;
+    let duration = row.time_s(c.duration)?;
     let gpus = at_least_one_gpu(row.uint(c.num_gpu)?, "num_gpu")?;
     let mut job = Job::whole_gpus(JobId(0), gpus, submit, duration);
     job.name = job_id.to_string();
     if let Some(p) = &c.processed {
         let _: u64 = row.uint(p.iterations)?;
         let model = row.text(p.model)?;
-        let deadline = row.seconds(p.deadline)?;
+        let deadline = row.time_s(p.deadline)?;
         if deadline < submit {
             return Err(Bad::new(
                 "deadline",

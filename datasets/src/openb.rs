@@ -350,8 +350,8 @@ fn parse_pod(row: &Row<'_>, c: &PodCols, catalog: &GpuCatalog, id: JobId) -> Res
             job.priority = 1;
             job.preemptible = false;
         }
-        let creation = row.seconds(f.creation)?;
-        let deletion = row.seconds(f.deletion)?;
+        let creation = row.time_s(f.creation)?;
+        let deletion = row.time_s(f.deletion)?;
         job.submit_time = creation;
         job.total_work = (deletion - creation).max(0.0);
     }
@@ -364,11 +364,11 @@ fn recorded_run(
     scheduled: Col,
     node: Option<Col>,
 ) -> Result<RecordedRun, Bad> {
-    let created = row.seconds(f.creation)?;
-    let deleted = row.seconds(f.deletion)?;
+    let created = row.time_s(f.creation)?;
+    let deleted = row.time_s(f.deletion)?;
     let scheduled_at = match row.get(scheduled)? {
         "" => None,
-        _ => Some(row.seconds(scheduled)?),
+        _ => Some(row.time_s(scheduled)?),
     };
     if let Some(t) = scheduled_at
         && !(created..=deleted).contains(&t)
@@ -568,12 +568,13 @@ p6,1000,1024,1,500,H9000,BE,Running,0,1,0
 p7,1000,1024,1,500,,BE,Running,NaN,1,0
 p8,1000,1024,x,500,,BE,Running,0,1,0
 p9,1000,1024,1,500,,BE
+pb,1000,1024,1,500,,BE,Running,0,1e308,0
 "
         );
         let (jobs, report) = parse_openb_pods("pods.csv", &text, &GpuCatalog::default()).unwrap();
         assert_eq!(jobs.len(), 4);
-        assert_eq!(report.rows_read, 10);
-        assert_eq!(report.rows_skipped, 6);
+        assert_eq!(report.rows_read, 11);
+        assert_eq!(report.rows_skipped, 7);
         let got: Vec<_> = report.skipped_at();
         assert_eq!(
             got,
@@ -584,8 +585,10 @@ p9,1000,1024,1,500,,BE
                 (9, "creation_time"),
                 (10, "num_gpu"),
                 (11, "creation_time"),
+                (12, "deletion_time"),
             ]
         );
+        assert!(report.skipped[6].reason.contains("beyond any trace"));
         assert!(report.skipped[2].reason.contains("H9000"));
         assert!(report.skipped[3].reason.contains("not a number"));
         assert!(report.skipped[5].reason.contains("missing"));

@@ -49,7 +49,7 @@ pub fn parse_philly(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), D
     table.for_each_row(&mut report, |row| {
         let ts = row.text(timestamp)?;
         let submit = parse_timestamp(ts)?;
-        let duration = row.seconds(duration)?;
+        let duration = row.time_s(duration)?;
         let gpus: u32 = row.uint(num_gpus)?;
         if gpus == 0 {
             return Err(Bad::new("num_gpus", "a job needs at least one GPU"));

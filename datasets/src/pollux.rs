@@ -56,7 +56,7 @@ pub fn parse_sia(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), Data
 
 fn parse_row(row: &Row<'_>, c: &Cols) -> Result<Job, Bad> {
     let name = row.text(c.name)?;
-    let submit = row.seconds(c.time)?;
+    let submit = row.time_s(c.time)?;
     let application = row.text(c.application)?;
     let gpus = at_least_one_gpu(row.uint(c.replicas)?, "num_replicas")?;
     let batch_size: u32 = row.uint(c.batch_size)?;

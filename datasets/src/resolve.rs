@@ -344,8 +344,8 @@ pub fn load_recorded_trace(
 const DLRM_TRACE: &str = "alibaba-dlrm-v2025/disaggregated_DLRM_trace.csv";
 
 /// Loads a cluster: a name in [`CLUSTER_PRESETS`], or a path to a `.toml` cluster spec or
-/// an openb-style node-list `.csv` (rows the parser skips are dropped; call
-/// [`parse_openb_nodes`] to see them). A file with another extension is read as a node
+/// an openb-style node-list `.csv` (a malformed row is an error naming its line, unlike
+/// in a trace). A file with another extension is read as a node
 /// list if its header starts with `sn,`, else as TOML.
 pub fn load_cluster(arg: &str) -> Result<ClusterSpec, DatasetError> {
     if CLUSTER_PRESETS.contains(&arg) {
@@ -373,7 +373,19 @@ pub fn load_cluster(arg: &str) -> Result<ClusterSpec, DatasetError> {
             .starts_with("sn,"),
     };
     if is_csv {
-        return parse_openb_nodes(&file, &text).map(|(spec, _)| spec);
+        // A trace may lose a bad row; a cluster may not lose a node: the scheduler
+        // would place onto a smaller cluster than the one that exists.
+        let (spec, report) = parse_openb_nodes(&file, &text)?;
+        if let Some(first) = report.skipped.first() {
+            return Err(DatasetError::InvalidCluster {
+                reason: format!(
+                    "{} of {} node rows are malformed, the first at {first}",
+                    report.rows_skipped, report.rows_read
+                ),
+                file,
+            });
+        }
+        return Ok(spec);
     }
     ClusterSpec::from_toml(&text).map_err(|e| DatasetError::InvalidCluster {
         file,

@@ -100,7 +100,7 @@ pub fn synthesize(template: &[Job], spec: &SyntheticSpec) -> Result<Vec<Job>, Da
         if !t.is_finite() || t > MAX_ARRIVAL_S {
             return Err(DatasetError::InvalidSynthetic {
                 reason: format!(
-                    "load {} is too low for {} jobs: job {i} would arrive after {t:.3e} s, \
+                    "load {:?} is too low for {} jobs: job {i} would arrive after {t:.3e} s, \
                      more than a century",
                     spec.load, spec.jobs
                 ),

@@ -292,6 +292,11 @@ impl Row<'_> {
     pub fn seconds(&self, col: Col) -> Result<f64, Bad> {
         parse_seconds(self.get(col)?).map_err(|reason| Bad::new(col.name, reason))
     }
+
+    /// A trace's submission time, duration or deadline in seconds ([`parse_trace_seconds`]).
+    pub fn time_s(&self, col: Col) -> Result<f64, Bad> {
+        parse_trace_seconds(self.get(col)?).map_err(|reason| Bad::new(col.name, reason))
+    }
 }
 
 /// Parses a non-negative integer. Whole-valued decimals (`8.0`) are accepted because some
@@ -324,6 +329,18 @@ pub(crate) fn parse_seconds(s: &str) -> Result<f64, String> {
         Ok(v) if v < 0.0 => Err(format!("negative value {s}")),
         Ok(v) => Ok(v),
         Err(_) => Err(format!("not a number: {s:?}")),
+    }
+}
+
+/// The largest time or duration a trace may hold, 10¹² s (some 30,000 years): beyond
+/// it, sums of times lose whole seconds and a replay's clock would never reach it.
+const MAX_TRACE_SECONDS: f64 = 1e12;
+
+/// A trace's time or duration: [`parse_seconds`], at most [`MAX_TRACE_SECONDS`].
+pub(crate) fn parse_trace_seconds(s: &str) -> Result<f64, String> {
+    match parse_seconds(s)? {
+        v if v > MAX_TRACE_SECONDS => Err(format!("{s} s is beyond any trace (at most 1e12 s)")),
+        v => Ok(v),
     }
 }
 
@@ -361,6 +378,18 @@ mod tests {
         assert!(parse_seconds("nan").unwrap_err().contains("not a number"));
         assert!(parse_seconds("inf").unwrap_err().contains("finite"));
         assert!(parse_seconds("-1").unwrap_err().contains("negative"));
+        assert_eq!(
+            parse_seconds("1e308"),
+            Ok(1e308),
+            "not every number is a time"
+        );
+        assert_eq!(parse_trace_seconds("1e12"), Ok(1e12));
+        assert!(
+            parse_trace_seconds("1e308")
+                .unwrap_err()
+                .contains("beyond any trace")
+        );
+        assert!(parse_trace_seconds("-1").unwrap_err().contains("negative"));
     }
 
     #[test]

@@ -215,6 +215,20 @@ fn cluster_files_load_from_toml_and_node_lists() {
         err.to_string().contains("Z9") && err.to_string().contains("z.csv"),
         "{err}"
     );
+
+    // One good node and one bad is an error too: a cluster may not lose a node.
+    let partly_bad = temp_file(
+        "half.csv",
+        "sn,cpu_milli,memory_mib,gpu,model
+a,1000,1024,4,T4
+b,1000,x,4,T4
+",
+    );
+    let err = load_cluster(partly_bad.arg()).unwrap_err().to_string();
+    assert!(
+        err.contains("half.csv") && err.contains("1 of 2 node rows") && err.contains("line 3"),
+        "{err}"
+    );
 }
 
 /// Unbundled openb variants come from ../shared/traces when it is there.

@@ -223,8 +223,15 @@ fn load(dirs: &[PathBuf]) -> anyhow::Result<Vec<StepExample>> {
     for dir in dirs {
         let (examples, report) = load_step_examples(dir)
             .with_context(|| format!("reading step profiles from {}", dir.display()))?;
-        for e in &report.errors {
+        for e in &report.files.errors {
             eprintln!("warning: skipped {}: {}", e.path.display(), e.reason);
+        }
+        if report.rows_bad_step_time > 0 {
+            eprintln!(
+                "warning: {}: skipped {} step-profile rows whose step time is not a positive number",
+                dir.display(),
+                report.rows_bad_step_time
+            );
         }
         all.extend(examples);
     }

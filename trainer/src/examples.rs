@@ -51,13 +51,43 @@ pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// What [`load_step_examples`] read and left out.
+#[derive(Debug, Default)]
+pub struct StepScanReport {
+    /// Files read, pruned and skipped as damaged.
+    pub files: ScanReport,
+    /// Rows whose step time is not a positive number (NaN, infinite, zero or negative:
+    /// written by another tool, since the sink refuses them), left out of every median.
+    pub rows_bad_step_time: u64,
+}
+
 /// Reads the step profiles under `dir` and groups them into examples. Rows without a
-/// model or a readable placement shape are skipped; damaged files are in the report.
-pub fn load_step_examples(dir: &Path) -> Result<(Vec<StepExample>, ScanReport), TrainerError> {
-    let (rows, report): (Vec<StepProfile>, _) = read_all(dir, Query::new(TelemetryKind::Step))?;
+/// model or a readable placement shape are skipped, and so are rows without a usable
+/// step time (counted); damaged files are in the report.
+pub fn load_step_examples(dir: &Path) -> Result<(Vec<StepExample>, StepScanReport), TrainerError> {
+    let (rows, files): (Vec<StepProfile>, _) = read_all(dir, Query::new(TelemetryKind::Step))?;
+    let (out, rows_bad_step_time) = examples_from_rows(rows);
+    if out.is_empty() {
+        return Err(TrainerError::NoExamples(dir.display().to_string()));
+    }
+    let report = StepScanReport {
+        files,
+        rows_bad_step_time,
+    };
+    Ok((out, report))
+}
+
+/// Groups step-profile rows into examples; also returns how many rows were left out
+/// for a step time that is not a positive number.
+fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, u64) {
+    let mut bad_step_time = 0;
     type Key = (String, String, String, u16, String);
     let mut groups: BTreeMap<Key, Vec<StepProfile>> = BTreeMap::new();
     for r in rows {
+        if !(r.step_time_s.is_finite() && r.step_time_s > 0.0) {
+            bad_step_time += 1;
+            continue;
+        }
         let Some(model) = r.model.as_deref() else {
             continue;
         };
@@ -115,8 +145,44 @@ pub fn load_step_examples(dir: &Path) -> Result<(Vec<StepExample>, ScanReport), 
             rows: rows.len(),
         });
     }
-    if out.is_empty() {
-        return Err(TrainerError::NoExamples(dir.display().to_string()));
+    (out, bad_step_time)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use marshal_telemetry::MemPhase;
+
+    fn row(job: &str, step_time_s: f64) -> StepProfile {
+        StepProfile {
+            job_id: job.into(),
+            step_time_s,
+            phase: Some(MemPhase::Steady),
+            gpu_type: "V100".into(),
+            num_gpus: 2,
+            placement: "1x2".into(),
+            model: Some("bert".into()),
+            ..Default::default()
+        }
     }
-    Ok((out, report))
+
+    #[test]
+    fn rows_without_a_positive_step_time_are_counted_and_left_out_of_the_median() {
+        let rows = vec![
+            row("a", 2.0),
+            row("a", f64::NAN),
+            row("a", 4.0),
+            row("a", f64::INFINITY),
+            row("a", -1.0),
+            row("b", 0.0),
+            row("c", 3.0),
+        ];
+        let (examples, bad) = examples_from_rows(rows);
+        assert_eq!(bad, 4);
+        let times: Vec<(&str, f64)> = examples
+            .iter()
+            .map(|e| (e.job_id.as_str(), e.step_time_s))
+            .collect();
+        assert_eq!(times, [("a", 3.0), ("c", 3.0)], "job b had no usable row");
+    }
 }
