@@ -149,7 +149,7 @@ thread_local! {
     /// ZSTD contexts by level, kept for the thread's lifetime and shared by every column
     /// and file the thread writes. A context's tables are about a megabyte that a new
     /// context allocates and zeroes again: with a context per column per file, page
-    /// faults on that fresh memory took about a quarter of the sink writer's time on its
+    /// faults on that fresh memory took a quarter to a third of the sink writer's time on its
     /// benchmark. A frame does not depend on what the context compressed before, so the
     /// bytes written are the same.
     static ZSTD_CONTEXTS: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> =
