@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use marshal_scheduler::domain::{GpuCatalog, GpuDemand, Job};
 
 use crate::DatasetError;
+use crate::table::MAX_TRACE_SECONDS;
 
 /// Philly timestamps need a calendar date; submit times are written relative to this one
 /// (2017-10-01 00:00:00 UTC, inside the original trace's span).
@@ -117,9 +118,9 @@ pub fn write_trace(
 }
 
 /// `seconds` rounded to a whole number, or an error naming the job if it is not finite
-/// or beyond what a trace's timestamps hold (±10¹⁵ s, far beyond any workload).
+/// or beyond what the trace parsers read back ([`MAX_TRACE_SECONDS`]).
 fn whole_seconds(job: &Job, what: &str, seconds: f64) -> Result<i64, DatasetError> {
-    if seconds.is_finite() && seconds.abs() <= 1e15 {
+    if seconds.is_finite() && seconds.abs() <= MAX_TRACE_SECONDS {
         Ok(seconds.round() as i64)
     } else {
         Err(DatasetError::Unrepresentable {
