@@ -182,7 +182,7 @@ fn malformed_rows_are_skipped_and_reported_with_file_line_and_field() {
     )
     .unwrap();
     let cluster = fixture("small-cluster.toml");
-    let out = marshal(&[
+    let fifo_on_trace = [
         "sim",
         "--cluster",
         &cluster,
@@ -190,9 +190,8 @@ fn malformed_rows_are_skipped_and_reported_with_file_line_and_field() {
         trace.to_str().unwrap(),
         "--policy",
         "fifo",
-        "--format",
-        "json",
-    ]);
+    ];
+    let out = marshal(&[&fifo_on_trace[..], &["--format", "json"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -205,17 +204,23 @@ fn malformed_rows_are_skipped_and_reported_with_file_line_and_field() {
     assert_eq!(v["rejected"], 1, "the 64-GPU job cannot fit 32 GPUs");
 
     std::fs::write(&trace, "").unwrap();
+    fails_with(&fifo_on_trace, "bad.csv");
+    // A byte that is not UTF-8 (a Latin-1 export) is placed at its line.
+    std::fs::write(
+        &trace,
+        b"timestamp,duration,num_gpus,gpu_time,cluster\n\
+          2017-10-10 00:01:55,73.0,1,73.0,vc\n\
+          2017-10-10 00:02:55,73.0,1,73.0,v\xe9\n",
+    )
+    .unwrap();
     fails_with(
-        &[
-            "sim",
-            "--cluster",
-            &cluster,
-            "--trace",
-            trace.to_str().unwrap(),
-            "--policy",
-            "fifo",
-        ],
-        "bad.csv",
+        &fifo_on_trace,
+        "bad.csv, line 3, field `encoding`: byte 34 of the line (0xe9) is not UTF-8",
+    );
+    // A negative seed is refused as a value, not mistaken for a flag.
+    fails_with(
+        &["sim", "--trace", "openb", "--seed", "-1"],
+        "invalid value '-1' for '--seed <SEED>'",
     );
     std::fs::remove_dir_all(dir).ok();
 }

@@ -7,7 +7,7 @@ use std::io::BufRead as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::{fails_with, stdout_of};
+use common::{fails_with, marshal, stdout_of};
 use marshal_scheduler::service::pb::advisor_service_client::AdvisorServiceClient;
 use marshal_scheduler::service::{pb, tokio, tonic, tonic_health};
 use serde_json::Value;
@@ -499,6 +499,25 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
     fails_with(
         &["shadow", "--report-log", bad.to_str().unwrap()],
         "bad.jsonl:3:",
+    );
+    // A record torn by a crash mid-append is left out with a warning, not fatal.
+    let torn = dir.path().join("torn.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap() + "{\"id\":3,\"job\":\"slu";
+    std::fs::write(&torn, text).unwrap();
+    let out = marshal(&[
+        "shadow",
+        "--report-log",
+        torn.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["decisions"], 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("torn.jsonl:3: left out a torn last record"),
+        "{stderr}"
     );
 }
 

@@ -137,6 +137,22 @@ fn bad_arguments_are_clear_errors() {
         ],
         "straggler fraction",
     );
+    // A URL no retry can fix is refused at once, not retried forever.
+    let dir = tempfile::tempdir().unwrap();
+    fails_with(
+        &[
+            "agent",
+            "--source",
+            "sim",
+            "--trace",
+            "pollux-1",
+            "--out",
+            dir.path().to_str().unwrap(),
+            "--scheduler",
+            "localhost:50051",
+        ],
+        "scheduler URL \"localhost:50051\": no scheme",
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::gzip::{gunzip, tar_member};
 use crate::resolve::{find_in_trace_dirs, trace_dirs};
-use crate::table::{Bad, Table, malformed};
+use crate::table::{Bad, Table, malformed, utf8_text};
 use crate::{DatasetError, ParseReport};
 
 const EXPECTED: &str = "value,timestamp_anon,container_ip (any order)";
@@ -165,8 +165,9 @@ pub fn parse_genai_archive(
     let tar = gunzip(archive).map_err(bad)?;
     let csv = tar_member(&tar, &member).map_err(bad)?;
     drop(tar);
-    let text = std::str::from_utf8(&csv).map_err(|e| bad(format!("{member} is not UTF-8: {e}")))?;
-    parse_genai_series(&format!("{name}:{member}"), metric, text)
+    let file = format!("{name}:{member}");
+    let text = utf8_text(&file, &csv)?;
+    parse_genai_series(&file, metric, text)
 }
 
 /// Loads a GenAI series from `alibaba-genai-v2026/<stem>.tar.gz` in the traces directory

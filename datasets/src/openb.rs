@@ -1,7 +1,7 @@
 //! Alibaba's openb GPU-cluster trace (v2023, the FGD paper's data): node lists and pod
 //! lists.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use marshal_scheduler::domain::{
@@ -280,15 +280,25 @@ fn parse_pods(
     };
     let mut report = ParseReport::new(name);
     let mut jobs = Vec::new();
+    // A pod name is its identity in the trace (and in a recorded run's outcomes), so a
+    // second row with the same name is skipped, not merged or renamed.
+    let mut first_line: HashMap<String, usize> = HashMap::new();
     table.for_each_row(&mut report, |row| {
         let id = JobId(u32::try_from(jobs.len()).map_err(|_| Bad::new("name", "too many rows"))?);
         let job = parse_pod(row, &cols, catalog, id)?;
         job.validate()
             .map_err(|e| Bad::new("record", e.to_string()))?;
+        if let Some(first) = first_line.get(&job.name) {
+            return Err(Bad::new(
+                "name",
+                format!("duplicate pod name {:?} (first on line {first})", job.name),
+            ));
+        }
         let run = match (&cols.full, scheduled) {
             (Some(f), Some(s)) => Some(recorded_run(row, f, s, node)?),
             _ => None,
         };
+        first_line.insert(job.name.clone(), row.line);
         jobs.push((job, run));
         Ok(())
     });
@@ -491,6 +501,27 @@ p1,6000,12288,1,460,T4|P100,BE,Running,50,40,50
 p2,4000,8192,0,0,,Burstable,Pending,60,70,
 p3,8000,8192,4,1000,V100M32,,Failed,70,170,70
 ";
+
+    #[test]
+    fn a_second_pod_with_the_same_name_is_skipped_naming_the_first() {
+        let catalog = GpuCatalog::default();
+        let text = format!("{PODS}p1,1000,1024,0,0,,BE,Running,80,90,80\n");
+        let (jobs, report) = parse_openb_pods("pods.csv", &text, &catalog).unwrap();
+        assert_eq!(jobs.len(), 4);
+        assert_eq!(jobs[1].cpu_milli, 6000, "the first p1 is kept");
+        assert_eq!(report.skipped.len(), 1);
+        assert_eq!(
+            (report.skipped[0].line, report.skipped[0].field.as_str()),
+            (6, "name")
+        );
+        assert!(
+            report.skipped[0]
+                .reason
+                .contains("duplicate pod name \"p1\" (first on line 3)"),
+            "{}",
+            report.skipped[0].reason
+        );
+    }
 
     #[test]
     fn pods_map_to_one_worker_jobs() {

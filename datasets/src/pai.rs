@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::bundled::PAI_MACHINE_SPEC_TGZ;
 use crate::gzip::{gunzip, tar_member};
-use crate::table::{Bad, Table, malformed};
+use crate::table::{Bad, Table, malformed, utf8_text};
 use crate::{DatasetError, ParseReport};
 
 const BATCH_HEADER: &str = ",worker,gpu,time,batch_time_norm";
@@ -140,9 +140,8 @@ pub fn parse_pai_machine_spec_archive(
     let bad = |reason: String| malformed(name, 1, "archive", reason);
     let tar = gunzip(archive).map_err(bad)?;
     let csv = tar_member(&tar, MACHINE_SPEC_MEMBER).map_err(bad)?;
-    let text = std::str::from_utf8(&csv)
-        .map_err(|e| bad(format!("{MACHINE_SPEC_MEMBER} is not UTF-8: {e}")))?;
     let file = format!("{name}:{MACHINE_SPEC_MEMBER}");
+    let text = utf8_text(&file, &csv)?;
     parse_pai_machine_spec(&file, text)
 }
 

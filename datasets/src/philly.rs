@@ -85,10 +85,24 @@ pub fn parse_philly(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), D
     Ok((jobs, report))
 }
 
-/// Seconds since the Unix epoch of a `YYYY-MM-DD HH:MM:SS` UTC timestamp. The canonical
-/// layout takes a fast path (chrono's format parser dominates the parse otherwise); other
-/// layouts go through chrono, which also words the errors.
+/// Seconds since the Unix epoch of a `YYYY-MM-DD HH:MM:SS` UTC timestamp, refused before
+/// 1970: no GPU cluster ran then, and one such row (a year `0000` from a broken export)
+/// would become the trace's start and push every other job millennia later.
 pub(crate) fn parse_timestamp(ts: &str) -> Result<i64, Bad> {
+    let t = parse_any_timestamp(ts)?;
+    if t < 0 {
+        return Err(Bad::new(
+            "timestamp",
+            format!("{ts:?} is before 1970-01-01, the earliest time a trace may hold"),
+        ));
+    }
+    Ok(t)
+}
+
+/// [`parse_timestamp`] without the range check. The canonical layout takes a fast path
+/// (chrono's format parser dominates the parse otherwise); other layouts go through
+/// chrono, which also words the errors.
+fn parse_any_timestamp(ts: &str) -> Result<i64, Bad> {
     let b = ts.as_bytes();
     let num = |range: std::ops::Range<usize>| -> Option<u32> {
         let digits = b.get(range)?;
@@ -342,10 +356,19 @@ mod tests {
             "2017-10-09 24:00:00",
             "2017-10-09",
             "yesterday",
+            "0000-01-01 00:00:00",
+            "1969-12-31 23:59:59",
         ] {
             let err = parse_timestamp(bad).unwrap_err();
             assert_eq!(err.field, "timestamp", "{bad}");
         }
+        assert!(
+            parse_timestamp("0000-10-09 10:00:00")
+                .unwrap_err()
+                .reason
+                .contains("before 1970-01-01")
+        );
+        assert_eq!(parse_timestamp("1970-01-01 00:00:00").unwrap(), 0);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::bundled::{
     POLLUX_WORKLOADS,
 };
 use crate::gzip::gunzip;
-use crate::table::{Table, malformed};
+use crate::table::{Table, malformed, utf8_text};
 use crate::{
     BatchTimeSample, CLUSTER_PRESETS, DatasetError, OccupancySeries, ParseReport, RecordedRun,
     cluster_preset, parse_chronus, parse_dlrm, parse_dlrm_recorded, parse_itp, parse_occupancy,
@@ -559,10 +559,16 @@ pub(crate) fn looks_like_path(arg: &str) -> bool {
 }
 
 pub(crate) fn read(path: &Path) -> Result<String, DatasetError> {
-    std::fs::read_to_string(path).map_err(|source| DatasetError::Io {
+    let bytes = std::fs::read(path).map_err(|source| DatasetError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    })?;
+    text_from_bytes(&path.display().to_string(), bytes)
+}
+
+fn text_from_bytes(file: &str, bytes: Vec<u8>) -> Result<String, DatasetError> {
+    utf8_text(file, &bytes)?;
+    Ok(String::from_utf8(bytes).expect("checked above"))
 }
 
 /// A text file, decompressed first if its name ends in `.gz`.
@@ -576,7 +582,7 @@ fn read_maybe_gzip(path: &Path) -> Result<String, DatasetError> {
         source,
     })?;
     let text = gunzip(&bytes).map_err(|reason| malformed(&file, 1, "gzip", reason))?;
-    String::from_utf8(text).map_err(|e| malformed(&file, 1, "gzip", format!("not UTF-8 text: {e}")))
+    text_from_bytes(&file, text)
 }
 
 /// Where unbundled traces are looked for, in order.

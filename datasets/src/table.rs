@@ -80,6 +80,27 @@ pub(crate) fn malformed(file: &str, line: usize, field: &str, reason: String) ->
     }
 }
 
+/// `bytes` as text, or a malformed-row error at the line and column of the first byte
+/// that is not UTF-8: a trace edited on another system should point at the row to fix.
+pub(crate) fn utf8_text<'b>(file: &str, bytes: &'b [u8]) -> Result<&'b str, DatasetError> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        let valid = &bytes[..e.valid_up_to()];
+        let line = 1 + valid.iter().filter(|&&b| b == b'\n').count();
+        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let column = valid.len() - line_start + 1;
+        malformed(
+            file,
+            line,
+            "encoding",
+            format!(
+                "byte {} of the line (0x{:02x}) is not UTF-8; the file must be UTF-8 text",
+                column,
+                bytes[e.valid_up_to()]
+            ),
+        )
+    })
+}
+
 impl std::fmt::Debug for Table<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Table")
@@ -347,6 +368,18 @@ pub(crate) fn parse_trace_seconds(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_that_is_not_utf8_is_reported_at_its_line_and_column() {
+        let bytes = b"name,gpus\njob-1,2\njo\xffb-2,4\n";
+        let err = utf8_text("trace.csv", bytes).unwrap_err().to_string();
+        assert!(
+            err.starts_with("trace.csv, line 3, field `encoding`"),
+            "{err}"
+        );
+        assert!(err.contains("byte 3 of the line (0xff)"), "{err}");
+        assert_eq!(utf8_text("t.csv", b"a,b\n1,2\n").unwrap(), "a,b\n1,2\n");
+    }
 
     #[test]
     fn integers_reject_negative_nan_fractions_and_overflow_with_reasons() {

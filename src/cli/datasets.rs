@@ -64,7 +64,7 @@ struct SynthArgs {
     /// Mean calm period between bursts, hours.
     #[arg(long, default_value_t = 4.0)]
     calm_hours: f64,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     /// Write the workload as a trace file that `marshal sim --trace` reads.
     #[arg(long)]
@@ -90,7 +90,7 @@ struct SampleArgs {
     /// Number of jobs to draw (without replacement; submission order is kept).
     #[arg(long)]
     jobs: usize,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     /// Write the sample as a trace file that `marshal sim --trace` reads.
     #[arg(long)]

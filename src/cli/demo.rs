@@ -9,7 +9,7 @@ use crate::cli::sim::{Experiment, ModeArg, SimArgs};
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Seeds per policy.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     seeds: u64,
 }
 

@@ -31,10 +31,10 @@ pub struct EvalArgs {
     cluster: Option<String>,
     #[arg(long, value_enum, default_value_t = ModeArg::Replay)]
     mode: ModeArg,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     /// Seeds (at least 2 for confidence intervals).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 5)]
     seeds: u64,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,

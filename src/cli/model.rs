@@ -44,7 +44,7 @@ pub struct PromoteArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     valid_traces: Vec<String>,
     /// Seeds per trace: 2000, 2001, … (validation seeds; evaluation uses 42 …).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     seeds: u64,
     /// Largest relative worsening against the current artifact allowed on any trace.
     #[arg(long, default_value_t = 0.02)]

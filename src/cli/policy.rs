@@ -77,7 +77,7 @@ pub struct TrainPolicyArgs {
     /// Output directory of the artifact (created).
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Seeds per training trace (episodes use seeds 1000 + seed …, never an evaluation seed).
     #[arg(long, default_value_t = 2)]

@@ -32,7 +32,7 @@ pub struct TrainFromLogArgs {
     /// Completed decisions a (job name, shape) group needs to be its own baseline.
     #[arg(long, default_value_t = 2)]
     min_group: usize,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
 }
 
@@ -49,6 +49,9 @@ pub fn train(a: TrainFromLogArgs) -> anyhow::Result<()> {
     let data = read_decision_log(&a.log)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("reading the decision log {}", a.log.display()))?;
+    for skipped in &data.skipped {
+        eprintln!("warning: left out a damaged decision-log file: {skipped}");
+    }
     let started = std::time::Instant::now();
     let trained = retrain_from_log(&a.init, &data, &a.out, &opts, &mut |epoch, step| {
         eprintln!(
@@ -61,9 +64,10 @@ pub fn train(a: TrainFromLogArgs) -> anyhow::Result<()> {
     .map_err(anyhow::Error::msg)?;
     let r = &trained.report;
     println!(
-        "{} decisions in {} files: {} used ({} on the learned path, {} with a (name, shape) baseline, mean weight {:.2}); skipped: {} without features, {} still running, {} not completed, {} unusable{}",
+        "{} decisions in {} files ({} damaged files left out): {} used ({} on the learned path, {} with a (name, shape) baseline, mean weight {:.2}); skipped: {} without features, {} still running, {} not completed, {} unusable{}",
         r.decisions,
         data.files,
+        data.skipped.len(),
         r.used,
         r.learned_path,
         r.own_group,

@@ -51,7 +51,7 @@ pub struct PredictorEvalArgs {
     /// The cluster the telemetry came from (needed with --model to rebuild placements).
     #[arg(long)]
     cluster: Option<String>,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     /// Where the networks train (with --measured).
     #[arg(long, value_enum, default_value = "cpu")]
@@ -157,7 +157,7 @@ pub struct TrainPredictorArgs {
     /// Artifact directory to write.
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,

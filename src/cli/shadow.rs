@@ -42,7 +42,7 @@ pub struct ShadowArgs {
     /// The heuristic whose placer puts the incumbent's jobs when the log names no node.
     #[arg(long, default_value = "best-fit")]
     pub incumbent_placer: String,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     pub seed: u64,
     /// Replay mode and `--outcomes`: write `report.json`, `records.jsonl` and
     /// `allocation.csv` here.

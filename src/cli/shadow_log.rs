@@ -30,19 +30,36 @@ pub(crate) struct LogSummary {
 }
 
 /// Reads a shadow log; a line that is not a decision record is an error naming
-/// `file:line`.
+/// `file:line`. The one exception is a last line with no newline that does not parse: a
+/// record torn by a crash (or still being written), which no caller received; it is left
+/// out with a warning.
 fn read_log(path: &Path) -> anyhow::Result<Vec<DecisionRecord>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file = path.display();
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(i, line)| {
-            serde_json::from_str(line)
-                .with_context(|| format!("{file}:{}: not a shadow-log decision record", i + 1))
-        })
-        .collect()
+    let torn_tail = !text.is_empty() && !text.ends_with('\n');
+    let line_count = text.lines().count();
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(r) => records.push(r),
+            Err(e) if torn_tail && i + 1 == line_count => eprintln!(
+                "warning: {file}:{}: left out a torn last record (no newline; the advisor \
+                 stopped or is still writing it): {e}",
+                i + 1
+            ),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "{file}:{}: not a shadow-log decision record",
+                    i + 1
+                )));
+            }
+        }
+    }
+    Ok(records)
 }
 
 pub(crate) fn summarise_log(path: &Path) -> anyhow::Result<LogSummary> {

@@ -49,10 +49,10 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::Replay)]
     pub mode: ModeArg,
     /// Seed of the (first) run.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     pub seed: u64,
     /// Number of seeds, from --seed upwards; prints the mean over seeds and each run.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub seeds: u64,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,

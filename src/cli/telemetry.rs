@@ -212,13 +212,15 @@ impl ConnectArgs {
             (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
             _ => None,
         };
-        Ok(marshal_scheduler::service::client::ClientConfig {
+        let config = marshal_scheduler::service::client::ClientConfig {
             url: url.to_string(),
             token,
             ca_pem: self.ca.as_ref().map(read).transpose()?,
             identity,
             domain: self.tls_domain.clone(),
-        })
+        };
+        config.validate()?;
+        Ok(config)
     }
 }
 
@@ -679,6 +681,7 @@ fn inspect(dir: &std::path::Path, format: Format) -> anyhow::Result<()> {
                     "max_sm_util_pct": g.max_sm_util_pct,
                     "peak_mem_used_bytes": g.peak_mem_used_bytes,
                     "mem_total_bytes": g.mem_total_bytes,
+                    "invalid_values": g.invalid_values,
                 })
             })
             .collect();
@@ -751,6 +754,15 @@ fn inspect(dir: &std::path::Path, format: Format) -> anyhow::Result<()> {
                 out,
                 "  … and {} more GPUs (--format json lists all)",
                 summary.gpus.len() - 64
+            )?;
+        }
+        let invalid: u64 = summary.gpus.iter().map(|g| g.invalid_values).sum();
+        if invalid > 0 {
+            writeln!(
+                out,
+                "  {invalid} values left out of these figures: NaN, negative, utilisation \
+                 above 100 % or memory used above installed (files another tool wrote; \
+                 --format json counts them per GPU)"
             )?;
         }
     }

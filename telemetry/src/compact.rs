@@ -129,6 +129,7 @@ pub fn compact_partition(dir: &Path, opts: &CompactOptions) -> Result<CompactRep
         sync_dir(dir)?;
     }
 
+    let partition_kind = partition_of(dir).map(|p| p.kind);
     let mut inputs: Vec<String> = names.into_iter().collect();
     inputs.sort_by_key(|n| (seq_of(n).unwrap_or(u64::MAX), n.clone()));
     let min_files = opts.min_files.max(2);
@@ -136,15 +137,24 @@ pub fn compact_partition(dir: &Path, opts: &CompactOptions) -> Result<CompactRep
         if inputs.len() < min_files {
             return Ok(report);
         }
-        // The kind comes from the first readable input; others must agree.
+        // The kind is the partition's (`kind=` in its path), so that a stray file of
+        // another kind is the one blamed whichever sorts first; outside a partition
+        // layout, the first readable input's. Others must agree.
         let mut kind = None;
         for n in &inputs {
             let p = dir.join(n);
             match read_metadata(&p).and_then(|md| check_file(&p, &md)) {
-                Ok(k) => {
+                Ok(k) if partition_kind.is_none_or(|pk| pk == k) => {
                     kind = Some(k);
                     break;
                 }
+                Ok(k) => report.skipped.push(FileError {
+                    path: p,
+                    reason: format!(
+                        "holds {k} rows, the partition holds {}",
+                        partition_kind.expect("checked by the guard above")
+                    ),
+                }),
                 Err(e) => report.skipped.push(FileError {
                     path: p,
                     reason: e.to_string(),
@@ -179,7 +189,7 @@ pub fn compact_partition(dir: &Path, opts: &CompactOptions) -> Result<CompactRep
         let mut out = AtomicParquetFile::create(dir, &name, kind.schema(), props)?;
         out.add_metadata(META_COMPACTED_FROM, inputs.join(","));
         if let Some(p) = partition_of(dir) {
-            out.add_metadata(META_PARTITION, p);
+            out.add_metadata(META_PARTITION, p.rel_dir().to_string_lossy().into_owned());
         }
         let paths: Vec<PathBuf> = inputs.iter().map(|n| dir.join(n)).collect();
         let rg = opts.write.row_group_rows;
@@ -234,15 +244,15 @@ pub fn compact_partition(dir: &Path, opts: &CompactOptions) -> Result<CompactRep
     }
 }
 
-fn partition_of(dir: &Path) -> Option<String> {
-    // The trailing `key=value` components of the directory.
+/// The partition `dir` is, from its trailing `key=value` components.
+fn partition_of(dir: &Path) -> Option<Partition> {
     let comps: Vec<&str> = dir
         .components()
         .filter_map(|c| c.as_os_str().to_str())
         .collect();
     let start = comps.iter().rposition(|c| !c.contains('='))? + 1;
     let rel: PathBuf = comps[start..].iter().collect();
-    Partition::parse(&rel).map(|(p, _)| p.rel_dir().to_string_lossy().into_owned())
+    Partition::parse(&rel).map(|(p, _)| p)
 }
 
 fn merge<R: Columnar>(

@@ -18,6 +18,7 @@ use parquet::file::statistics::Statistics;
 use crate::error::Result;
 use crate::reader::{FileError, Query, Scan, check_file, kv, list_files, read_metadata};
 use crate::schema::{META_SCHEMA_VERSION, TelemetryKind, col};
+use crate::validate::classify;
 
 /// Footer-level figures for one kind.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +79,10 @@ pub struct GpuSummary {
     pub peak_mem_used_bytes: Option<u64>,
     /// Installed memory, bytes (last seen).
     pub mem_total_bytes: Option<u64>,
+    /// Values left out of the figures above because the sink would have nulled them
+    /// (NaN, ±∞, negative, a percentage above 100, more memory used than installed):
+    /// files written by another tool may hold them.
+    pub invalid_values: u64,
 }
 
 /// See the [module docs](self).
@@ -108,6 +113,7 @@ struct Acc {
     mem: (f64, u64, Option<f32>),
     peak: Option<u64>,
     total: Option<u64>,
+    invalid: u64,
 }
 
 fn str_at(c: &ArrayRef, i: usize) -> Option<&str> {
@@ -128,10 +134,16 @@ fn str_at(c: &ArrayRef, i: usize) -> Option<&str> {
     }
 }
 
-fn add(acc: &mut (f64, u64, Option<f32>), v: f32) {
+/// Adds a utilisation to its mean and maximum; false (and nothing added) when the sink's
+/// validation rule would have nulled it.
+fn add_pct(acc: &mut (f64, u64, Option<f32>), v: f32) -> bool {
+    if classify(f64::from(v), 100.0).is_some() {
+        return false;
+    }
     acc.0 += f64::from(v);
     acc.1 += 1;
     acc.2 = Some(acc.2.map_or(v, |m| m.max(v)));
+    true
 }
 
 /// Summarises the directory at `root`.
@@ -276,14 +288,19 @@ pub fn summarize(root: &Path) -> Result<Summary> {
                 a.rows += 1;
                 a.first = a.first.min(ts.value(i));
                 a.last = a.last.max(ts.value(i));
-                if !sm.is_null(i) {
-                    add(&mut a.sm, sm.value(i));
+                if !sm.is_null(i) && !add_pct(&mut a.sm, sm.value(i)) {
+                    a.invalid += 1;
                 }
-                if !mu.is_null(i) {
-                    add(&mut a.mem, mu.value(i));
+                if !mu.is_null(i) && !add_pct(&mut a.mem, mu.value(i)) {
+                    a.invalid += 1;
                 }
                 if !used.is_null(i) {
-                    a.peak = Some(a.peak.map_or(used.value(i), |p| p.max(used.value(i))));
+                    let u = used.value(i);
+                    if !total.is_null(i) && u > total.value(i) {
+                        a.invalid += 1;
+                    } else {
+                        a.peak = Some(a.peak.map_or(u, |p| p.max(u)));
+                    }
                 }
                 if !total.is_null(i) {
                     a.total = Some(total.value(i));
@@ -314,6 +331,7 @@ pub fn summarize(root: &Path) -> Result<Summary> {
             max_mem_util_pct: a.mem.2,
             peak_mem_used_bytes: a.peak,
             mem_total_bytes: a.total,
+            invalid_values: a.invalid,
         })
         .collect();
     gpus.sort_by(|a, b| {

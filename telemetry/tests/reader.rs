@@ -227,6 +227,78 @@ fn write_with_version<R: Record>(
     w.close().unwrap();
 }
 
+/// A GPU file as another tool might write it: `rows` with some columns overwritten by
+/// values the sink's validation would have nulled.
+fn write_unvalidated_gpu_file(
+    part: &std::path::Path,
+    rows: &[GpuSample],
+    overwrite: &[(&str, arrow_array::ArrayRef)],
+) {
+    use marshal_telemetry::writer::writer_properties;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::metadata::KeyValue;
+
+    std::fs::create_dir_all(part).unwrap();
+    let batch = GpuSample::to_batch(rows, &mut ValidationReport::default()).unwrap();
+    let mut columns = batch.columns().to_vec();
+    for (name, array) in overwrite {
+        columns[batch.schema().index_of(name).unwrap()] = array.clone();
+    }
+    let batch = arrow_array::RecordBatch::try_new(batch.schema(), columns).unwrap();
+    let props = writer_properties(
+        TelemetryKind::Gpu,
+        &batch.schema(),
+        &[],
+        &WriteOptions::default(),
+        vec![],
+    )
+    .unwrap()
+    .into_builder()
+    .set_key_value_metadata(Some(vec![
+        KeyValue::new(
+            "marshal.telemetry.schema_version".into(),
+            SCHEMA_VERSION.to_string(),
+        ),
+        KeyValue::new("marshal.telemetry.kind".into(), "gpu".to_string()),
+    ]))
+    .build();
+    let f = std::fs::File::create(part.join("part-000001.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn summary_leaves_out_and_counts_values_the_sink_would_have_nulled() {
+    use arrow_array::{Float32Array, UInt64Array};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let rows = gpu_series(&["n1"], 1, DAY0_US, 4);
+    let sm = Float32Array::from(vec![Some(50.0), Some(f32::NAN), Some(150.0), Some(30.0)]);
+    let mu = Float32Array::from(vec![Some(-1.0), Some(20.0), Some(f32::INFINITY), None]);
+    let used = UInt64Array::from(vec![Some(10 << 30), Some(90 << 30), None, Some(12 << 30)]);
+    write_unvalidated_gpu_file(
+        &dir.path().join("kind=gpu/date=2025-03-14/node=n1"),
+        &rows,
+        &[
+            (col::SM_UTIL_PCT, Arc::new(sm)),
+            (col::MEM_UTIL_PCT, Arc::new(mu)),
+            (col::MEM_USED_BYTES, Arc::new(used)),
+        ],
+    );
+    let s = summarize(dir.path()).unwrap();
+    assert_eq!(s.gpus.len(), 1);
+    let g = &s.gpus[0];
+    assert_eq!(g.rows, 4);
+    // NaN and 150 % out of SM; −1 % and ∞ out of memory utilisation; 90 of 80 GiB out.
+    assert_eq!(g.invalid_values, 5);
+    assert_eq!(g.mean_sm_util_pct, Some(40.0));
+    assert_eq!(g.max_sm_util_pct, Some(50.0));
+    assert_eq!(g.mean_mem_util_pct, Some(20.0));
+    assert_eq!(g.peak_mem_used_bytes, Some(12 << 30));
+}
+
 #[test]
 fn gpu_files_of_schema_version_1_are_refused_node_files_are_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -420,6 +492,41 @@ fn compaction_leaves_damaged_files_alone() {
     let (rows, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
     assert_eq!(rows.len(), all.len() + extra.len());
     assert_eq!(report.errors.len(), 2);
+}
+
+#[test]
+fn compaction_blames_the_file_of_another_kind_even_when_it_sorts_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(gpu_series(&["n1"], 2, DAY0_US, 5)).unwrap();
+    sink.finish().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(gpu_series(&["n1"], 2, DAY0_US + 100 * SEC, 5))
+        .unwrap();
+    sink.finish().unwrap();
+    let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    let gpu_files = list_files(dir.path()).unwrap().files;
+    assert_eq!(gpu_files.len(), 2);
+
+    // A node-kind file copied into the GPU partition, named to sort before the others.
+    let other = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(other.path())).unwrap();
+    sink.send(vec![node_sample("n1", DAY0_US)]).unwrap();
+    sink.finish().unwrap();
+    let node_file = list_files(other.path()).unwrap().files.remove(0).path;
+    let stray = part.join("part-000000.parquet");
+    std::fs::copy(&node_file, &stray).unwrap();
+
+    let report = compact_partition(&part, &CompactOptions::default()).unwrap();
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert_eq!(report.skipped[0].path, stray);
+    assert_eq!(
+        report.skipped[0].reason,
+        "holds node rows, the partition holds gpu"
+    );
+    assert_eq!(report.inputs.len(), 2);
+    assert_eq!(report.rows, 20);
+    assert!(stray.exists(), "the stray file is left in place");
 }
 
 #[test]

@@ -122,6 +122,11 @@ pub async fn run_connected(
     {
         return Err(AgentError::Config("the speedup must be positive".into()));
     }
+    // A malformed URL or token fails every attempt the same way: say so once, not retry.
+    config
+        .client
+        .validate()
+        .map_err(|e| AgentError::Config(e.to_string()))?;
     let (exit_tx, mut exits) = mpsc::unbounded_channel();
     let mut runner = Runner::new(
         &config.node.name,

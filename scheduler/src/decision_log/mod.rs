@@ -526,6 +526,8 @@ pub struct DecisionLogData {
     pub outcomes: Vec<OutcomeRow>,
     /// Files read.
     pub files: usize,
+    /// Files left out because they could not be read, each with its path and reason.
+    pub skipped: Vec<String>,
 }
 
 impl DecisionLogData {
@@ -586,109 +588,133 @@ fn opt_f64(a: &Float64Array, i: usize) -> Option<f64> {
     (!a.is_null(i)).then(|| a.value(i))
 }
 
-/// Reads the decision log under `dir` (both file sets). A damaged file is an error
-/// naming it.
+/// Reads the decision log under `dir` (both file sets). A damaged file (cut short, of
+/// another schema) is skipped whole and named in [`DecisionLogData::skipped`], so one bad
+/// file costs its own rows only; a directory that cannot be listed is an error.
 pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
     let mut data = DecisionLogData::default();
     for path in parquet_files(&dir.join(DECISIONS_DIR))? {
-        data.files += 1;
-        for b in batches(&path)? {
-            let err = |e: String| format!("{}: {e}", path.display());
-            let u64s = |n| column::<UInt64Array>(&b, n).map_err(err);
-            let u32s = |n| column::<UInt32Array>(&b, n).map_err(err);
-            let strs = |n| column::<StringArray>(&b, n).map_err(err);
-            let (id, at, prio) = (
-                u64s("decision_id")?,
-                column::<Int64Array>(&b, "at_us").map_err(err)?,
-                column::<Int32Array>(&b, "priority").map_err(err)?,
-            );
-            let (job, name, tenant, kind, comm) = (
-                strs("job_id")?,
-                strs("job_name")?,
-                strs("tenant")?,
-                strs("gpu_kind")?,
-                strs("comm")?,
-            );
-            let (workers, gpw, cpu, mem) = (
-                u32s("workers")?,
-                u32s("gpu_milli_per_worker")?,
-                u32s("cpu_milli")?,
-                u64s("memory_mib")?,
-            );
-            let pre = column::<BooleanArray>(&b, "preemptible").map_err(err)?;
-            let (qd, idle, feas) = (
-                u32s("queue_depth")?,
-                u32s("idle_gpus")?,
-                u32s("feasible_nodes")?,
-            );
-            let (verdict, reason, nodes, gpus) = (
-                strs("verdict")?,
-                strs("reason")?,
-                strs("nodes")?,
-                strs("gpus")?,
-            );
-            let placed = u64s("gpu_milli_placed")?;
-            let (path_c, policy, version) =
-                (strs("path")?, strs("policy")?, strs("model_version")?);
-            let conf = column::<Float64Array>(&b, "confidence").map_err(err)?;
-            let feats = features::FeatureColumns::of(&b).map_err(err)?;
-            for i in 0..b.num_rows() {
-                data.decisions.push(DecisionRow {
-                    decision_id: id.value(i),
-                    at_us: at.value(i),
-                    job_id: job.value(i).into(),
-                    job_name: name.value(i).into(),
-                    tenant: tenant.value(i).into(),
-                    priority: prio.value(i),
-                    workers: workers.value(i),
-                    gpu_kind: kind.value(i).into(),
-                    gpu_milli_per_worker: gpw.value(i),
-                    cpu_milli: cpu.value(i),
-                    memory_mib: mem.value(i),
-                    comm: comm.value(i).into(),
-                    preemptible: pre.value(i),
-                    queue_depth: qd.value(i),
-                    idle_gpus: idle.value(i),
-                    feasible_nodes: feas.value(i),
-                    verdict: verdict.value(i).into(),
-                    reason: reason.value(i).into(),
-                    nodes: nodes.value(i).into(),
-                    gpus: gpus.value(i).into(),
-                    gpu_milli_placed: placed.value(i),
-                    path: path_c.value(i).into(),
-                    confidence: opt_f64(conf, i),
-                    policy: policy.value(i).into(),
-                    model_version: (!version.is_null(i)).then(|| version.value(i).to_string()),
-                    features: feats.row(i).map_err(err)?,
-                });
+        match decisions_in(&path) {
+            Ok(rows) => {
+                data.files += 1;
+                data.decisions.extend(rows);
             }
+            Err(e) => data.skipped.push(e),
         }
     }
     for path in parquet_files(&dir.join(OUTCOMES_DIR))? {
-        data.files += 1;
-        for b in batches(&path)? {
-            let err = |e: String| format!("{}: {e}", path.display());
-            let id = column::<UInt64Array>(&b, "decision_id").map_err(err)?;
-            let job = column::<StringArray>(&b, "job_id").map_err(err)?;
-            let state = column::<StringArray>(&b, "state").map_err(err)?;
-            let at = column::<Int64Array>(&b, "at_us").map_err(err)?;
-            let wait = column::<Float64Array>(&b, "wait_s").map_err(err)?;
-            let run = column::<Float64Array>(&b, "run_s").map_err(err)?;
-            for i in 0..b.num_rows() {
-                data.outcomes.push(OutcomeRow {
-                    decision_id: id.value(i),
-                    job_id: job.value(i).into(),
-                    state: state.value(i).into(),
-                    at_us: at.value(i),
-                    wait_s: wait.value(i),
-                    run_s: opt_f64(run, i),
-                });
+        match outcomes_in(&path) {
+            Ok(rows) => {
+                data.files += 1;
+                data.outcomes.extend(rows);
             }
+            Err(e) => data.skipped.push(e),
         }
     }
     data.decisions.sort_by_key(|d| d.decision_id);
     data.outcomes.sort_by_key(|o| (o.at_us, o.decision_id));
     Ok(data)
+}
+
+/// Every decision row of one file, or why the file is unusable (naming it).
+fn decisions_in(path: &Path) -> Result<Vec<DecisionRow>, String> {
+    let mut rows = Vec::new();
+    for b in batches(path)? {
+        let err = |e: String| format!("{}: {e}", path.display());
+        let u64s = |n| column::<UInt64Array>(&b, n).map_err(err);
+        let u32s = |n| column::<UInt32Array>(&b, n).map_err(err);
+        let strs = |n| column::<StringArray>(&b, n).map_err(err);
+        let (id, at, prio) = (
+            u64s("decision_id")?,
+            column::<Int64Array>(&b, "at_us").map_err(err)?,
+            column::<Int32Array>(&b, "priority").map_err(err)?,
+        );
+        let (job, name, tenant, kind, comm) = (
+            strs("job_id")?,
+            strs("job_name")?,
+            strs("tenant")?,
+            strs("gpu_kind")?,
+            strs("comm")?,
+        );
+        let (workers, gpw, cpu, mem) = (
+            u32s("workers")?,
+            u32s("gpu_milli_per_worker")?,
+            u32s("cpu_milli")?,
+            u64s("memory_mib")?,
+        );
+        let pre = column::<BooleanArray>(&b, "preemptible").map_err(err)?;
+        let (qd, idle, feas) = (
+            u32s("queue_depth")?,
+            u32s("idle_gpus")?,
+            u32s("feasible_nodes")?,
+        );
+        let (verdict, reason, nodes, gpus) = (
+            strs("verdict")?,
+            strs("reason")?,
+            strs("nodes")?,
+            strs("gpus")?,
+        );
+        let placed = u64s("gpu_milli_placed")?;
+        let (path_c, policy, version) = (strs("path")?, strs("policy")?, strs("model_version")?);
+        let conf = column::<Float64Array>(&b, "confidence").map_err(err)?;
+        let feats = features::FeatureColumns::of(&b).map_err(err)?;
+        for i in 0..b.num_rows() {
+            rows.push(DecisionRow {
+                decision_id: id.value(i),
+                at_us: at.value(i),
+                job_id: job.value(i).into(),
+                job_name: name.value(i).into(),
+                tenant: tenant.value(i).into(),
+                priority: prio.value(i),
+                workers: workers.value(i),
+                gpu_kind: kind.value(i).into(),
+                gpu_milli_per_worker: gpw.value(i),
+                cpu_milli: cpu.value(i),
+                memory_mib: mem.value(i),
+                comm: comm.value(i).into(),
+                preemptible: pre.value(i),
+                queue_depth: qd.value(i),
+                idle_gpus: idle.value(i),
+                feasible_nodes: feas.value(i),
+                verdict: verdict.value(i).into(),
+                reason: reason.value(i).into(),
+                nodes: nodes.value(i).into(),
+                gpus: gpus.value(i).into(),
+                gpu_milli_placed: placed.value(i),
+                path: path_c.value(i).into(),
+                confidence: opt_f64(conf, i),
+                policy: policy.value(i).into(),
+                model_version: (!version.is_null(i)).then(|| version.value(i).to_string()),
+                features: feats.row(i).map_err(err)?,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Every outcome row of one file, or why the file is unusable (naming it).
+fn outcomes_in(path: &Path) -> Result<Vec<OutcomeRow>, String> {
+    let mut rows = Vec::new();
+    for b in batches(path)? {
+        let err = |e: String| format!("{}: {e}", path.display());
+        let id = column::<UInt64Array>(&b, "decision_id").map_err(err)?;
+        let job = column::<StringArray>(&b, "job_id").map_err(err)?;
+        let state = column::<StringArray>(&b, "state").map_err(err)?;
+        let at = column::<Int64Array>(&b, "at_us").map_err(err)?;
+        let wait = column::<Float64Array>(&b, "wait_s").map_err(err)?;
+        let run = column::<Float64Array>(&b, "run_s").map_err(err)?;
+        for i in 0..b.num_rows() {
+            rows.push(OutcomeRow {
+                decision_id: id.value(i),
+                job_id: job.value(i).into(),
+                state: state.value(i).into(),
+                at_us: at.value(i),
+                wait_s: wait.value(i),
+                run_s: opt_f64(run, i),
+            });
+        }
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -721,17 +747,19 @@ mod tests {
         }
     }
 
+    /// Small files, flushed only when full or finished.
+    fn four_row_files() -> LogOptions {
+        LogOptions {
+            file_rows: 4,
+            flush_ms: 60_000,
+            channel_batches: 16,
+        }
+    }
+
     #[test]
     fn rows_round_trip_through_rolling_files() {
         let dir = tempfile::tempdir().unwrap();
-        let log = DecisionLog::open(
-            dir.path(),
-            LogOptions {
-                file_rows: 4,
-                flush_ms: 60_000,
-                channel_batches: 16,
-            },
-        );
+        let log = DecisionLog::open(dir.path(), four_row_files());
         for id in 1..=10 {
             log.send(LogBatch {
                 decisions: vec![decision(id)],
@@ -764,6 +792,40 @@ mod tests {
                 .iter()
                 .all(|(d, o)| o.is_none_or(|o| o.decision_id == d.decision_id))
         );
+    }
+
+    #[test]
+    fn a_damaged_file_is_skipped_by_name_and_costs_only_its_own_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = DecisionLog::open(dir.path(), four_row_files());
+        for id in 1..=10 {
+            log.send(LogBatch {
+                decisions: vec![decision(id)],
+                outcomes: vec![],
+            });
+        }
+        log.finish();
+        let files = parquet_files(&dir.path().join(DECISIONS_DIR)).unwrap();
+        assert_eq!(files.len(), 3);
+        // Cut the second file short, and drop in a Parquet file of another schema.
+        let bytes = std::fs::read(&files[1]).unwrap();
+        std::fs::write(&files[1], &bytes[..bytes.len() / 2]).unwrap();
+        let batch = decisions_batch(&[decision(99)]).unwrap();
+        write_file(&dir.path().join(OUTCOMES_DIR), "foreign.parquet", &batch).unwrap();
+
+        let data = read_decision_log(dir.path()).unwrap();
+        assert_eq!(data.files, 2);
+        assert_eq!(data.skipped.len(), 2, "{:?}", data.skipped);
+        assert!(data.skipped[0].contains(&files[1].display().to_string()));
+        assert!(data.skipped[1].contains("foreign.parquet"));
+        assert!(
+            data.skipped[1].contains("column state missing"),
+            "{:?}",
+            data.skipped
+        );
+        let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 9, 10]);
+        assert!(data.outcomes.is_empty());
     }
 
     #[test]

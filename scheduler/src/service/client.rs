@@ -27,6 +27,43 @@ pub struct ClientConfig {
     pub domain: Option<String>,
 }
 
+impl ClientConfig {
+    /// Checks what no retry can fix: the URL must be `http://` or `https://` with a host
+    /// (and no path), and the token printable ASCII. A connection that is refused is not
+    /// checked here; the agent retries that.
+    pub fn validate(&self) -> Result<(), ClientError> {
+        let url_err = |m: &str| ClientError::Url {
+            url: self.url.clone(),
+            message: m.to_string(),
+        };
+        let uri: tonic::codegen::http::Uri = self
+            .url
+            .parse()
+            .map_err(|e: tonic::codegen::http::uri::InvalidUri| url_err(&e.to_string()))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            Some(other) => {
+                return Err(url_err(&format!("scheme {other:?} is not http or https")));
+            }
+            None => return Err(url_err("no scheme; write http://host:port")),
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(url_err("no host"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(url_err(
+                "the scheduler is addressed by scheme, host and port only (no path)",
+            ));
+        }
+        if let Some(t) = &self.token
+            && MetadataValue::<tonic::metadata::Ascii>::try_from(format!("Bearer {t}")).is_err()
+        {
+            return Err(ClientError::Token("not printable ASCII".into()));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("scheduler URL {url:?}: {message}")]
@@ -225,5 +262,41 @@ mod tests {
         assert_eq!(delays, vec![100, 200, 400, 500, 500]);
         b.reset();
         assert_eq!(b.next_delay().as_millis(), 100);
+    }
+
+    #[test]
+    fn urls_and_tokens_no_retry_can_fix_are_refused_up_front() {
+        let config = |url: &str| ClientConfig {
+            url: url.into(),
+            ..ClientConfig::default()
+        };
+        for good in [
+            "http://127.0.0.1:50051",
+            "https://sched.example:443/",
+            "http://[::1]:1",
+        ] {
+            config(good).validate().unwrap();
+        }
+        for (bad, why) in [
+            ("not a url", "invalid"),
+            ("127.0.0.1:50051", "no scheme"),
+            ("localhost:50051", "no scheme"),
+            ("grpc://h:1", "is not http or https"),
+            ("ftp://h:1", "is not http or https"),
+            ("http://h:1/api", "no path"),
+            ("http://h:1?x=1", "no path"),
+            ("", "empty"),
+        ] {
+            let err = config(bad).validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("scheduler URL {bad:?}")) && err.contains(why),
+                "{bad}: {err}"
+            );
+        }
+        let with_token = ClientConfig {
+            token: Some("tok\nen".into()),
+            ..config("http://h:1")
+        };
+        assert!(matches!(with_token.validate(), Err(ClientError::Token(_))));
     }
 }

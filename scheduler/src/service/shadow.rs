@@ -52,8 +52,14 @@ impl ShadowAdvisor {
         log: &Path,
         model: Arc<dyn ModelSlot>,
     ) -> Result<Self, std::io::Error> {
-        let existing = match std::fs::read_to_string(log) {
-            Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).count() as u64,
+        let existing = match std::fs::read(log) {
+            Ok(bytes) => {
+                let complete = drop_torn_record(log, &bytes)?;
+                bytes[..complete]
+                    .split(|&b| b == b'\n')
+                    .filter(|l| !l.trim_ascii().is_empty())
+                    .count() as u64
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
             Err(e) => return Err(e),
         };
@@ -81,6 +87,26 @@ impl ShadowAdvisor {
         }
         log.flush().map_err(io)
     }
+}
+
+/// A log that does not end in a newline was cut mid-record (a crash or a full disk while
+/// appending). That record's call failed, so no caller saw it; appending after it would
+/// glue the next record onto it and damage both, so it is cut off. Returns the length of
+/// the complete records.
+fn drop_torn_record(log: &Path, bytes: &[u8]) -> Result<usize, std::io::Error> {
+    if bytes.is_empty() || bytes.ends_with(b"\n") {
+        return Ok(bytes.len());
+    }
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    tracing::warn!(
+        log = %log.display(),
+        bytes = bytes.len() - complete,
+        "the shadow log ends in a torn record (no newline); cut off before appending"
+    );
+    let file = std::fs::OpenOptions::new().write(true).open(log)?;
+    file.set_len(complete as u64)?;
+    file.sync_all()?;
+    Ok(complete)
 }
 
 #[tonic::async_trait]
@@ -134,5 +160,28 @@ impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
         Ok(Response::new(
             record.to_pb(&crate::domain::GpuCatalog::default()),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::model::NoModel;
+
+    #[test]
+    fn a_torn_last_record_is_cut_off_before_appending_and_ids_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("shadow.jsonl");
+        let complete = "{\"id\":1}\n{\"id\":2}\n";
+        std::fs::write(&log, format!("{complete}{{\"id\":3,\"jo")).unwrap();
+        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), complete);
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 3);
+
+        // A log that ends cleanly is left as it is.
+        drop(advisor);
+        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), complete);
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 3);
     }
 }

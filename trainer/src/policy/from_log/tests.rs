@@ -72,6 +72,7 @@ fn every_row_is_accounted_for_and_faster_runs_weigh_more() {
             outcome(7, "FAILED", Some(10.0)),
         ],
         files: 0,
+        skipped: Vec::new(),
     };
     let opts = LogTrainOptions::default();
     let (samples, report) = log_samples(&data, &opts);
