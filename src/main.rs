@@ -10,7 +10,31 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The status a shell reports for a process that SIGPIPE ended (128 + 13).
+const CLOSED_PIPE_STATUS: i32 = 141;
+
+/// `println!` panics when stdout is a closed pipe (`marshal list | head -1`); Rust ignores
+/// SIGPIPE and the workspace forbids the `unsafe` that would restore it. Such a panic
+/// stops the process quietly with the status SIGPIPE would have given; every other
+/// panic goes to the default hook.
+fn exit_quietly_on_closed_stdout() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(CLOSED_PIPE_STATUS);
+        }
+        default_hook(info);
+    }));
+}
+
 fn main() -> std::process::ExitCode {
+    exit_quietly_on_closed_stdout();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

@@ -472,3 +472,21 @@ fn eval_compares_policies_with_intervals_and_plots() {
         "at least 2",
     );
 }
+
+#[test]
+fn a_closed_stdout_stops_the_command_quietly() {
+    use std::process::{Command, Stdio};
+    // The reader goes away before the command prints (it parses the trace first), as
+    // with `| head -1` on a longer output.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args(["datasets", "describe", "philly"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+}

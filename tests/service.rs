@@ -806,6 +806,28 @@ const CLIENT_TOKEN: &str = "client-token-0123456789abcdef0123456789";
 const AGENT_TOKEN: &str = "agent-token-0123456789abcdef01234567890";
 
 #[test]
+fn a_decision_log_dir_that_cannot_be_written_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    runtime().block_on(async {
+        let mut cfg = config(&dir.path().join("db.redb"));
+        cfg.decision_log_dir = Some(file.clone());
+        let Err(err) = service::start(cfg, common::three_nodes(), Arc::new(NoModel)).await else {
+            panic!("started with a file as the decision log directory");
+        };
+        let err = err.to_string();
+        assert!(
+            err.starts_with(&format!(
+                "configuration: decision_log_dir {}",
+                file.display()
+            )),
+            "{err}"
+        );
+    });
+}
+
+#[test]
 fn malformed_and_unauthorised_requests_get_precise_status_codes() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {
@@ -927,6 +949,24 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
             pb::JobState::Pending as i32,
             "no node registered yet"
         );
+        // A reason is stored and listed: one too long to list is refused.
+        let e = code(
+            jobs.cancel(with_token(
+                pb::CancelRequest {
+                    job_id: job.id,
+                    reason: "r".repeat(3_500_000),
+                },
+                CLIENT_TOKEN,
+            ))
+            .await,
+        );
+        assert_eq!(e.code(), Code::InvalidArgument, "{}", &e.message()[..80]);
+        assert!(
+            e.message()
+                .starts_with("reason: 3500000 bytes, at most 1024"),
+            "{}",
+            &e.message()[..80]
+        );
         jobs.cancel(with_token(
             pb::CancelRequest {
                 job_id: job.id,
@@ -948,7 +988,20 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
         );
         assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
         assert!(e.message().contains("already cancelled"), "{e:?}");
-        // Nodes.
+        // Nodes. An error quoting a huge name stays small enough for any client.
+        let e = code(
+            nodes
+                .drain(with_token(
+                    pb::DrainRequest {
+                        node: "g".repeat(100_000),
+                        reason: String::new(),
+                    },
+                    AGENT_TOKEN,
+                ))
+                .await,
+        );
+        assert_eq!(e.code(), Code::NotFound, "{}", &e.message()[..80]);
+        assert!(e.message().len() < 1100, "{} bytes", e.message().len());
         let mut unknown = node_info(0);
         unknown.name = "ghost".into();
         let e = code(

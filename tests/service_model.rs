@@ -485,14 +485,17 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
 fn a_missing_model_and_an_unwritable_log_do_not_stop_scheduling() {
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("no-model-here");
-    let file = tmp.path().join("a-file");
-    std::fs::write(&file, b"not a directory").unwrap();
+    let log = tmp.path().join("log");
     let config = ServiceConfig {
         require_registration: false,
-        ..config(tmp.path(), &missing, file.join("log"))
+        ..config(tmp.path(), &missing, log.clone())
     };
     runtime().block_on(async move {
         let (handle, ch, mut admin) = serve(config, &missing).await;
+        // The log directory goes bad after start (a directory that cannot be written at
+        // start is refused then): a file where it was.
+        std::fs::remove_dir_all(&log).unwrap();
+        std::fs::write(&log, b"not a directory").unwrap();
         let i = info(&mut admin).await;
         assert!(!i.loaded);
         assert!(i.detail.contains("no usable model"), "{}", i.detail);

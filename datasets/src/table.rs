@@ -233,9 +233,23 @@ impl<'a> Table<'a> {
         expected: &str,
         matches: impl Fn(&str) -> bool,
     ) -> Result<Col, DatasetError> {
-        match self.header.iter().position(|h| matches(h)) {
-            Some(index) => Ok(Col { index, name }),
-            None => Err(malformed(
+        let mut found = self.header.iter().enumerate().filter(|(_, h)| matches(h));
+        match (found.next(), found.next()) {
+            // Two columns of one name: which one the writer meant is unknowable, and
+            // taking the first would read the wrong values without a word.
+            (Some((first, _)), Some((second, _))) => Err(malformed(
+                self.file,
+                1,
+                name,
+                format!(
+                    "the header names this column twice (fields {} and {}): `{}`",
+                    first + 1,
+                    second + 1,
+                    self.header_line()
+                ),
+            )),
+            (Some((index, _)), None) => Ok(Col { index, name }),
+            (None, _) => Err(malformed(
                 self.file,
                 1,
                 name,
@@ -368,6 +382,22 @@ pub(crate) fn parse_trace_seconds(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_column_named_twice_in_the_header_is_refused() {
+        let table = Table::open("t.csv", "a,b,A,a\n1,2,3,4\n", "a,b").unwrap();
+        let err = table.column("a", "a,b").unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "t.csv, line 1, field `a`: the header names this column twice (fields 1 and 4)"
+            ),
+            "{err}"
+        );
+        assert_eq!(table.column("b", "a,b").unwrap().index, 1);
+        let err = table.column_ignore_case("b", "a,b");
+        assert!(err.is_ok());
+        assert!(table.column_ignore_case("a", "a,b").is_err());
+    }
 
     #[test]
     fn a_byte_that_is_not_utf8_is_reported_at_its_line_and_column() {

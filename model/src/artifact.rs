@@ -176,8 +176,38 @@ pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     fs::write(path, text).map_err(io_err(path))
 }
 
+/// Largest artifact file read, in bytes (the shipped policy is about 36 KB, predictors a
+/// few MB).
+pub const MAX_ARTIFACT_FILE_BYTES: u64 = 256 << 20;
+
+/// Reads `path` if it is a regular file of at most [`MAX_ARTIFACT_FILE_BYTES`]. A FIFO
+/// would block the reader forever and a device such as `/dev/zero` never ends, so
+/// anything else is refused before it is opened (`InvalidData`, saying why).
+pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let meta = fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".into()));
+    }
+    if meta.len() > MAX_ARTIFACT_FILE_BYTES {
+        return Err(refuse(format!(
+            "{} bytes, more than the {MAX_ARTIFACT_FILE_BYTES} an artifact file may hold",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    fs::File::open(path)?
+        .take(MAX_ARTIFACT_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_ARTIFACT_FILE_BYTES {
+        return Err(refuse("grew past the size limit while being read".into()));
+    }
+    Ok(bytes)
+}
+
 pub(crate) fn read(path: PathBuf) -> Result<(PathBuf, Vec<u8>)> {
-    match fs::read(&path) {
+    match read_regular_file(&path) {
         Ok(bytes) => Ok((path, bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ModelError::MissingFile { path }),
         Err(source) => Err(ModelError::Io { path, source }),

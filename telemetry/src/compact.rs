@@ -278,6 +278,20 @@ fn merge<R: Columnar>(
             Ok(k) => return bad(format!("holds {k} rows, the partition holds {kind}")),
             Err(e) => return bad(e.to_string()),
         }
+        // The merged file has the kind's columns only: a column another tool added would
+        // be lost with the input, so such a file is left alone.
+        let schema = kind.schema();
+        if let Some(extra) = builder
+            .schema()
+            .fields()
+            .iter()
+            .find(|f| schema.field_with_name(f.name()).is_err())
+        {
+            return bad(format!(
+                "column {:?} is not in the {kind} schema; merging would drop it",
+                extra.name()
+            ));
+        }
         let reader = match builder.with_batch_size(8192).build() {
             Ok(r) => r,
             Err(e) => return bad(e.to_string()),

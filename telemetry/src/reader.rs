@@ -422,6 +422,11 @@ impl Scan {
         &self.report
     }
 
+    /// The file the last batch came from.
+    pub fn current_file(&self) -> Option<&Path> {
+        self.current.as_ref().map(|(p, _)| p.as_path())
+    }
+
     /// Consumes the scan, returning its report.
     pub fn into_report(self) -> ScanReport {
         self.report

@@ -146,6 +146,33 @@ fn add_pct(acc: &mut (f64, u64, Option<f32>), v: f32) -> bool {
     true
 }
 
+fn is_micros(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, _)
+    )
+}
+
+/// Files whose batches the per-GPU figures could not use, each named once: another
+/// tool's types, or rows without their identity. Their rows still count in the kind's
+/// footer figures, so the per-GPU rows then add up to less, and this says why.
+#[derive(Default)]
+struct Unreadable {
+    errors: Vec<FileError>,
+}
+
+impl Unreadable {
+    fn note(&mut self, file: Option<&Path>, reason: &str) {
+        let Some(path) = file else { return };
+        if !self.errors.iter().any(|e| e.path == path) {
+            self.errors.push(FileError {
+                path: path.to_path_buf(),
+                reason: format!("per-GPU figures leave this file out: {reason}"),
+            });
+        }
+    }
+}
+
 /// Summarises the directory at `root`.
 pub fn summarize(root: &Path) -> Result<Summary> {
     let listing = list_files(root)?;
@@ -172,6 +199,27 @@ pub fn summarize(root: &Path) -> Result<Summary> {
                 continue;
             }
         };
+        let schema = parquet_to_arrow_schema(
+            md.file_metadata().schema_descr(),
+            md.file_metadata().key_value_metadata(),
+        )
+        .ok()
+        .map(std::sync::Arc::new);
+        // Another tool's nanosecond timestamps would read as microseconds, a thousandfold.
+        let ts_type = schema
+            .as_ref()
+            .and_then(|s| s.field_with_name(col::TIMESTAMP).ok())
+            .map(|f| f.data_type().clone());
+        if let Some(t) = ts_type.filter(|t| !is_micros(t)) {
+            errors.push(FileError {
+                path: f.path.clone(),
+                reason: format!(
+                    "column {} has type {t}, expected microsecond timestamps",
+                    col::TIMESTAMP
+                ),
+            });
+            continue;
+        }
         let k = kinds.entry(kind).or_insert_with(|| KindSummary {
             kind,
             files: 0,
@@ -191,12 +239,7 @@ pub fn summarize(root: &Path) -> Result<Summary> {
             k.schema_versions.insert(v);
         }
         if k.schema.is_none() {
-            k.schema = parquet_to_arrow_schema(
-                md.file_metadata().schema_descr(),
-                md.file_metadata().key_value_metadata(),
-            )
-            .ok()
-            .map(std::sync::Arc::new);
+            k.schema = schema;
         }
         let ts_leaf = md
             .file_metadata()
@@ -230,8 +273,17 @@ pub fn summarize(root: &Path) -> Result<Summary> {
             col::MEM_USED_BYTES,
             col::MEM_TOTAL_BYTES,
         ]);
-        let mut scan = Scan::from_files(listing.files.clone(), query)?;
-        for batch in scan.by_ref() {
+        let refused: BTreeSet<&Path> = errors.iter().map(|e| e.path.as_path()).collect();
+        let readable = listing
+            .files
+            .iter()
+            .filter(|f| !refused.contains(f.path.as_path()))
+            .cloned()
+            .collect();
+        let mut scan = Scan::from_files(readable, query)?;
+        let mut unreadable = Unreadable::default();
+        while let Some(batch) = scan.next() {
+            let file = scan.current_file().map(Path::to_path_buf);
             let get = |n: &str| batch.column_by_name(n).cloned();
             let (
                 Some(ts),
@@ -255,6 +307,7 @@ pub fn summarize(root: &Path) -> Result<Summary> {
                 get(col::MEM_TOTAL_BYTES),
             )
             else {
+                unreadable.note(file.as_deref(), "a column the summary needs is missing");
                 continue;
             };
             let (Some(ts), Some(idx), Some(sm), Some(mu), Some(used), Some(total)) = (
@@ -265,11 +318,19 @@ pub fn summarize(root: &Path) -> Result<Summary> {
                 used.as_primitive_opt::<UInt64Type>(),
                 total.as_primitive_opt::<UInt64Type>(),
             ) else {
+                unreadable.note(
+                    file.as_deref(),
+                    "a column has another type than the schema's (e.g. float64 for float32)",
+                );
                 continue;
             };
             let mut last_key: Option<(String, String)> = None;
             for i in 0..batch.num_rows() {
                 let (Some(n), Some(u)) = (str_at(&node, i), str_at(&uuid, i)) else {
+                    unreadable.note(
+                        file.as_deref(),
+                        "rows without a node or GPU UUID (required columns) left out",
+                    );
                     continue;
                 };
                 if last_key.as_ref().is_none_or(|(ln, lu)| ln != n || lu != u) {
@@ -307,6 +368,7 @@ pub fn summarize(root: &Path) -> Result<Summary> {
                 }
             }
         }
+        errors.extend(unreadable.errors);
         let known: BTreeSet<PathBuf> = errors.iter().map(|e| e.path.clone()).collect();
         errors.extend(
             scan.into_report()

@@ -241,10 +241,19 @@ fn write_unvalidated_gpu_file(
     std::fs::create_dir_all(part).unwrap();
     let batch = GpuSample::to_batch(rows, &mut ValidationReport::default()).unwrap();
     let mut columns = batch.columns().to_vec();
+    let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
     for (name, array) in overwrite {
-        columns[batch.schema().index_of(name).unwrap()] = array.clone();
+        let i = batch.schema().index_of(name).unwrap();
+        columns[i] = array.clone();
+        fields[i] = std::sync::Arc::new(
+            fields[i]
+                .as_ref()
+                .clone()
+                .with_data_type(array.data_type().clone()),
+        );
     }
-    let batch = arrow_array::RecordBatch::try_new(batch.schema(), columns).unwrap();
+    let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
+    let batch = arrow_array::RecordBatch::try_new(schema, columns).unwrap();
     let props = writer_properties(
         TelemetryKind::Gpu,
         &batch.schema(),
@@ -297,6 +306,50 @@ fn summary_leaves_out_and_counts_values_the_sink_would_have_nulled() {
     assert_eq!(g.max_sm_util_pct, Some(50.0));
     assert_eq!(g.mean_mem_util_pct, Some(20.0));
     assert_eq!(g.peak_mem_used_bytes, Some(12 << 30));
+}
+
+#[test]
+fn summary_names_files_of_other_types_instead_of_dropping_them_silently() {
+    use arrow_array::{Float64Array, TimestampNanosecondArray};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let rows = gpu_series(&["n1"], 1, DAY0_US, 4);
+    let f64_util = Float64Array::from(vec![Some(50.0); 4]);
+    write_unvalidated_gpu_file(
+        &dir.path().join("kind=gpu/date=2025-03-14/node=n1"),
+        &rows,
+        &[(col::SM_UTIL_PCT, Arc::new(f64_util))],
+    );
+    let ns: Vec<i64> = rows.iter().map(|r| r.timestamp_us * 1000).collect();
+    write_unvalidated_gpu_file(
+        &dir.path().join("kind=gpu/date=2025-03-14/node=n2"),
+        &rows,
+        &[(col::TIMESTAMP, Arc::new(TimestampNanosecondArray::from(ns)))],
+    );
+    let s = summarize(dir.path()).unwrap();
+    let reasons: Vec<String> = s
+        .errors
+        .iter()
+        .map(|e| format!("{}: {}", e.path.display(), e.reason))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("node=n1")
+            && r.contains("per-GPU figures leave this file out: a column has another type")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("node=n2") && r.contains("expected microsecond timestamps")),
+        "{reasons:?}"
+    );
+    assert!(s.gpus.is_empty());
+    // The nanosecond file is left out of the span rather than stretching it a thousandfold.
+    let gpu = &s.kinds[0];
+    assert_eq!((gpu.files, gpu.rows), (1, 4));
+    assert_eq!(gpu.last_us.unwrap() - gpu.first_us.unwrap(), 3 * SEC);
 }
 
 #[test]
@@ -527,6 +580,66 @@ fn compaction_blames_the_file_of_another_kind_even_when_it_sorts_first() {
     assert_eq!(report.inputs.len(), 2);
     assert_eq!(report.rows, 20);
     assert!(stray.exists(), "the stray file is left in place");
+}
+
+#[test]
+fn compaction_leaves_a_file_with_columns_of_its_own_in_place() {
+    use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    sink.send(gpu_series(&["n1"], 2, DAY0_US, 5)).unwrap();
+    sink.finish().unwrap();
+    let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    // The same rows again, plus a column of another tool's.
+    let good = list_files(dir.path()).unwrap().files.remove(0).path;
+    let rows = std::fs::File::open(&good).unwrap();
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(rows).unwrap();
+    let metadata = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned();
+    let batch = reader.build().unwrap().next().unwrap().unwrap();
+    let extra: ArrayRef = Arc::new(Int32Array::from(vec![7; batch.num_rows()]));
+    let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
+    fields.push(Arc::new(arrow_schema::Field::new(
+        "zzz",
+        arrow_schema::DataType::Int32,
+        false,
+    )));
+    let mut columns = batch.columns().to_vec();
+    columns.push(extra);
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
+    let wide = RecordBatch::try_new(schema.clone(), columns).unwrap();
+    let stray = part.join("part-000000.parquet");
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+        .set_key_value_metadata(metadata)
+        .build();
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&stray).unwrap(),
+        schema,
+        Some(props),
+    )
+    .unwrap();
+    w.write(&wide).unwrap();
+    w.close().unwrap();
+
+    let report = compact_partition(&part, &CompactOptions::default()).unwrap();
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert_eq!(report.skipped[0].path, stray);
+    assert!(
+        report.skipped[0]
+            .reason
+            .contains("column \"zzz\" is not in the gpu schema"),
+        "{}",
+        report.skipped[0].reason
+    );
+    assert!(stray.exists() && good.exists(), "nothing merged or removed");
+    assert!(report.output.is_none());
 }
 
 #[test]

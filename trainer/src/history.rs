@@ -276,9 +276,9 @@ impl StepHistory {
     /// Reads a history written by [`StepHistory::save`]; a damaged file is an error that
     /// names it.
     pub fn load(path: &Path) -> Result<Self, TrainerError> {
-        let text = std::fs::read_to_string(path)
+        let bytes = marshal_model::artifact::read_regular_file(path)
             .map_err(|e| TrainerError::Invalid(format!("reading {}: {e}", path.display())))?;
-        let entries: Vec<HistoryEntry> = serde_json::from_str(&text).map_err(|e| {
+        let entries: Vec<HistoryEntry> = serde_json::from_slice(&bytes).map_err(|e| {
             TrainerError::Invalid(format!("{}: not a step history: {e}", path.display()))
         })?;
         let positive = |v: f64| v.is_finite() && v > 0.0;

@@ -187,20 +187,34 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
         &meta.candidate_feature_names,
         &CANDIDATE_FEATURE_NAMES,
     )?;
-    if !(meta.margin_threshold.is_finite() && meta.distance_limit > 0.0) {
-        return Err(corrupt(
-            &meta_path,
-            "gate thresholds must be finite and positive",
-        ));
-    }
-    if let Some((name, _)) = meta
-        .gates
-        .iter()
-        .find(|(_, g)| !g.margin_threshold.is_finite())
+    // A margin is never negative, so a negative threshold would turn the gate off
+    // without a word; 0 (never hand over on the margin) is a choice training can make.
+    let usable_margin = |t: f32| t.is_finite() && t >= 0.0;
+    if !(usable_margin(meta.margin_threshold)
+        && meta.distance_limit.is_finite()
+        && meta.distance_limit > 0.0)
     {
         return Err(corrupt(
             &meta_path,
-            format!("the gate threshold for fallback {name} is not finite"),
+            format!(
+                "gate thresholds must be finite, the margin threshold at least 0 and the \
+                 distance limit positive (margin {}, distance {})",
+                meta.margin_threshold, meta.distance_limit
+            ),
+        ));
+    }
+    if let Some((name, g)) = meta
+        .gates
+        .iter()
+        .find(|(_, g)| !usable_margin(g.margin_threshold))
+    {
+        return Err(corrupt(
+            &meta_path,
+            format!(
+                "the gate threshold for fallback {name} is {}; it must be a finite number, \
+                 at least 0",
+                g.margin_threshold
+            ),
         ));
     }
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
@@ -296,7 +310,7 @@ pub fn artifact_fingerprint(dir: &Path) -> Option<u64> {
         }
     };
     for f in files {
-        let bytes = fs::read(&f).ok()?;
+        let bytes = crate::artifact::read_regular_file(&f).ok()?;
         eat(f.file_name()?.to_string_lossy().as_bytes());
         eat(&(bytes.len() as u64).to_le_bytes());
         eat(&bytes);
@@ -408,6 +422,52 @@ mod tests {
             err.contains(WEIGHTS_FILE) && err.contains("not finite"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_negative_or_infinite_gate_threshold_is_refused_not_a_silent_open_gate() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        let text = fs::read_to_string(dir.join(META_FILE)).unwrap();
+        let set = |from: &str, to: &str| {
+            assert!(text.contains(from), "{text}");
+            fs::write(dir.join(META_FILE), text.replace(from, to)).unwrap();
+            load_policy(&dir).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let err = set("\"margin_threshold\": 0.2", "\"margin_threshold\": -5.0").unwrap_err();
+        assert!(err.contains("margin -5"), "{err}");
+        let err = set("\"distance_limit\": 5.0", "\"distance_limit\": 0.0").unwrap_err();
+        assert!(err.contains("distance 0"), "{err}");
+        set("\"margin_threshold\": 0.2", "\"margin_threshold\": 0.0").unwrap();
+        let gated = text.replace(
+            "\"margin_threshold\": 0.2",
+            "\"margin_threshold\": 0.2, \"gates\": {\"tiresias\": {\"margin_threshold\": -1.0, \
+             \"tolerance\": 0.02, \"episodes\": [], \"scores\": {}}}",
+        );
+        fs::write(dir.join(META_FILE), gated).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(err.contains("fallback tiresias is -1"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_a_device_in_place_of_a_file_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        fs::remove_file(dir.join(META_FILE)).unwrap();
+        let status = std::process::Command::new("mkfifo")
+            .arg(dir.join(META_FILE))
+            .status();
+        if status.is_ok_and(|s| s.success()) {
+            let err = load_policy(&dir).unwrap_err().to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+            fs::remove_file(dir.join(META_FILE)).unwrap();
+        }
+        std::os::unix::fs::symlink("/dev/zero", dir.join(META_FILE)).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 
     #[test]

@@ -109,7 +109,7 @@ pub fn read_promotion_record(dir: &Path) -> Result<Option<PromotionRecord>, Stri
     let Some(path) = promotion_record_path(dir) else {
         return Err(format!("{}: the path has no directory name", dir.display()));
     };
-    match std::fs::read(&path) {
+    match crate::artifact::read_regular_file(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| format!("promotion record {}: {e}", path.display())),

@@ -34,6 +34,9 @@ pub const MAX_NODES: u64 = 1_000_000;
 /// The most GPUs a cluster spec may describe.
 pub const MAX_GPUS: u64 = 4_000_000;
 
+/// Longest node name accepted, in bytes (the gRPC API's limit on names).
+pub const MAX_NODE_NAME: usize = 256;
+
 /// `count` identical nodes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +59,18 @@ pub struct NodeGroupSpec {
     pub nvlink_domain: u16,
     pub cpu_milli: u32,
     pub memory_mib: u64,
+}
+
+impl NodeGroupSpec {
+    /// The name of the group's `n`-th node, which is node `id` of the cluster: its
+    /// explicit name, else `<prefix>-<n>`, else `node-<id>`.
+    pub fn node_name(&self, n: u32, id: u32) -> String {
+        match (self.names.get(n as usize), &self.name_prefix) {
+            (Some(name), _) => name.clone(),
+            (None, Some(prefix)) => format!("{prefix}-{n}"),
+            (None, None) => format!("node-{id}"),
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -154,6 +169,32 @@ impl ClusterSpec {
                 self.gpu_count()
             ));
         }
+        // A node is addressed by its name (an agent registers under it, records are kept
+        // by it), so two nodes of one name would leave one of them unreachable.
+        let mut seen: std::collections::HashMap<String, usize> = Default::default();
+        let mut id = 0u32;
+        for (i, g) in self.node_groups.iter().enumerate() {
+            for n in 0..g.count {
+                let name = g.node_name(n, id);
+                id += 1;
+                if name.is_empty() || name.len() > MAX_NODE_NAME {
+                    return invalid(format!(
+                        "node group {i}: node name of {} bytes (must be 1..={MAX_NODE_NAME})",
+                        name.len()
+                    ));
+                }
+                if name.chars().any(char::is_control) {
+                    return invalid(format!(
+                        "node group {i}: node name {name:?} contains control characters"
+                    ));
+                }
+                if let Some(first) = seen.insert(name.clone(), i) {
+                    return invalid(format!(
+                        "node name {name:?} is used twice (node groups {first} and {i})"
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -204,6 +245,31 @@ memory_mib = 2097152
         assert!(err.contains("NVLink islands"), "{err}");
         let no_model = DGX.replace("gpu_model = \"H100\"", "");
         assert!(ClusterSpec::from_toml(&no_model).is_err());
+    }
+
+    #[test]
+    fn node_names_must_be_unique_and_usable_as_names() {
+        let twice = format!("{DGX}\n{}", &DGX[DGX.find("[[nodes]]").unwrap()..]);
+        let err = ClusterSpec::from_toml(&twice).unwrap_err().to_string();
+        assert!(
+            err.contains("node name \"dgx-0\" is used twice (node groups 0 and 1)"),
+            "{err}"
+        );
+        let named = |names: &str| DGX.replace("name_prefix = \"dgx\"", &format!("names = {names}"));
+        let err = ClusterSpec::from_toml(&named(r#"["a", "a"]"#)).unwrap_err();
+        assert!(err.to_string().contains("\"a\" is used twice"), "{err}");
+        let err = ClusterSpec::from_toml(&named(r#"["a", "c\nd"]"#)).unwrap_err();
+        assert!(err.to_string().contains("control characters"), "{err}");
+        let err = ClusterSpec::from_toml(&named(r#"["a", ""]"#)).unwrap_err();
+        assert!(err.to_string().contains("0 bytes"), "{err}");
+        let long = format!(r#"["a", "{}"]"#, "x".repeat(MAX_NODE_NAME + 1));
+        assert!(ClusterSpec::from_toml(&named(&long)).is_err());
+        assert_eq!(
+            ClusterSpec::from_toml(&named(r#"["a", "b"]"#))
+                .unwrap()
+                .node_count(),
+            2
+        );
     }
 
     #[test]

@@ -152,11 +152,7 @@ impl Topology {
                 }
                 let rack = RackId(racks.len() as u32 - 1);
                 racks[rack.0 as usize].nodes.end = id + 1;
-                let name = match (group.names.get(n as usize), &group.name_prefix) {
-                    (Some(name), _) => name.clone(),
-                    (None, Some(prefix)) => format!("{prefix}-{n}"),
-                    (None, None) => format!("node-{id}"),
-                };
+                let name = group.node_name(n, id);
                 let first_gpu = gpus.len() as u32;
                 for index in 0..group.gpus {
                     if index % island_size == 0 {

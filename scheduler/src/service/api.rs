@@ -8,7 +8,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::service::convert::{job_id, job_to_pb, state_from_pb};
+use crate::service::convert::{self, job_id, job_to_pb, state_from_pb};
 use crate::service::core::{Core, Event, now_us};
 use crate::service::error::ServiceError;
 use crate::service::pb;
@@ -106,6 +106,7 @@ impl JobService for Api {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let req = req.into_inner();
         let id = job_id("job_id", req.job_id)?.0;
+        convert::reason("reason", &req.reason)?;
         self.core
             .mutate(|inner| inner.cancel(id, &req.reason, now_us()))
             .await?;
@@ -281,7 +282,8 @@ impl NodeService for Api {
         &self,
         req: Request<pb::ReportJobRequest>,
     ) -> Result<Response<pb::ReportJobResponse>, Status> {
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.message = convert::report_message(&req.message);
         let id = self
             .core
             .mutate(|inner| inner.report(&req, now_us()))
@@ -311,6 +313,7 @@ impl NodeService for Api {
         req: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::NodeStatus>, Status> {
         let req = req.into_inner();
+        convert::reason("reason", &req.reason)?;
         let n = self
             .core
             .mutate(|inner| inner.drain(&req.node, &req.reason, now_us()))
@@ -323,6 +326,7 @@ impl NodeService for Api {
         req: Request<pb::CordonRequest>,
     ) -> Result<Response<pb::NodeStatus>, Status> {
         let req = req.into_inner();
+        convert::reason("reason", &req.reason)?;
         let n = self
             .core
             .mutate(|inner| inner.cordon(&req.node, req.cordon, &req.reason))

@@ -11,6 +11,9 @@ use crate::service::pb;
 
 /// Longest name, tenant or idempotency key accepted, in bytes.
 pub const MAX_TEXT: usize = 256;
+/// Longest free-text reason (Cancel, Drain, Cordon) accepted, and longest agent report
+/// message kept, in bytes: each is stored on its job or node and returned by every List.
+pub const MAX_REASON: usize = 1024;
 /// Largest gang accepted.
 pub const MAX_WORKERS: u32 = 100_000;
 
@@ -25,6 +28,48 @@ fn text(field: &str, value: &str) -> Result<(), ServiceError> {
         return Err(ServiceError::invalid(field, "contains control characters"));
     }
     Ok(())
+}
+
+/// An operator's reason: at most [`MAX_REASON`] bytes; newlines and tabs allowed, other
+/// control characters not.
+pub fn reason(field: &str, value: &str) -> Result<(), ServiceError> {
+    if value.len() > MAX_REASON {
+        return Err(ServiceError::invalid(
+            field,
+            format!("{} bytes, at most {MAX_REASON}", value.len()),
+        ));
+    }
+    if value
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err(ServiceError::invalid(field, "contains control characters"));
+    }
+    Ok(())
+}
+
+/// An agent's report message, kept whatever it holds (refusing it would lose the report):
+/// control characters other than newlines and tabs become spaces, and it is cut to
+/// [`MAX_REASON`] bytes on a character boundary.
+pub fn report_message(value: &str) -> String {
+    let mut out: String = value
+        .chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect();
+    if out.len() > MAX_REASON {
+        let mut cut = MAX_REASON;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
 }
 
 pub fn demand_from_pb(gpu: Option<&pb::GpuDemand>) -> Result<GpuDemand, ServiceError> {
@@ -341,6 +386,23 @@ mod tests {
             gpu: demand_to_pb(GpuDemand::Whole(4)),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn reasons_are_bounded_and_report_messages_kept_but_cut() {
+        reason("reason", "maintenance\nticket 42").unwrap();
+        let err = reason("reason", &"r".repeat(MAX_REASON + 1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("reason: {} bytes, at most {MAX_REASON}", MAX_REASON + 1)
+        );
+        assert!(reason("reason", "a\u{7}b").is_err());
+        let kept = report_message(&format!("exit 1\u{1b}[31m{}", "é".repeat(MAX_REASON)));
+        assert!(
+            kept.len() <= MAX_REASON && kept.starts_with("exit 1 [31m"),
+            "{kept}"
+        );
+        assert_eq!(report_message("exit 1\nkilled"), "exit 1\nkilled");
     }
 
     #[test]

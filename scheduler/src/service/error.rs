@@ -26,8 +26,36 @@ impl ServiceError {
     }
 }
 
+/// Longest status message sent, in bytes. Messages quote the request's values, and a
+/// grpc-core client refuses a status whose metadata passes 16 KiB (reporting its own
+/// `RESOURCE_EXHAUSTED` instead of the server's code), so a long quoted value is cut.
+pub const MAX_STATUS_MESSAGE: usize = 1024;
+
+/// `message`, cut to [`MAX_STATUS_MESSAGE`] bytes on a character boundary, saying how
+/// much was left out.
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_STATUS_MESSAGE {
+        let total = message.len();
+        let mut cut = MAX_STATUS_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(&format!("… ({} more bytes not shown)", total - cut));
+    }
+    message
+}
+
 impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Status {
+        let e = match e {
+            ServiceError::InvalidArgument(m) => ServiceError::InvalidArgument(bounded(m)),
+            ServiceError::NotFound(m) => ServiceError::NotFound(bounded(m)),
+            ServiceError::FailedPrecondition(m) => ServiceError::FailedPrecondition(bounded(m)),
+            ServiceError::AlreadyExists(m) => ServiceError::AlreadyExists(bounded(m)),
+            ServiceError::Unavailable(m) => ServiceError::Unavailable(bounded(m)),
+            ServiceError::Internal(m) => ServiceError::Internal(bounded(m)),
+        };
         match e {
             ServiceError::InvalidArgument(m) => Status::invalid_argument(m),
             ServiceError::NotFound(m) => Status::not_found(m),
@@ -56,4 +84,25 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_quoting_a_huge_value_is_cut_to_a_bounded_message() {
+        let long = format!("node {:?} is not in the inventory", "é".repeat(50_000));
+        let status = Status::from(ServiceError::NotFound(long.clone()));
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE + 40);
+        assert!(long.starts_with(status.message().split('…').next().unwrap()));
+        assert!(
+            status.message().ends_with("more bytes not shown)"),
+            "{}",
+            status.message()
+        );
+        let short = Status::from(ServiceError::invalid("spec.workers", "0 workers"));
+        assert_eq!(short.message(), "spec.workers: 0 workers");
+    }
 }

@@ -207,12 +207,31 @@ pub async fn start_advisor(
 }
 
 /// Opens the database, restores the state and starts serving on `config.listen`.
+/// The decision log's writer never fails the scheduler (it counts lost rows), so a
+/// directory it can never write is refused at start, where the operator is looking.
+fn check_log_dir(dir: &std::path::Path) -> Result<(), StartError> {
+    use crate::decision_log::{DECISIONS_DIR, OUTCOMES_DIR};
+    let refuse =
+        |e: std::io::Error| StartError::Config(format!("decision_log_dir {}: {e}", dir.display()));
+    for sub in [DECISIONS_DIR, OUTCOMES_DIR] {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).map_err(refuse)?;
+        let probe = d.join(".write-check");
+        std::fs::write(&probe, b"").map_err(refuse)?;
+        std::fs::remove_file(&probe).map_err(refuse)?;
+    }
+    Ok(())
+}
+
 pub async fn start(
     config: ServiceConfig,
     cluster: ClusterSpec,
     model: Arc<dyn ModelSlot>,
 ) -> Result<ServerHandle, StartError> {
     config.validate()?;
+    if let Some(dir) = &config.decision_log_dir {
+        check_log_dir(dir)?;
+    }
     let (db, durable) = (config.db.clone(), config.durable_commits);
     if !durable {
         tracing::warn!("durable_commits = false: a crash loses recent changes (benchmarking only)");
