@@ -9,7 +9,7 @@ use crate::bundled::{
     POLLUX_WORKLOADS,
 };
 use crate::gzip::gunzip;
-use crate::table::{Table, malformed, utf8_text};
+use crate::table::{Table, malformed, not_utf8};
 use crate::{
     BatchTimeSample, CLUSTER_PRESETS, DatasetError, OccupancySeries, ParseReport, RecordedRun,
     cluster_preset, parse_chronus, parse_dlrm, parse_dlrm_recorded, parse_itp, parse_occupancy,
@@ -567,8 +567,7 @@ pub(crate) fn read(path: &Path) -> Result<String, DatasetError> {
 }
 
 fn text_from_bytes(file: &str, bytes: Vec<u8>) -> Result<String, DatasetError> {
-    utf8_text(file, &bytes)?;
-    Ok(String::from_utf8(bytes).expect("checked above"))
+    String::from_utf8(bytes).map_err(|e| not_utf8(file, e.as_bytes(), e.utf8_error()))
 }
 
 /// A text file, decompressed first if its name ends in `.gz`.

@@ -83,22 +83,24 @@ pub(crate) fn malformed(file: &str, line: usize, field: &str, reason: String) ->
 /// `bytes` as text, or a malformed-row error at the line and column of the first byte
 /// that is not UTF-8: a trace edited on another system should point at the row to fix.
 pub(crate) fn utf8_text<'b>(file: &str, bytes: &'b [u8]) -> Result<&'b str, DatasetError> {
-    std::str::from_utf8(bytes).map_err(|e| {
-        let valid = &bytes[..e.valid_up_to()];
-        let line = 1 + valid.iter().filter(|&&b| b == b'\n').count();
-        let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let column = valid.len() - line_start + 1;
-        malformed(
-            file,
-            line,
-            "encoding",
-            format!(
-                "byte {} of the line (0x{:02x}) is not UTF-8; the file must be UTF-8 text",
-                column,
-                bytes[e.valid_up_to()]
-            ),
-        )
-    })
+    std::str::from_utf8(bytes).map_err(|e| not_utf8(file, bytes, e))
+}
+
+/// The error for `bytes` failing UTF-8 decoding with `e`.
+pub(crate) fn not_utf8(file: &str, bytes: &[u8], e: std::str::Utf8Error) -> DatasetError {
+    let valid = &bytes[..e.valid_up_to()];
+    let line = 1 + valid.iter().filter(|&&b| b == b'\n').count();
+    let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    malformed(
+        file,
+        line,
+        "encoding",
+        format!(
+            "byte {} of the line (0x{:02x}) is not UTF-8; the file must be UTF-8 text",
+            valid.len() - line_start + 1,
+            bytes[e.valid_up_to()]
+        ),
+    )
 }
 
 impl std::fmt::Debug for Table<'_> {

@@ -196,20 +196,20 @@ fn files_from_a_newer_schema_version_are_refused() {
     );
 }
 
-/// Writes `rows` as a file of `kind` claiming schema `version`, under `part`.
-fn write_with_version<R: Record>(
-    part: &std::path::Path,
+/// Writes `batch` to the file `path` (its directory created) as a file of `kind` claiming
+/// schema `version`, with the sink's writer settings.
+fn write_batch(
+    path: &std::path::Path,
     kind: TelemetryKind,
     version: &str,
-    rows: &[R],
+    batch: &arrow_array::RecordBatch,
 ) {
     use marshal_telemetry::writer::writer_properties;
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
 
-    std::fs::create_dir_all(part).unwrap();
-    let schema = R::schema();
-    let props = writer_properties(kind, &schema, &[], &WriteOptions::default(), vec![])
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let props = writer_properties(kind, &batch.schema(), &[], &WriteOptions::default(), vec![])
         .unwrap()
         .into_builder()
         .set_key_value_metadata(Some(vec![
@@ -220,61 +220,79 @@ fn write_with_version<R: Record>(
             KeyValue::new("marshal.telemetry.kind".into(), kind.to_string()),
         ]))
         .build();
-    let f = std::fs::File::create(part.join("part-000001.parquet")).unwrap();
-    let mut w = ArrowWriter::try_new(f, schema, Some(props)).unwrap();
-    let mut report = ValidationReport::default();
-    w.write(&R::to_batch(rows, &mut report).unwrap()).unwrap();
+    let f = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
+    w.write(batch).unwrap();
     w.close().unwrap();
 }
 
-/// A GPU file as another tool might write it: `rows` with some columns overwritten by
-/// values the sink's validation would have nulled.
-fn write_unvalidated_gpu_file(
+/// Writes `rows` as a file of `kind` claiming schema `version`, under `part`.
+fn write_with_version<R: Record>(
     part: &std::path::Path,
-    rows: &[GpuSample],
-    overwrite: &[(&str, arrow_array::ArrayRef)],
+    kind: TelemetryKind,
+    version: &str,
+    rows: &[R],
 ) {
-    use marshal_telemetry::writer::writer_properties;
-    use parquet::arrow::ArrowWriter;
-    use parquet::file::metadata::KeyValue;
+    let batch = R::to_batch(rows, &mut ValidationReport::default()).unwrap();
+    write_batch(&part.join("part-000001.parquet"), kind, version, &batch);
+}
 
-    std::fs::create_dir_all(part).unwrap();
+/// `rows` as a GPU batch, with the columns named in `replace` swapped for the arrays given
+/// (of any type) and the columns in `append` added: a file as another tool might write it.
+fn foreign_gpu_batch(
+    rows: &[GpuSample],
+    replace: &[(&str, arrow_array::ArrayRef)],
+    append: &[(&str, arrow_array::ArrayRef)],
+) -> arrow_array::RecordBatch {
+    use std::sync::Arc;
     let batch = GpuSample::to_batch(rows, &mut ValidationReport::default()).unwrap();
     let mut columns = batch.columns().to_vec();
     let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
-    for (name, array) in overwrite {
+    for (name, array) in replace {
         let i = batch.schema().index_of(name).unwrap();
         columns[i] = array.clone();
-        fields[i] = std::sync::Arc::new(
+        fields[i] = Arc::new(
             fields[i]
                 .as_ref()
                 .clone()
                 .with_data_type(array.data_type().clone()),
         );
     }
-    let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
-    let batch = arrow_array::RecordBatch::try_new(schema, columns).unwrap();
-    let props = writer_properties(
+    for (name, array) in append {
+        columns.push(array.clone());
+        fields.push(Arc::new(arrow_schema::Field::new(
+            *name,
+            array.data_type().clone(),
+            true,
+        )));
+    }
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
+    arrow_array::RecordBatch::try_new(schema, columns).unwrap()
+}
+
+/// A GPU file as another tool might write it: `rows` with some columns overwritten by
+/// values (or types) the sink would not have written.
+fn write_unvalidated_gpu_file(
+    part: &std::path::Path,
+    rows: &[GpuSample],
+    overwrite: &[(&str, arrow_array::ArrayRef)],
+) {
+    write_batch(
+        &part.join("part-000001.parquet"),
         TelemetryKind::Gpu,
-        &batch.schema(),
-        &[],
-        &WriteOptions::default(),
-        vec![],
-    )
-    .unwrap()
-    .into_builder()
-    .set_key_value_metadata(Some(vec![
-        KeyValue::new(
-            "marshal.telemetry.schema_version".into(),
-            SCHEMA_VERSION.to_string(),
-        ),
-        KeyValue::new("marshal.telemetry.kind".into(), "gpu".to_string()),
-    ]))
-    .build();
-    let f = std::fs::File::create(part.join("part-000001.parquet")).unwrap();
-    let mut w = ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+        &SCHEMA_VERSION.to_string(),
+        &foreign_gpu_batch(rows, overwrite, &[]),
+    );
+}
+
+/// Writes `rows` through a sink of its own into `dir`.
+fn record<R>(dir: &std::path::Path, rows: Vec<R>)
+where
+    Vec<R>: Into<Records>,
+{
+    let sink = TelemetrySink::open(SinkConfig::new(dir)).unwrap();
+    sink.send(rows).unwrap();
+    sink.finish().unwrap();
 }
 
 #[test]
@@ -550,22 +568,15 @@ fn compaction_leaves_damaged_files_alone() {
 #[test]
 fn compaction_blames_the_file_of_another_kind_even_when_it_sorts_first() {
     let dir = tempfile::tempdir().unwrap();
-    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
-    sink.send(gpu_series(&["n1"], 2, DAY0_US, 5)).unwrap();
-    sink.finish().unwrap();
-    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
-    sink.send(gpu_series(&["n1"], 2, DAY0_US + 100 * SEC, 5))
-        .unwrap();
-    sink.finish().unwrap();
+    record(dir.path(), gpu_series(&["n1"], 2, DAY0_US, 5));
+    record(dir.path(), gpu_series(&["n1"], 2, DAY0_US + 100 * SEC, 5));
     let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
     let gpu_files = list_files(dir.path()).unwrap().files;
     assert_eq!(gpu_files.len(), 2);
 
     // A node-kind file copied into the GPU partition, named to sort before the others.
     let other = tempfile::tempdir().unwrap();
-    let sink = TelemetrySink::open(SinkConfig::new(other.path())).unwrap();
-    sink.send(vec![node_sample("n1", DAY0_US)]).unwrap();
-    sink.finish().unwrap();
+    record(other.path(), vec![node_sample("n1", DAY0_US)]);
     let node_file = list_files(other.path()).unwrap().files.remove(0).path;
     let stray = part.join("part-000000.parquet");
     std::fs::copy(&node_file, &stray).unwrap();
@@ -584,49 +595,23 @@ fn compaction_blames_the_file_of_another_kind_even_when_it_sorts_first() {
 
 #[test]
 fn compaction_leaves_a_file_with_columns_of_its_own_in_place() {
-    use arrow_array::{ArrayRef, Int32Array, RecordBatch};
+    use arrow_array::Int32Array;
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
-    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
-    sink.send(gpu_series(&["n1"], 2, DAY0_US, 5)).unwrap();
-    sink.finish().unwrap();
+    let rows = gpu_series(&["n1"], 2, DAY0_US, 5);
+    record(dir.path(), rows.clone());
     let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
-    // The same rows again, plus a column of another tool's.
     let good = list_files(dir.path()).unwrap().files.remove(0).path;
-    let rows = std::fs::File::open(&good).unwrap();
-    let reader =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(rows).unwrap();
-    let metadata = reader
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .cloned();
-    let batch = reader.build().unwrap().next().unwrap().unwrap();
-    let extra: ArrayRef = Arc::new(Int32Array::from(vec![7; batch.num_rows()]));
-    let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
-    fields.push(Arc::new(arrow_schema::Field::new(
-        "zzz",
-        arrow_schema::DataType::Int32,
-        false,
-    )));
-    let mut columns = batch.columns().to_vec();
-    columns.push(extra);
-    let schema = Arc::new(arrow_schema::Schema::new(fields));
-    let wide = RecordBatch::try_new(schema.clone(), columns).unwrap();
+    // The same rows again, plus a column of another tool's.
+    let zzz = Arc::new(Int32Array::from(vec![7; rows.len()]));
     let stray = part.join("part-000000.parquet");
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
-        .set_key_value_metadata(metadata)
-        .build();
-    let mut w = parquet::arrow::ArrowWriter::try_new(
-        std::fs::File::create(&stray).unwrap(),
-        schema,
-        Some(props),
-    )
-    .unwrap();
-    w.write(&wide).unwrap();
-    w.close().unwrap();
+    write_batch(
+        &stray,
+        TelemetryKind::Gpu,
+        &SCHEMA_VERSION.to_string(),
+        &foreign_gpu_batch(&rows, &[], &[("zzz", zzz)]),
+    );
 
     let report = compact_partition(&part, &CompactOptions::default()).unwrap();
     assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);

@@ -55,13 +55,16 @@ impl ClientConfig {
                 "the scheduler is addressed by scheme, host and port only (no path)",
             ));
         }
-        if let Some(t) = &self.token
-            && MetadataValue::<tonic::metadata::Ascii>::try_from(format!("Bearer {t}")).is_err()
-        {
-            return Err(ClientError::Token("not printable ASCII".into()));
-        }
+        self.token.as_deref().map(bearer).transpose()?;
         Ok(())
     }
+}
+
+/// The `authorization` value for `token`.
+fn bearer(token: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, ClientError> {
+    format!("Bearer {token}")
+        .parse()
+        .map_err(|_| ClientError::Token("not printable ASCII".into()))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,15 +123,7 @@ pub struct AgentClient {
 
 impl AgentClient {
     pub async fn connect(config: &ClientConfig, node: &str) -> Result<Self, ClientError> {
-        let token = config
-            .token
-            .as_ref()
-            .map(|t| {
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| ClientError::Token("not printable ASCII".into()))
-            })
-            .transpose()?;
+        let token = config.token.as_deref().map(bearer).transpose()?;
         let channel = connect(config).await?;
         Ok(AgentClient {
             client: NodeServiceClient::with_interceptor(channel, Token(token)),

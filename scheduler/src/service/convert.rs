@@ -18,34 +18,36 @@ pub const MAX_REASON: usize = 1024;
 pub const MAX_WORKERS: u32 = 100_000;
 
 fn text(field: &str, value: &str) -> Result<(), ServiceError> {
-    if value.len() > MAX_TEXT {
-        return Err(ServiceError::invalid(
-            field,
-            format!("{} bytes, at most {MAX_TEXT}", value.len()),
-        ));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(ServiceError::invalid(field, "contains control characters"));
-    }
-    Ok(())
+    checked_text(field, value, MAX_TEXT, char::is_control)
 }
 
 /// An operator's reason: at most [`MAX_REASON`] bytes; newlines and tabs allowed, other
 /// control characters not.
 pub fn reason(field: &str, value: &str) -> Result<(), ServiceError> {
-    if value.len() > MAX_REASON {
+    checked_text(field, value, MAX_REASON, is_control_but_line_break)
+}
+
+fn checked_text(
+    field: &str,
+    value: &str,
+    max: usize,
+    forbidden: impl Fn(char) -> bool,
+) -> Result<(), ServiceError> {
+    if value.len() > max {
         return Err(ServiceError::invalid(
             field,
-            format!("{} bytes, at most {MAX_REASON}", value.len()),
+            format!("{} bytes, at most {max}", value.len()),
         ));
     }
-    if value
-        .chars()
-        .any(|c| c.is_control() && c != '\n' && c != '\t')
-    {
+    if value.chars().any(forbidden) {
         return Err(ServiceError::invalid(field, "contains control characters"));
     }
     Ok(())
+}
+
+/// Control characters a free-text reason may not hold: all but newline and tab.
+fn is_control_but_line_break(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
 }
 
 /// An agent's report message, kept whatever it holds (refusing it would lose the report):
@@ -54,21 +56,9 @@ pub fn reason(field: &str, value: &str) -> Result<(), ServiceError> {
 pub fn report_message(value: &str) -> String {
     let mut out: String = value
         .chars()
-        .map(|c| {
-            if c.is_control() && c != '\n' && c != '\t' {
-                ' '
-            } else {
-                c
-            }
-        })
+        .map(|c| if is_control_but_line_break(c) { ' ' } else { c })
         .collect();
-    if out.len() > MAX_REASON {
-        let mut cut = MAX_REASON;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-    }
+    out.truncate(out.floor_char_boundary(MAX_REASON));
     out
 }
 

@@ -34,36 +34,26 @@ pub const MAX_STATUS_MESSAGE: usize = 1024;
 /// `message`, cut to [`MAX_STATUS_MESSAGE`] bytes on a character boundary, saying how
 /// much was left out.
 fn bounded(mut message: String) -> String {
-    if message.len() > MAX_STATUS_MESSAGE {
-        let total = message.len();
-        let mut cut = MAX_STATUS_MESSAGE;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-        message.push_str(&format!("… ({} more bytes not shown)", total - cut));
+    let total = message.len();
+    if total > MAX_STATUS_MESSAGE {
+        message.truncate(message.floor_char_boundary(MAX_STATUS_MESSAGE));
+        let left_out = total - message.len();
+        message.push_str(&format!("… ({left_out} more bytes not shown)"));
     }
     message
 }
 
 impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Status {
-        let e = match e {
-            ServiceError::InvalidArgument(m) => ServiceError::InvalidArgument(bounded(m)),
-            ServiceError::NotFound(m) => ServiceError::NotFound(bounded(m)),
-            ServiceError::FailedPrecondition(m) => ServiceError::FailedPrecondition(bounded(m)),
-            ServiceError::AlreadyExists(m) => ServiceError::AlreadyExists(bounded(m)),
-            ServiceError::Unavailable(m) => ServiceError::Unavailable(bounded(m)),
-            ServiceError::Internal(m) => ServiceError::Internal(bounded(m)),
+        let (code, message) = match e {
+            ServiceError::InvalidArgument(m) => (tonic::Code::InvalidArgument, m),
+            ServiceError::NotFound(m) => (tonic::Code::NotFound, m),
+            ServiceError::FailedPrecondition(m) => (tonic::Code::FailedPrecondition, m),
+            ServiceError::AlreadyExists(m) => (tonic::Code::AlreadyExists, m),
+            ServiceError::Unavailable(m) => (tonic::Code::Unavailable, m),
+            ServiceError::Internal(m) => (tonic::Code::Internal, m),
         };
-        match e {
-            ServiceError::InvalidArgument(m) => Status::invalid_argument(m),
-            ServiceError::NotFound(m) => Status::not_found(m),
-            ServiceError::FailedPrecondition(m) => Status::failed_precondition(m),
-            ServiceError::AlreadyExists(m) => Status::already_exists(m),
-            ServiceError::Unavailable(m) => Status::unavailable(m),
-            ServiceError::Internal(m) => Status::internal(m),
-        }
+        Status::new(code, bounded(message))
     }
 }
 
