@@ -997,11 +997,17 @@ fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
         );
         let id = submit(addr, &[job("long", 1, whole(1), 0.0)]).await[0];
         wait_running(addr, &[id], 1).await;
-        let pid: u32 = std::fs::read_to_string(pids.join(format!("{id}.1")))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        // The job runs once its worker is spawned; the shell writes its pid a moment later.
+        let pid_file = pids.join(format!("{id}.1"));
+        let mut pid = None;
+        wait_until(Duration::from_secs(10), "the worker's pid file", || {
+            pid = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            pid.is_some()
+        })
+        .await;
+        let pid = pid.unwrap();
         assert!(process_runs(pid));
         first.stop().await;
         assert!(
