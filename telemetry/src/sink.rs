@@ -468,9 +468,9 @@ struct OpenFile {
 }
 
 impl OpenFile {
-    fn push<R: Buffered>(&mut self, row: R, ctx: &mut Ctx) {
+    fn push<R: Buffered>(&mut self, row: &R, ctx: &mut Ctx) {
         let ts = row.timestamp_us();
-        self.push_with(ts, ctx, |b| R::vec(b).push(&row));
+        self.push_with(ts, ctx, |b| R::vec(b).push(row));
     }
 
     /// A row of a [`GpuBatch`].
@@ -743,13 +743,18 @@ impl Worker {
                 )),
             }
         }
-        let mut rows = rows.into_iter();
+        // Rows are read in place and dropped together after the message, not one by one
+        // between pushes: 5 % more per-link rows per writer CPU-second on the sink bench
+        // (README, "Telemetry").
+        let mut start = 0;
         for (key, n) in runs {
             let (f, ctx) = self.touch::<R>(key);
-            for row in rows.by_ref().take(n) {
+            for row in &rows[start..start + n] {
                 f.push(row, ctx);
             }
+            start += n;
         }
+        drop(rows);
     }
 
     /// Finishes the least recently used file while too many are open.
