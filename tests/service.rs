@@ -1498,6 +1498,76 @@ fn pki() -> Pki {
     }
 }
 
+/// Start-up errors name the file or the address at fault: rustls and the socket layer
+/// name neither ("transport error", "Address already in use").
+#[test]
+fn start_errors_name_the_pem_file_or_the_address_at_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pki();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let start_error = |cfg: ServiceConfig| {
+        runtime().block_on(async {
+            match service::start(cfg, common::three_nodes(), Arc::new(NoModel)).await {
+                Ok(h) => {
+                    h.shutdown().await.unwrap();
+                    panic!("started")
+                }
+                Err(e) => e.to_string(),
+            }
+        })
+    };
+    let db = dir.path().join("db.redb");
+    let cert = write("server.pem", &p.server_cert);
+    let key = write("server.key", &p.server_key);
+    let empty = write("empty.pem", "");
+
+    let mut cfg = config(&db);
+    cfg.security.tls_cert = Some(empty.clone());
+    cfg.security.tls_key = Some(key.clone());
+    let e = start_error(cfg);
+    assert!(e.contains(&format!("{} is empty", empty.display())), "{e}");
+
+    let mut cfg = config(&db);
+    cfg.security.tls_cert = Some(cert.clone());
+    cfg.security.tls_key = Some(cert.clone());
+    let e = start_error(cfg);
+    assert!(
+        e.contains(&format!("{} holds no PEM private key", cert.display())),
+        "{e}"
+    );
+
+    let mut cfg = config(&db);
+    cfg.security.tls_cert = Some(cert.clone());
+    cfg.security.tls_key = Some(key.clone());
+    cfg.security.client_ca = Some(key.clone());
+    let e = start_error(cfg);
+    assert!(
+        e.contains(&format!("{} holds no PEM certificate", key.display())),
+        "{e}"
+    );
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut cfg = config(&db);
+    cfg.metrics_listen = Some(addr.to_string());
+    let e = start_error(cfg);
+    assert!(
+        e.contains(&format!("cannot listen on metrics_listen {addr}")),
+        "{e}"
+    );
+    let mut cfg = config(&db);
+    cfg.listen = addr.to_string();
+    let e = start_error(cfg);
+    assert!(
+        e.contains(&format!("cannot listen on listen {addr}")),
+        "{e}"
+    );
+}
+
 #[test]
 fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};

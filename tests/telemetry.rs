@@ -339,6 +339,24 @@ fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
     std::fs::create_dir_all(&empty).unwrap();
     fails_with(
         &["eval", "predictor", "--telemetry", empty.to_str().unwrap()],
-        "no usable step profiles",
+        "no usable step profiles in",
+    );
+    fails_with(
+        &["eval", "predictor", "--telemetry", empty.to_str().unwrap()],
+        "no step-profile files",
+    );
+    // Recorded on A100s: a cluster of H100s knows nothing of their GPUs.
+    fails_with(
+        &[
+            "train",
+            "predictor",
+            "--telemetry",
+            out_s,
+            "--cluster",
+            "dgx-h100-64",
+            "--out",
+            dir.path().join("h100").to_str().unwrap(),
+        ],
+        "all are examples of GPU types that cluster `dgx-h100-64` does not have: \"A100",
     );
 }

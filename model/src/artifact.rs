@@ -183,7 +183,21 @@ pub const MAX_ARTIFACT_FILE_BYTES: u64 = 256 << 20;
 /// Reads `path` if it is a regular file of at most [`MAX_ARTIFACT_FILE_BYTES`]. A FIFO
 /// would block the reader forever and a device such as `/dev/zero` never ends, so
 /// anything else is refused before it is opened (`InvalidData`, saying why).
+///
+/// A `.json` file's leading UTF-8 byte-order mark is dropped: editors on Windows add
+/// one when a gate threshold is edited by hand, and serde_json refuses it as "expected
+/// value at line 1 column 1", which does not say why.
 pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = read_limited(path)?;
+    if path.extension().is_some_and(|e| e == "json") && bytes.starts_with(UTF8_BOM) {
+        bytes.drain(..UTF8_BOM.len());
+    }
+    Ok(bytes)
+}
+
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+fn read_limited(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read as _;
     let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
     let meta = fs::metadata(path)?;

@@ -226,12 +226,13 @@ fn load(dirs: &[PathBuf]) -> anyhow::Result<Vec<StepExample>> {
         for e in &report.files.errors {
             eprintln!("warning: skipped {}: {}", e.path.display(), e.reason);
         }
-        if report.rows_bad_step_time > 0 {
-            eprintln!(
-                "warning: {}: skipped {} step-profile rows whose step time is not a positive number",
-                dir.display(),
-                report.rows_bad_step_time
-            );
+        if report.rows.total() > 0 {
+            let level = if report.rows.malformed() > 0 {
+                "warning"
+            } else {
+                "note"
+            };
+            eprintln!("{level}: {}: {}", dir.display(), report.rows.summary());
         }
         all.extend(examples);
     }
@@ -244,6 +245,45 @@ fn load(dirs: &[PathBuf]) -> anyhow::Result<Vec<StepExample>> {
         if dirs.len() == 1 { "y" } else { "ies" }
     );
     Ok(all)
+}
+
+/// The examples whose GPU type the cluster has. The others are left out with a
+/// warning that counts them by type: the featuriser would otherwise make up their GPUs'
+/// memory, island and throughput. None left is an error.
+fn on_cluster_gpus(
+    examples: Vec<StepExample>,
+    ctx: &ClusterContext,
+    cluster: &str,
+) -> anyhow::Result<Vec<StepExample>> {
+    let mut unknown = std::collections::BTreeMap::<String, usize>::new();
+    let kept: Vec<StepExample> = examples
+        .into_iter()
+        .filter(|e| {
+            let known = ctx.has_gpu_type(&e.gpu_type);
+            if !known {
+                *unknown.entry(e.gpu_type.clone()).or_default() += 1;
+            }
+            known
+        })
+        .collect();
+    if unknown.is_empty() {
+        return Ok(kept);
+    }
+    let unknown: Vec<String> = unknown
+        .iter()
+        .map(|(t, n)| format!("{t:?} ({n})"))
+        .collect();
+    let has = ctx.gpu_types().collect::<Vec<_>>().join(", ");
+    let message = format!(
+        "examples of GPU types that cluster `{cluster}` does not have: {} (it has {has})",
+        unknown.join(", ")
+    );
+    anyhow::ensure!(
+        !kept.is_empty(),
+        "no usable step profiles: all are {message}"
+    );
+    eprintln!("warning: left out {message}");
+    Ok(kept)
 }
 
 /// Step-time MAPE of the lookup and linear baselines trained on the split.
@@ -277,7 +317,16 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
             &a.device.open()?,
         );
     }
-    let examples = load(&a.telemetry)?;
+    let mut examples = load(&a.telemetry)?;
+    let ctx = match (&a.model, a.cluster.as_deref()) {
+        (Some(_), None) => anyhow::bail!("--model needs --cluster"),
+        (Some(_), Some(cluster)) => {
+            let ctx = context(cluster)?;
+            examples = on_cluster_gpus(examples, &ctx, cluster)?;
+            Some(ctx)
+        }
+        (None, _) => None,
+    };
     let splits = splits(&examples, a.seed);
     println!(
         "{:<36} {:>7} {:>7} {:>12} {:>12}",
@@ -303,15 +352,13 @@ pub fn eval(a: PredictorEvalArgs) -> anyhow::Result<()> {
             linear
         );
     }
-    let Some(dir) = &a.model else {
+    let (Some(dir), Some(ctx)) = (&a.model, ctx) else {
         println!("(no --model: the learned predictor is not evaluated)");
         return Ok(());
     };
-    let cluster = a.cluster.as_deref().context("--model needs --cluster")?;
     let loaded = marshal_model::artifact::load(dir)
         .with_context(|| format!("loading the predictor {}", dir.display()))?;
     let history = StepHistory::load(&dir.join(HISTORY_FILE))?;
-    let ctx = context(cluster)?;
     let (mape, coverage) = model_errors(&loaded.predictor, &ctx, &history, &splits[0].split.test)?;
     let c = loaded.predictor.calibration();
     println!(
@@ -716,8 +763,8 @@ fn data_hash(examples: &[StepExample]) -> String {
 /// held-out-jobs model with the history its inputs were computed from.
 pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
     let device = a.device.open()?;
-    let examples = load(&a.telemetry)?;
     let ctx = context(&a.cluster)?;
+    let examples = on_cluster_gpus(load(&a.telemetry)?, &ctx, &a.cluster)?;
     let config = PredictorConfig::new()
         .with_seed(a.seed)
         .with_max_epochs(a.max_epochs)

@@ -12,6 +12,7 @@ use marshal_agent::{
     Clock, HostSampler, SimTelemetryOptions, SimulatedTelemetry, SystemClock, run_sampling_loop,
 };
 use marshal_scheduler::policies;
+use marshal_scheduler::service::pem::{PemKind, check_pem};
 use marshal_scheduler::sim::{self, SimConfig};
 use marshal_telemetry::{
     CompactOptions, NvmlConfig, NvmlSource, SinkConfig, Source, TelemetrySink, WriteOptions,
@@ -208,14 +209,26 @@ impl ConnectArgs {
             }
             None => None,
         };
+        let read_pem = |p: &PathBuf, kind: PemKind| {
+            let pem = read(p)?;
+            check_pem(&pem, kind).map_err(|e| anyhow::anyhow!("{} {e}", p.display()))?;
+            anyhow::Ok(pem)
+        };
         let identity = match (&self.cert, &self.key) {
-            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            (Some(c), Some(k)) => Some((
+                read_pem(c, PemKind::Certificate)?,
+                read_pem(k, PemKind::PrivateKey)?,
+            )),
             _ => None,
         };
         let config = marshal_scheduler::service::client::ClientConfig {
             url: url.to_string(),
             token,
-            ca_pem: self.ca.as_ref().map(read).transpose()?,
+            ca_pem: self
+                .ca
+                .as_ref()
+                .map(|p| read_pem(p, PemKind::Certificate))
+                .transpose()?,
             identity,
             domain: self.tls_domain.clone(),
         };

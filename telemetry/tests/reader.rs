@@ -204,6 +204,17 @@ fn write_batch(
     version: &str,
     batch: &arrow_array::RecordBatch,
 ) {
+    write_batch_compressed(path, kind, version, batch, None);
+}
+
+/// [`write_batch`] with every column compressed by `compression` where given.
+fn write_batch_compressed(
+    path: &std::path::Path,
+    kind: TelemetryKind,
+    version: &str,
+    batch: &arrow_array::RecordBatch,
+    compression: Option<parquet::basic::Compression>,
+) {
     use marshal_telemetry::writer::writer_properties;
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
@@ -218,8 +229,12 @@ fn write_batch(
                 version.to_string(),
             ),
             KeyValue::new("marshal.telemetry.kind".into(), kind.to_string()),
-        ]))
-        .build();
+        ]));
+    let props = match compression {
+        Some(c) => props.set_compression(c),
+        None => props,
+    }
+    .build();
     let f = std::fs::File::create(path).unwrap();
     let mut w = ArrowWriter::try_new(f, batch.schema(), Some(props)).unwrap();
     w.write(batch).unwrap();
@@ -293,6 +308,47 @@ where
     let sink = TelemetrySink::open(SinkConfig::new(dir)).unwrap();
     sink.send(rows).unwrap();
     sink.finish().unwrap();
+}
+
+/// pyarrow, DuckDB and Spark compress with Snappy unless told otherwise; other tools
+/// pick LZ4 or gzip. Files from any of them read like the sink's own.
+#[test]
+fn files_other_tools_compressed_with_snappy_lz4_or_gzip_are_read() {
+    use parquet::basic::{Compression, GzipLevel};
+
+    let dir = tempfile::tempdir().unwrap();
+    let rows = gpu_series(&["n1"], 2, DAY0_US, 5);
+    let batch = GpuSample::to_batch(&rows, &mut ValidationReport::default()).unwrap();
+    let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    let codecs = [
+        Compression::SNAPPY,
+        Compression::LZ4_RAW,
+        Compression::GZIP(GzipLevel::default()),
+    ];
+    for (i, codec) in codecs.into_iter().enumerate() {
+        let path = part.join(format!("part-00000{}.parquet", i + 1));
+        write_batch_compressed(
+            &path,
+            TelemetryKind::Gpu,
+            &SCHEMA_VERSION.to_string(),
+            &batch,
+            Some(codec),
+        );
+        let file = std::fs::File::open(&path).unwrap();
+        let meta = parquet::file::reader::FileReader::metadata(
+            &parquet::file::reader::SerializedFileReader::new(file).unwrap(),
+        )
+        .clone();
+        assert_eq!(meta.row_group(0).column(0).compression(), codec);
+    }
+    let (got, report) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.files_read, 3);
+    let expected: Vec<GpuSample> = rows.iter().cycle().take(3 * rows.len()).cloned().collect();
+    let (mut got, mut expected) = (got, expected);
+    got.sort_by_key(gpu_key);
+    expected.sort_by_key(gpu_key);
+    assert_eq!(got, expected);
 }
 
 #[test]

@@ -4,8 +4,8 @@ use marshal_telemetry::TelemetryError;
 pub enum TrainerError {
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
-    #[error("no usable step profiles in {0}")]
-    NoExamples(String),
+    #[error("no usable step profiles in {dir}: {why}")]
+    NoExamples { dir: String, why: String },
     #[error("{0}")]
     Invalid(String),
 }

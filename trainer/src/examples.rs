@@ -56,44 +56,144 @@ pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
 pub struct StepScanReport {
     /// Files read, pruned and skipped as damaged.
     pub files: ScanReport,
-    /// Rows whose step time is not a positive number (NaN, infinite, zero or negative:
-    /// written by another tool, since the sink refuses them), left out of every median.
-    pub rows_bad_step_time: u64,
+    /// What became of the rows read.
+    pub rows: RowsLeftOut,
 }
 
-/// Reads the step profiles under `dir` and groups them into examples. Rows without a
-/// model or a readable placement shape are skipped, and so are rows without a usable
-/// step time (counted); damaged files are in the report.
+/// The step-profile rows read, and those left out of every example, by reason (a row
+/// is counted under the first reason that applies, in field order).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RowsLeftOut {
+    pub rows_read: u64,
+    /// Step time not a positive number (NaN, infinite, zero or negative: written by
+    /// another tool, since the sink refuses them).
+    pub bad_step_time: u64,
+    /// No model (workload kind): nothing to learn the row's job from.
+    pub without_model: u64,
+    /// A placement that is not `<nodes>x<GPUs per node>` with both at least 1.
+    pub bad_placement: u64,
+    /// A GPU count that does not fit the placement: 0, or not between one GPU per node
+    /// and the shape's full size.
+    pub gpus_not_in_placement: u64,
+    /// Rows of (job, placement, co-tenancy) groups with no steady-phase row, so no
+    /// step time to learn.
+    pub without_steady_phase: u64,
+}
+
+impl RowsLeftOut {
+    /// Rows left out, all reasons together.
+    pub fn total(&self) -> u64 {
+        self.malformed() + self.without_steady_phase
+    }
+
+    /// Rows left out for what they hold, not for what their job had yet reached (a job
+    /// stopped during warm-up has no steady phase, and that is not damage).
+    pub fn malformed(&self) -> u64 {
+        self.bad_step_time + self.without_model + self.bad_placement + self.gpus_not_in_placement
+    }
+
+    /// One line: rows read, then each reason with its count (reasons with none left
+    /// out).
+    pub fn summary(&self) -> String {
+        let reasons = [
+            (
+                self.bad_step_time,
+                "a step time that is not a positive number",
+            ),
+            (self.without_model, "no model"),
+            (
+                self.bad_placement,
+                "a placement that is not <nodes>x<GPUs per node>",
+            ),
+            (
+                self.gpus_not_in_placement,
+                "a GPU count that does not fit the placement",
+            ),
+            (
+                self.without_steady_phase,
+                "no steady-phase row in their job and placement",
+            ),
+        ];
+        let parts: Vec<String> = reasons
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, why)| format!("{n} with {why}"))
+            .collect();
+        if parts.is_empty() {
+            format!("{} step-profile rows read", self.rows_read)
+        } else {
+            format!(
+                "{} step-profile rows read, left out: {}",
+                self.rows_read,
+                parts.join(", ")
+            )
+        }
+    }
+}
+
+/// Reads the step profiles under `dir` and groups them into examples. Rows that cannot
+/// make an example are left out and counted by reason ([`RowsLeftOut`]); damaged files
+/// are in the report. No example at all is an error that carries those counts.
 pub fn load_step_examples(dir: &Path) -> Result<(Vec<StepExample>, StepScanReport), TrainerError> {
     let (rows, files): (Vec<StepProfile>, _) = read_all(dir, Query::new(TelemetryKind::Step))?;
-    let (out, rows_bad_step_time) = examples_from_rows(rows);
+    let (out, rows) = examples_from_rows(rows);
     if out.is_empty() {
-        return Err(TrainerError::NoExamples(dir.display().to_string()));
+        let mut why = rows.summary();
+        if files.files_read == 0 {
+            why = format!(
+                "no step-profile files ({} data files of other kinds)",
+                files.files_other_kind
+            );
+        }
+        if !files.errors.is_empty() {
+            why.push_str(&format!("; {} damaged files skipped", files.errors.len()));
+        }
+        return Err(TrainerError::NoExamples {
+            dir: dir.display().to_string(),
+            why,
+        });
     }
-    let report = StepScanReport {
-        files,
-        rows_bad_step_time,
-    };
-    Ok((out, report))
+    Ok((out, StepScanReport { files, rows }))
 }
 
-/// Groups step-profile rows into examples; also returns how many rows were left out
-/// for a step time that is not a positive number.
-fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, u64) {
-    let mut bad_step_time = 0;
-    type Key = (String, String, String, u16, String);
+/// The shape `<nodes>x<GPUs per node>` of a row whose GPU count fits it.
+fn usable_shape(r: &StepProfile, left_out: &mut RowsLeftOut) -> Option<(u32, u32)> {
+    let Some((nodes, per_node)) = parse_shape(&r.placement).filter(|&(n, g)| n >= 1 && g >= 1)
+    else {
+        left_out.bad_placement += 1;
+        return None;
+    };
+    let most = u64::from(nodes) * u64::from(per_node);
+    if r.num_gpus < nodes || u64::from(r.num_gpus) > most {
+        left_out.gpus_not_in_placement += 1;
+        return None;
+    }
+    Some((nodes, per_node))
+}
+
+/// Groups step-profile rows into examples, counting the rows left out by reason.
+fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, RowsLeftOut) {
+    let mut left_out = RowsLeftOut {
+        rows_read: rows.len() as u64,
+        ..Default::default()
+    };
+    type Key = (String, (u32, u32), String, u16, String);
     let mut groups: BTreeMap<Key, Vec<StepProfile>> = BTreeMap::new();
     for r in rows {
         if !(r.step_time_s.is_finite() && r.step_time_s > 0.0) {
-            bad_step_time += 1;
+            left_out.bad_step_time += 1;
             continue;
         }
         let Some(model) = r.model.as_deref() else {
+            left_out.without_model += 1;
+            continue;
+        };
+        let Some(shape) = usable_shape(&r, &mut left_out) else {
             continue;
         };
         let key = (
             r.job_id.to_string(),
-            r.placement.to_string(),
+            shape,
             r.span.as_deref().unwrap_or("").to_string(),
             r.tenants.unwrap_or(1),
             model.to_string(),
@@ -102,15 +202,13 @@ fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, u64) {
     }
     let phases = ["warmup", "steady", "eval", "checkpoint"];
     let mut out = Vec::new();
-    for ((job_id, placement, span, tenants, model), rows) in groups {
-        let Some((nodes, gpus_per_node)) = parse_shape(&placement) else {
-            continue;
-        };
+    for ((job_id, (nodes, gpus_per_node), span, tenants, model), rows) in groups {
         let steady: Vec<&StepProfile> = rows
             .iter()
             .filter(|r| r.phase.map(|p| p.as_str()) == Some("steady"))
             .collect();
         let Some(step_time_s) = median(steady.iter().map(|r| r.step_time_s).collect()) else {
+            left_out.without_steady_phase += rows.len() as u64;
             continue;
         };
         let mut peak_mem_gib = [None; 4];
@@ -145,7 +243,7 @@ fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, u64) {
             rows: rows.len(),
         });
     }
-    (out, bad_step_time)
+    (out, left_out)
 }
 
 #[cfg(test)]
@@ -177,12 +275,72 @@ mod tests {
             row("b", 0.0),
             row("c", 3.0),
         ];
-        let (examples, bad) = examples_from_rows(rows);
-        assert_eq!(bad, 4);
+        let (examples, left_out) = examples_from_rows(rows);
+        assert_eq!(left_out.bad_step_time, 4);
+        assert_eq!(left_out.total(), 4);
         let times: Vec<(&str, f64)> = examples
             .iter()
             .map(|e| (e.job_id.as_str(), e.step_time_s))
             .collect();
         assert_eq!(times, [("a", 3.0), ("c", 3.0)], "job b had no usable row");
+    }
+
+    #[test]
+    fn rows_that_cannot_make_an_example_are_counted_by_reason() {
+        let with = |f: &dyn Fn(&mut StepProfile)| {
+            let mut r = row("j", 1.0);
+            f(&mut r);
+            r
+        };
+        let rows = vec![
+            row("ok", 2.0),
+            with(&|r| r.model = None),
+            with(&|r| r.placement = "2-4".into()),
+            with(&|r| r.placement = "0x4".into()),
+            with(&|r| r.num_gpus = 0),
+            // 2 machines × up to 4 GPUs hold 2 to 8 GPUs.
+            with(&|r| {
+                r.placement = "2x4".into();
+                r.num_gpus = 9;
+            }),
+            with(&|r| {
+                r.placement = "2x4".into();
+                r.num_gpus = 1;
+            }),
+            with(&|r| {
+                r.job_id = "uneven".into();
+                r.placement = "2x2".into();
+                r.num_gpus = 3;
+            }),
+            with(&|r| {
+                r.job_id = "no-steady".into();
+                r.phase = Some(MemPhase::Warmup);
+            }),
+            with(&|r| {
+                r.job_id = "no-steady".into();
+                r.phase = Some(MemPhase::Eval);
+            }),
+        ];
+        let (examples, left_out) = examples_from_rows(rows);
+        let jobs: Vec<&str> = examples.iter().map(|e| e.job_id.as_str()).collect();
+        assert_eq!(jobs, ["ok", "uneven"]);
+        assert_eq!(
+            left_out,
+            RowsLeftOut {
+                rows_read: 10,
+                bad_step_time: 0,
+                without_model: 1,
+                bad_placement: 2,
+                gpus_not_in_placement: 3,
+                without_steady_phase: 2,
+            }
+        );
+        assert_eq!(left_out.malformed(), 6);
+        assert_eq!(
+            left_out.summary(),
+            "10 step-profile rows read, left out: 1 with no model, 2 with a placement that is \
+             not <nodes>x<GPUs per node>, 3 with a GPU count that does not fit the placement, \
+             2 with no steady-phase row in their job and placement"
+        );
     }
 }

@@ -175,6 +175,17 @@ impl ClusterContext {
         }
     }
 
+    /// Whether the cluster has GPUs of this model (the catalog's name): only then does
+    /// the featuriser know its memory, NVLink island and throughput.
+    pub fn has_gpu_type(&self, gpu_type: &str) -> bool {
+        self.memory_gib.contains_key(gpu_type)
+    }
+
+    /// The GPU models the cluster has, in name order.
+    pub fn gpu_types(&self) -> impl Iterator<Item = &str> {
+        self.memory_gib.keys().map(String::as_str)
+    }
+
     /// The same cluster with another workload catalog, e.g. one whose communication
     /// shares were fitted to a training split only (see [`crate::fit_comm_catalog`]).
     pub fn with_kinds(&self, kinds: WorkloadCatalog) -> Self {

@@ -40,7 +40,7 @@ pub mod testkit;
 
 pub use baselines::{LinearBaseline, LookupBaseline, mape};
 pub use error::TrainerError;
-pub use examples::{StepExample, StepScanReport, load_step_examples};
+pub use examples::{RowsLeftOut, StepExample, StepScanReport, load_step_examples};
 pub use featurize::{ClusterContext, PlacementSpeed};
 pub use history::{HISTORY_FILE, HistoryEntry, Locality, Recalled, StepHistory};
 pub use measured::{

@@ -450,6 +450,31 @@ mod tests {
         assert!(err.contains("fallback tiresias is -1"), "{err}");
     }
 
+    #[test]
+    fn json_files_saved_with_a_byte_order_mark_load_as_without_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        let before = load_policy(&dir).unwrap();
+        for file in [META_FILE, CONFIG_FILE, STATS_FILE] {
+            let text = fs::read(dir.join(file)).unwrap();
+            fs::write(dir.join(file), [b"\xEF\xBB\xBF".as_slice(), &text].concat()).unwrap();
+        }
+        let after = load_policy(&dir).unwrap();
+        assert_eq!(after.meta, before.meta);
+        // A mark anywhere else is still damage.
+        let text = fs::read(dir.join(META_FILE)).unwrap();
+        fs::write(
+            dir.join(META_FILE),
+            [&text, b"\xEF\xBB\xBF".as_slice()].concat(),
+        )
+        .unwrap();
+        assert!(matches!(
+            load_policy(&dir).unwrap_err(),
+            ModelError::CorruptFile { .. }
+        ));
+    }
+
     #[cfg(unix)]
     #[test]
     fn a_fifo_or_a_device_in_place_of_a_file_is_refused_without_blocking() {

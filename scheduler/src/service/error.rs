@@ -70,6 +70,13 @@ pub enum StartError {
     Policy(String),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("cannot listen on {what} {addr}: {source}")]
+    Bind {
+        /// Which address of the configuration (`listen`, `metrics_listen`).
+        what: &'static str,
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("gRPC transport: {0}")]

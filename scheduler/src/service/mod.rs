@@ -38,6 +38,7 @@ pub mod metrics;
 mod migrate;
 pub mod model;
 mod ops;
+pub mod pem;
 pub mod records;
 mod retention;
 pub mod server;

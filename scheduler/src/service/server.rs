@@ -24,6 +24,7 @@ use crate::service::pb::admin_service_server::AdminServiceServer;
 use crate::service::pb::advisor_service_server::AdvisorServiceServer;
 use crate::service::pb::job_service_server::JobServiceServer;
 use crate::service::pb::node_service_server::NodeServiceServer;
+use crate::service::pem::{PemKind, check_pem};
 use crate::service::store::Store;
 
 const SERVICES: [&str; 4] = [
@@ -82,21 +83,38 @@ impl ServerHandle {
     }
 }
 
-fn read(path: &std::path::Path) -> Result<Vec<u8>, StartError> {
-    std::fs::read(path).map_err(|e| StartError::Tls(format!("{}: {e}", path.display())))
+/// A listener on `addr`; the error names the address and the setting it came from.
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// The PEM file at `path`, which must hold a block of `kind`.
+fn read(path: &std::path::Path, kind: PemKind) -> Result<Vec<u8>, StartError> {
+    let pem =
+        std::fs::read(path).map_err(|e| StartError::Tls(format!("{}: {e}", path.display())))?;
+    check_pem(&pem, kind).map_err(|e| StartError::Tls(format!("{} {e}", path.display())))?;
+    Ok(pem)
 }
 
 /// A server builder with TLS (and mutual TLS) as `sec` says.
 fn server_builder(sec: &crate::service::SecurityConfig) -> Result<Server, StartError> {
     let mut builder = Server::builder();
     if let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) {
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+        let mut files = format!("cert {}, key {}", cert.display(), key.display());
+        let identity = Identity::from_pem(
+            read(cert, PemKind::Certificate)?,
+            read(key, PemKind::PrivateKey)?,
+        );
+        let mut tls = ServerTlsConfig::new().identity(identity);
         if let Some(ca) = &sec.client_ca {
-            tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+            tls = tls.client_ca_root(Certificate::from_pem(read(ca, PemKind::Certificate)?));
+            files.push_str(&format!(", client CA {}", ca.display()));
         }
         builder = builder
             .tls_config(tls)
-            .map_err(|e| StartError::Tls(e.to_string()))?;
+            .map_err(|e| StartError::Tls(format!("{files}: {e}")))?;
     }
     Ok(builder)
 }
@@ -176,7 +194,7 @@ pub async fn start_advisor(
             })?
             .with_cpu_nodes_first(config.cpu_nodes_first),
     );
-    let listener = TcpListener::bind(config.listen_addr()?).await?;
+    let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -253,11 +271,11 @@ pub async fn start(
         model,
     )?);
 
-    let listener = TcpListener::bind(config.listen_addr()?).await?;
+    let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
     let (metrics_addr, metrics_task) = match config.metrics_addr()? {
         Some(a) => {
-            let l = TcpListener::bind(a).await?;
+            let l = bind(a, "metrics_listen").await?;
             let bound = l.local_addr()?;
             (Some(bound), Some(tokio::spawn(serve_metrics(l, metrics))))
         }
