@@ -1498,17 +1498,20 @@ fn pki() -> Pki {
     }
 }
 
+/// Writes `text` to `dir/name` and returns the path.
+fn write_file(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 /// Start-up errors name the file or the address at fault: rustls and the socket layer
 /// name neither ("transport error", "Address already in use").
 #[test]
 fn start_errors_name_the_pem_file_or_the_address_at_fault() {
     let dir = tempfile::tempdir().unwrap();
     let p = pki();
-    let write = |name: &str, text: &str| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
+    let write = |name: &str, text: &str| write_file(dir.path(), name, text);
     let start_error = |cfg: ServiceConfig| {
         runtime().block_on(async {
             match service::start(cfg, common::three_nodes(), Arc::new(NoModel)).await {
@@ -1573,11 +1576,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let dir = tempfile::tempdir().unwrap();
     let p = pki();
-    let write = |name: &str, text: &str| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
+    let write = |name: &str, text: &str| write_file(dir.path(), name, text);
     runtime().block_on(async {
         let mut cfg = config(&dir.path().join("db.redb"));
         cfg.security.tls_cert = Some(write("server.pem", &p.server_cert));
