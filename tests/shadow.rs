@@ -504,21 +504,61 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
     let torn = dir.path().join("torn.jsonl");
     let text = std::fs::read_to_string(&log).unwrap() + "{\"id\":3,\"job\":\"slu";
     std::fs::write(&torn, text).unwrap();
-    let out = marshal(&[
-        "shadow",
-        "--report-log",
-        torn.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (summary, stderr) = summarise_log(&torn);
     assert_eq!(summary["decisions"], 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("torn.jsonl:3: left out a torn last record"),
         "{stderr}"
     );
+    // Line breaks of another system and a byte-order mark read like the advisor's own.
+    let original = std::fs::read_to_string(&log).unwrap();
+    for (name, text) in [
+        ("cr.jsonl", original.replace('\n', "\r")),
+        ("crlf.jsonl", original.replace('\n', "\r\n")),
+        ("bom.jsonl", format!("\u{feff}{original}")),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(summarise_log(&path).0["decisions"], 2, "{name}");
+    }
+    // Records that parse but cannot be replayed (edited or damaged: the advisor writes
+    // none) are left out by line, and the rest of the log is kept.
+    let mut first = lines[0].clone();
+    first["at_us"] = Value::from(-5);
+    let mut second = lines[0].clone();
+    second["spec"]["workers"] = Value::from(u32::MAX);
+    let mut third = lines[0].clone();
+    third["spec"]["workers"] = Value::from(0);
+    let damaged = dir.path().join("damaged.jsonl");
+    std::fs::write(&damaged, format!("{original}{first}\n{second}\n{third}\n")).unwrap();
+    let (summary, stderr) = summarise_log(&damaged);
+    assert_eq!(summary["decisions"], 2);
+    for (line, why) in [
+        (3, "at_us -5 is not between 1970"),
+        (4, "4294967295 workers"),
+        (5, "at least one worker"),
+    ] {
+        assert!(
+            stderr.contains(&format!(
+                "damaged.jsonl:{line}: left out job \"slurm-17\": "
+            )) && stderr.contains(why),
+            "line {line}: {stderr}"
+        );
+    }
+}
+
+/// `shadow --report-log <log> --format json`, which must succeed: its summary and stderr.
+fn summarise_log(log: &Path) -> (Value, String) {
+    let out = marshal(&[
+        "shadow",
+        "--report-log",
+        log.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let summary = serde_json::from_slice(&out.stdout).unwrap();
+    (summary, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// Unix seconds with exactly the µs of `at_us` (how an operator's export writes them).

@@ -169,8 +169,9 @@ pub use pollux_apps::{POLLUX_GPUS_PER_NODE, PolluxApps, tight_placement};
 pub use presets::{CLUSTER_PRESETS, cluster_preset};
 pub use report::{MAX_SKIPPED_DETAILS, ParseReport, SkippedRow};
 pub use resolve::{
-    OCCUPANCY_NAMES, PAI_BATCH_TIME_NAMES, TRACE_NAMES, UNBUNDLED_TRACE_NAMES, load_cluster,
-    load_occupancy, load_pai_batch_times, load_recorded_trace, load_trace, trace_gpu_model,
+    MAX_TEXT_FILE_BYTES, OCCUPANCY_NAMES, PAI_BATCH_TIME_NAMES, TRACE_NAMES, UNBUNDLED_TRACE_NAMES,
+    load_cluster, load_occupancy, load_pai_batch_times, load_recorded_trace, load_trace,
+    read_text_file, trace_gpu_model,
 };
 pub use summary::{
     ClusterSummary, SUMMARY_COLUMNS, acme_cluster_summary, helios_cluster_summary,

@@ -56,11 +56,11 @@ pub fn parse_incumbent_outcomes(
     Ok((rows, report))
 }
 
-/// Seconds, or `None` when the field is empty.
+/// Seconds (at most a trace's 10¹²), or `None` when the field is empty.
 fn optional_seconds(row: &Row<'_>, col: Col) -> Result<Option<f64>, Bad> {
     match row.get(col)? {
         "" => Ok(None),
-        _ => row.seconds(col).map(Some),
+        _ => row.time_s(col).map(Some),
     }
 }
 
@@ -92,6 +92,21 @@ mod tests {
             (None, None),
             "still running, no node"
         );
+    }
+
+    #[test]
+    fn times_in_milliseconds_are_skipped_with_a_hint_not_replayed_for_millennia() {
+        let text = "job,scheduled_time,deletion_time\n\
+                    j1,1763823460000,1763823560000\n\
+                    j2,1763823460,1763823560\n";
+        let (rows, report) = parse_incumbent_outcomes("out.csv", text).unwrap();
+        assert_eq!(report.skipped_at(), vec![(2, "scheduled_time")]);
+        assert!(
+            report.skipped[0].reason.contains("milliseconds"),
+            "{}",
+            report.skipped[0].reason
+        );
+        assert_eq!(rows.len(), 1);
     }
 
     #[test]

@@ -558,15 +558,75 @@ pub(crate) fn looks_like_path(arg: &str) -> bool {
         || Path::new(arg).exists()
 }
 
+/// Largest text input read whole, in bytes: far above any trace or export seen, and a
+/// bound on what a stream that never ends (a FIFO fed forever) can take.
+pub const MAX_TEXT_FILE_BYTES: u64 = 8 << 30;
+
+/// Reads a text input (a trace, an outcomes export, a shadow log) as UTF-8.
+///
+/// - A device (`/dev/zero`, a disk) is refused before it is read; FIFOs and process
+///   substitution (`<(zcat trace.csv.gz)`) are read, up to [`MAX_TEXT_FILE_BYTES`].
+/// - A UTF-8 byte-order mark is dropped; a UTF-16 one (PowerShell's `>` writes UTF-16)
+///   is refused as such, and any other byte that is not UTF-8 is named by its line and
+///   byte.
+pub fn read_text_file(path: &Path) -> Result<String, DatasetError> {
+    read(path)
+}
+
 pub(crate) fn read(path: &Path) -> Result<String, DatasetError> {
-    let bytes = std::fs::read(path).map_err(|source| DatasetError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read_bounded(path)?;
     text_from_bytes(&path.display().to_string(), bytes)
 }
 
-fn text_from_bytes(file: &str, bytes: Vec<u8>) -> Result<String, DatasetError> {
+fn read_bounded(path: &Path) -> Result<Vec<u8>, DatasetError> {
+    use std::io::Read as _;
+    let io = |source| DatasetError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let refuse = |why: String| io(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+    if is_device(&std::fs::metadata(path).map_err(io)?) {
+        return Err(refuse("a device, not a file".into()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(MAX_TEXT_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_TEXT_FILE_BYTES {
+        return Err(refuse(format!(
+            "more than {MAX_TEXT_FILE_BYTES} bytes, the most a text input may hold"
+        )));
+    }
+    Ok(bytes)
+}
+
+#[cfg(unix)]
+fn is_device(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt as _;
+    meta.file_type().is_char_device() || meta.file_type().is_block_device()
+}
+
+#[cfg(not(unix))]
+fn is_device(_: &std::fs::Metadata) -> bool {
+    false
+}
+
+fn text_from_bytes(file: &str, mut bytes: Vec<u8>) -> Result<String, DatasetError> {
+    if bytes.starts_with(&[0xff, 0xfe]) || bytes.starts_with(&[0xfe, 0xff]) {
+        return Err(malformed(
+            file,
+            1,
+            "encoding",
+            "the file is UTF-16 (it starts with a UTF-16 byte-order mark); it must be UTF-8 \
+             text (convert it, e.g. with `iconv -f UTF-16 -t UTF-8`)"
+                .to_string(),
+        ));
+    }
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        bytes.drain(..3);
+    }
     String::from_utf8(bytes).map_err(|e| not_utf8(file, e.as_bytes(), e.utf8_error()))
 }
 
@@ -576,10 +636,7 @@ fn read_maybe_gzip(path: &Path) -> Result<String, DatasetError> {
         return read(path);
     }
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| DatasetError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read_bounded(path)?;
     let text = gunzip(&bytes).map_err(|reason| malformed(&file, 1, "gzip", reason))?;
     text_from_bytes(&file, text)
 }

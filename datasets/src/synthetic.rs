@@ -63,16 +63,27 @@ impl SyntheticSpec {
             mean_burst_s,
             mean_calm_s,
         } = self.arrivals
-            && !([factor, mean_burst_s, mean_calm_s]
-                .iter()
-                .all(|v| v.is_finite() && *v > 0.0)
-                && factor >= 1.0)
         {
-            return bad("bursts need a factor ≥ 1 and positive mean lengths".into());
+            if !(factor.is_finite() && factor >= 1.0) {
+                return bad(format!("burst factor {factor} must be a finite number ≥ 1"));
+            }
+            // Shorter periods switch faster than arrivals come and, near 0, faster than
+            // the clock can tell times apart: the process would never advance.
+            for (what, mean_s) in [("burst", mean_burst_s), ("calm", mean_calm_s)] {
+                if !(mean_s.is_finite() && (1.0..=MAX_PERIOD_S).contains(&mean_s)) {
+                    return bad(format!(
+                        "mean {what} length {} h must be between 1 s and 10^12 s",
+                        mean_s / 3600.0
+                    ));
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// Longest mean burst or calm period, in seconds (a trace's longest time).
+const MAX_PERIOD_S: f64 = 1e12;
 
 /// `spec.jobs` jobs drawn from `template`, arriving from time 0.
 pub fn synthesize(template: &[Job], spec: &SyntheticSpec) -> Result<Vec<Job>, DatasetError> {
@@ -253,6 +264,28 @@ mod tests {
             "bursts make gaps more variable: {}",
             gap_cv(&jobs)
         );
+    }
+
+    #[test]
+    fn burst_periods_too_short_for_the_clock_or_beyond_a_trace_are_refused() {
+        let bursty = |mean_burst_s: f64, mean_calm_s: f64| Arrivals::Bursty {
+            factor: 2.0,
+            mean_burst_s,
+            mean_calm_s,
+        };
+        // 1e-12 h used to loop for ever: each switch moved the clock by nothing.
+        for (burst, calm, what) in [
+            (3.6e-9, 3_600.0, "mean burst length"),
+            (3_600.0, 0.5, "mean calm length"),
+            (3_600.0, 1e13, "mean calm length"),
+            (f64::NAN, 3_600.0, "mean burst length"),
+        ] {
+            let err = synthesize(&template(), &spec(bursty(burst, calm)))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(what) && err.contains("between 1 s"), "{err}");
+        }
+        assert!(synthesize(&template(), &spec(bursty(1.0, 1.0))).is_ok());
     }
 
     #[test]

@@ -376,6 +376,11 @@ pub(crate) const MAX_TRACE_SECONDS: f64 = 1e12;
 /// A trace's time or duration: [`parse_seconds`], at most [`MAX_TRACE_SECONDS`].
 pub(crate) fn parse_trace_seconds(s: &str) -> Result<f64, String> {
     match parse_seconds(s)? {
+        // Unix time in milliseconds or microseconds lands here: say so.
+        v if v > MAX_TRACE_SECONDS && v < 1e17 => Err(format!(
+            "{s} s is beyond any trace (at most 1e12 s; Unix time in milliseconds or \
+             microseconds? times are in seconds)"
+        )),
         v if v > MAX_TRACE_SECONDS => Err(format!("{s} s is beyond any trace (at most 1e12 s)")),
         v => Ok(v),
     }

@@ -275,3 +275,36 @@ fn recorded_logs_are_recognised_by_header() {
         "{text}"
     );
 }
+
+#[test]
+fn text_inputs_drop_a_utf8_mark_refuse_utf16_and_devices_and_name_bad_bytes() {
+    use marshal_datasets::read_text_file;
+
+    let bom = temp_file("bom.csv", "\u{feff}job,gpus\n");
+    assert_eq!(read_text_file(&bom.0).unwrap(), "job,gpus\n");
+
+    // PowerShell's `kubectl get pods -o json > pods.json` writes UTF-16 with a mark.
+    let utf16 = temp_file("pods.json", "");
+    let mut bytes = vec![0xff, 0xfe];
+    bytes.extend("{}".encode_utf16().flat_map(u16::to_le_bytes));
+    std::fs::write(&utf16.0, bytes).unwrap();
+    let err = read_text_file(&utf16.0).unwrap_err().to_string();
+    assert!(
+        err.contains("pods.json, line 1") && err.contains("UTF-16"),
+        "{err}"
+    );
+
+    let latin1 = temp_file("sacct.txt", "");
+    std::fs::write(&latin1.0, b"JobID|Start\n12|caf\xe9\n").unwrap();
+    let err = read_text_file(&latin1.0).unwrap_err().to_string();
+    assert!(err.contains("line 2") && err.contains("byte 7"), "{err}");
+
+    #[cfg(unix)]
+    {
+        // Read whole, /dev/zero would fill memory; it is refused before a byte is read.
+        let err = read_text_file(std::path::Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a device, not a file"), "{err}");
+    }
+}

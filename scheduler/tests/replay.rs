@@ -197,6 +197,29 @@ fn failures_too_frequent_for_any_job_to_finish_stop_the_replay_with_an_error() {
 }
 
 #[test]
+fn failure_times_under_a_second_or_beyond_a_trace_are_refused_before_the_replay() {
+    // 1e-15 h used to make the replay spin for ever: a node came back and failed again
+    // at the same instant, so nothing was ever placed or killed.
+    for (mtbf_s, repair_s, what) in [
+        (3.6e-12, 3_600.0, "failure MTBF"),
+        (0.5, 3_600.0, "failure MTBF"),
+        (3_600.0, f64::MAX, "failure repair time"),
+        (3_600.0, 1e13, "failure repair time"),
+    ] {
+        let mut config = SimConfig::replay(7);
+        config.failures = Some(FailureModel { mtbf_s, repair_s });
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(what) && err.contains("between 1 s"), "{err}");
+    }
+    let mut config = SimConfig::replay(7);
+    config.failures = Some(FailureModel {
+        mtbf_s: 1.0,
+        repair_s: 1.0,
+    });
+    assert!(config.validate().is_ok());
+}
+
+#[test]
 fn co_tenants_on_a_shared_gpu_slow_each_other() {
     let mut a = job(0, 1, 0.0, 1_000.0);
     a.gpu = GpuDemand::Milli(500);

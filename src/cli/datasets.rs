@@ -50,19 +50,19 @@ struct SynthArgs {
     #[arg(long)]
     jobs: usize,
     /// Offered load: GPU time asked for over the cluster's GPU time (e.g. 0.8).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     load: f64,
     /// Cluster the load is relative to (default: the trace's own).
     #[arg(long)]
     cluster: Option<String>,
     /// Bursty arrivals: rate multiplier during bursts (Poisson when absent).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     burst_factor: Option<f64>,
     /// Mean burst length, hours.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     burst_hours: f64,
     /// Mean calm period between bursts, hours.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4.0)]
     calm_hours: f64,
     #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
@@ -260,9 +260,10 @@ fn load(trace: &str, cluster: Option<&str>) -> anyhow::Result<(Arc<Topology>, Ve
 
 /// `count` jobs drawn without replacement, in submission order, rebased and renumbered.
 pub fn sample_jobs(jobs: &[Job], count: usize, seed: u64) -> anyhow::Result<Vec<Job>> {
+    anyhow::ensure!(count > 0, "--jobs 0: a sample needs at least one job");
     anyhow::ensure!(
-        count > 0 && count <= jobs.len(),
-        "--jobs {count}: the trace has {} jobs",
+        count <= jobs.len(),
+        "--jobs {count}: more than the trace's {} jobs",
         jobs.len()
     );
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);

@@ -42,7 +42,7 @@ pub struct EvalArgs {
     /// arrived load in inflation mode.
     #[arg(long)]
     plots: Option<PathBuf>,
-    #[arg(long, default_value_t = 130.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 130.0)]
     max_arrived_pct: f64,
     #[arg(long, value_enum, default_value_t = WorkloadsArg::Measured)]
     workloads: WorkloadsArg,

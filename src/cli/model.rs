@@ -47,7 +47,7 @@ pub struct PromoteArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     seeds: u64,
     /// Largest relative worsening against the current artifact allowed on any trace.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.02)]
     max_regression: f64,
     /// Sign the record of a promotion with this private key (`marshal model keygen`),
     /// for servers with `promotion_public_keys`. Without it the record is unsigned.

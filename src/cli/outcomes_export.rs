@@ -58,8 +58,7 @@ enum PodIdArg {
 
 pub fn run(args: OutcomesArgs) -> anyhow::Result<()> {
     let name = args.input.display().to_string();
-    let text = std::fs::read_to_string(&args.input)
-        .with_context(|| format!("reading {}", args.input.display()))?;
+    let text = marshal_datasets::read_text_file(&args.input)?;
     let export = match args.from {
         Source::Sacct => {
             anyhow::ensure!(

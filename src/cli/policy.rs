@@ -97,12 +97,12 @@ pub struct TrainPolicyArgs {
     #[arg(long, default_value_t = 200)]
     rollout_decisions: usize,
     /// Labelled decisions are drawn from arrived loads in [FROM, TO) %.
-    #[arg(long, default_value_t = 70.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 70.0)]
     rollout_from: f64,
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 100.0)]
     rollout_to: f64,
     /// A rollout stops at this arrived load (%) …
-    #[arg(long, default_value_t = 100.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 100.5)]
     rollout_until: f64,
     /// … or after this many arrivals.
     #[arg(long, default_value_t = 1000)]
@@ -355,7 +355,7 @@ pub struct TrainGateArgs {
     #[arg(long, value_delimiter = ',', default_value = "2000")]
     seeds: Vec<u64>,
     /// Largest relative worsening against the fallback allowed on any episode.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.01)]
     tolerance: f64,
     /// Margin thresholds tried (training's list by default).
     #[arg(long, value_delimiter = ',')]

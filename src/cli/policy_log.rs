@@ -21,13 +21,13 @@ pub struct TrainFromLogArgs {
     out: PathBuf,
     #[arg(long, default_value_t = 10)]
     epochs: usize,
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1e-3)]
     learning_rate: f64,
     /// Temperature of the advantage weights, in log run-time units.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     beta: f64,
     /// Largest weight one decision gets.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20.0)]
     max_weight: f64,
     /// Completed decisions a (job name, shape) group needs to be its own baseline.
     #[arg(long, default_value_t = 2)]

@@ -37,7 +37,7 @@ pub struct PredictorEvalArgs {
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,
     /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     nll_beta: f64,
     /// The prior's form with --measured: `sync` adds a fitted synchronisation time
     /// (growing with log2 of the gang, per locality) to the kind's single-GPU time;
@@ -162,7 +162,7 @@ pub struct TrainPredictorArgs {
     #[arg(long, default_value_t = 200)]
     max_epochs: usize,
     /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     nll_beta: f64,
     /// Where the networks train (the main one and the calibration runs).
     #[arg(long, value_enum, default_value = "cpu")]

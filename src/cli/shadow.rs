@@ -91,6 +91,23 @@ pub fn run(args: ShadowArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     if let Some(log) = &args.report_log {
         let Some(outcomes) = &args.outcomes else {
+            // A summary replays nothing: options that steer a replay would be ignored.
+            let unused: Vec<&str> = [
+                ("--out", args.out.is_some()),
+                ("--cluster", args.cluster.is_some()),
+                ("--model", args.model.is_some()),
+                ("--fallback", args.fallback.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(flag, given)| given.then_some(flag))
+            .collect();
+            if !unused.is_empty() {
+                bail!(
+                    "{} only apply with --outcomes (a shadow log alone is summarised, not \
+                     replayed)",
+                    unused.join(", ")
+                );
+            }
             let summary = shadow_log::summarise_log(log)?;
             return shadow_log::print_log_summary(&summary, args.format);
         };
@@ -140,7 +157,10 @@ fn load_topology(cluster: &str) -> anyhow::Result<Arc<Topology>> {
 /// Prints a parser's skipped rows as `file:line:` warnings on stderr.
 pub(crate) fn warn_skipped(report: &ParseReport) {
     for row in &report.skipped {
-        eprintln!("warning: {}:{}: skipped: {row}", report.source, row.line);
+        eprintln!(
+            "warning: {}:{}: skipped: field `{}`: {}",
+            report.source, row.line, row.field, row.reason
+        );
     }
     if report.skipped.len() < report.rows_skipped {
         eprintln!(

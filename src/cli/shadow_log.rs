@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use marshal_scheduler::domain::Topology;
+use marshal_scheduler::service::convert::MAX_WORKERS;
 use marshal_scheduler::service::records::{DecisionRecord, Verdict};
 use marshal_scheduler::shadow::{Advice, LiveReport, join_live};
 use serde_json::json;
@@ -29,23 +30,48 @@ pub(crate) struct LogSummary {
     last_at_us: Option<i64>,
 }
 
+/// Latest decision time a log record may carry: a trace's 10¹² s, in microseconds.
+const MAX_AT_US: i64 = 1_000_000_000_000 * 1_000_000;
+
+/// Records of a shadow log shown one by one when left out; the rest are counted.
+const LEFT_OUT_SHOWN: usize = 10;
+
 /// Reads a shadow log; a line that is not a decision record is an error naming
-/// `file:line`. The one exception is a last line with no newline that does not parse: a
-/// record torn by a crash (or still being written), which no caller received; it is left
-/// out with a warning.
+/// `file:line`. Two exceptions, left out with a warning naming `file:line`:
+/// - a last line with no newline that does not parse: a record torn by a crash (or
+///   still being written), which no caller received;
+/// - a record that parses but cannot be replayed: a decision time before 1970 or past
+///   10¹² s, or a job spec the service would have refused (no worker, more than
+///   `MAX_WORKERS`, a share outside 1–999 milli, …). The advisor never writes one, so
+///   such a line was edited or damaged; the rest of the log is still usable.
+///
+/// Line breaks may be `\n`, `\r\n` or a lone `\r` (JSON escapes both inside strings).
 fn read_log(path: &Path) -> anyhow::Result<Vec<DecisionRecord>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = marshal_datasets::read_text_file(path)?;
+    let text = if text.contains('\r') {
+        text.replace("\r\n", "\n").replace('\r', "\n")
+    } else {
+        text
+    };
     let file = path.display();
     let torn_tail = !text.is_empty() && !text.ends_with('\n');
     let line_count = text.lines().count();
     let mut records = Vec::new();
+    let mut left_out = 0usize;
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str(line) {
-            Ok(r) => records.push(r),
+        match serde_json::from_str::<DecisionRecord>(line) {
+            Ok(r) => match unreplayable(&r) {
+                None => records.push(r),
+                Some(why) => {
+                    left_out += 1;
+                    if left_out <= LEFT_OUT_SHOWN {
+                        eprintln!("warning: {file}:{}: left out job {:?}: {why}", i + 1, r.job);
+                    }
+                }
+            },
             Err(e) if torn_tail && i + 1 == line_count => eprintln!(
                 "warning: {file}:{}: left out a torn last record (no newline; the advisor \
                  stopped or is still writing it): {e}",
@@ -59,7 +85,31 @@ fn read_log(path: &Path) -> anyhow::Result<Vec<DecisionRecord>> {
             }
         }
     }
+    if left_out > LEFT_OUT_SHOWN {
+        eprintln!(
+            "warning: {file}: left out {left_out} records that cannot be replayed ({} more \
+             than shown)",
+            left_out - LEFT_OUT_SHOWN
+        );
+    }
     Ok(records)
+}
+
+/// Why a parsed record cannot be replayed, if it cannot.
+fn unreplayable(r: &DecisionRecord) -> Option<String> {
+    if !(0..=MAX_AT_US).contains(&r.at_us) {
+        return Some(format!(
+            "decision time at_us {} is not between 1970 and 10^12 s",
+            r.at_us
+        ));
+    }
+    if r.spec.workers > MAX_WORKERS {
+        return Some(format!(
+            "{} workers; the service takes at most {MAX_WORKERS}",
+            r.spec.workers
+        ));
+    }
+    r.spec.validate().err().map(|e| e.to_string())
 }
 
 pub(crate) fn summarise_log(path: &Path) -> anyhow::Result<LogSummary> {
@@ -122,7 +172,7 @@ pub(crate) fn join_outcomes(
         })
         .collect();
     let name = outcomes.display().to_string();
-    let text = std::fs::read_to_string(outcomes).with_context(|| format!("reading {name}"))?;
+    let text = marshal_datasets::read_text_file(outcomes)?;
     let (rows, parsed) = marshal_datasets::parse_incumbent_outcomes(&name, &text)?;
     warn_skipped(&parsed);
     let join = join_live(&advice, &rows);

@@ -57,10 +57,10 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
     /// Inflation mode: stop arriving tasks at this % of GPU capacity.
-    #[arg(long, default_value_t = 130.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 130.0)]
     pub max_arrived_pct: f64,
     /// Replay mode: mean time between failures of each node, in hours (off when absent).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub mtbf_hours: Option<f64>,
     /// GPU model the trace's durations were measured on: each job's work is set so that
     /// it lasts its recorded time on that hardware (with `--workloads measured`, at its
@@ -69,7 +69,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub trace_gpu: Option<String>,
     /// Replay mode: mean repair time of a failed node, in hours.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4.0)]
     pub repair_hours: f64,
     /// Replay mode: workload enrichment.
     #[arg(long, value_enum, default_value_t = WorkloadsArg::Measured)]
@@ -82,26 +82,41 @@ pub struct SimArgs {
     pub fallback: Option<String>,
     /// Hold nodes for a whole-GPU gang that has waited this many seconds and still
     /// cannot start (pre-allocation; off when absent).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SECONDS")]
     pub reserve_after: Option<f64>,
     /// Only gangs of at least this many GPUs in all get nodes held for them.
     #[arg(long, default_value_t = 8, requires = "reserve_after")]
     pub reserve_min_gpus: u32,
     /// ... and of at most this share of the cluster's GPUs.
-    #[arg(long, default_value_t = 0.25, requires = "reserve_after")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 0.25,
+        requires = "reserve_after"
+    )]
     pub reserve_max_share: f64,
     /// Migrate running jobs so that a whole-GPU gang that has waited this many seconds
     /// and is blocked only by fragmentation fits (rebalancing; off when absent).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, allow_negative_numbers = true, value_name = "SECONDS")]
     pub rebalance_after: Option<f64>,
     /// Jobs moved for one gang at most.
     #[arg(long, default_value_t = 4, requires = "rebalance_after")]
     pub rebalance_max_moves: u32,
     /// Seconds a job must have run in its placement before it may be moved.
-    #[arg(long, default_value_t = 600.0, requires = "rebalance_after")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 600.0,
+        requires = "rebalance_after"
+    )]
     pub rebalance_min_runtime: f64,
     /// Jobs that would lose more than this many seconds of work are not moved.
-    #[arg(long, value_name = "SECONDS", requires = "rebalance_after")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "SECONDS",
+        requires = "rebalance_after"
+    )]
     pub rebalance_max_lost: Option<f64>,
     /// Move running gangs onto a tighter placement when the predicted gain (speed-up ×
     /// estimated remaining time) exceeds the move's cost × the safety factor
@@ -109,16 +124,31 @@ pub struct SimArgs {
     #[arg(long)]
     pub consolidate: bool,
     /// Seconds between consolidation passes while a gang runs looser than it could.
-    #[arg(long, default_value_t = 600.0, requires = "consolidate")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 600.0,
+        requires = "consolidate"
+    )]
     pub consolidate_interval: f64,
     /// The predicted gain must exceed the move's cost times this.
-    #[arg(long, default_value_t = 2.0, requires = "consolidate")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 2.0,
+        requires = "consolidate"
+    )]
     pub consolidate_safety: f64,
     /// Gangs moved per cycle at most.
     #[arg(long, default_value_t = 2, requires = "consolidate")]
     pub consolidate_max_moves: u32,
     /// Seconds after a gang starts (or moves) during which it is not moved.
-    #[arg(long, default_value_t = 3600.0, requires = "consolidate")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 3600.0,
+        requires = "consolidate"
+    )]
     pub consolidate_protect: f64,
     /// How the remaining run time is estimated: `elapsed` (the time run so far) or
     /// `oracle` (the true remaining work; a clairvoyant reference).

@@ -70,13 +70,13 @@ pub struct SimSourceArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Share of multi-GPU runs with a straggling GPU.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     stragglers: f64,
     /// Share of nodes whose links are degraded.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     degraded_nodes: f64,
     /// Relative noise on utilisation and memory.
-    #[arg(long, default_value_t = 0.03)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.03)]
     noise: f64,
 }
 
@@ -88,13 +88,13 @@ struct RecordArgs {
     #[arg(long)]
     out: PathBuf,
     /// Sampling interval (`500ms`, `1s`, `10s`, `1m`).
-    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_interval)]
     interval: Duration,
     /// NVML: how long to record.
-    #[arg(long, default_value = "60s", value_parser = parse_interval)]
+    #[arg(long, allow_hyphen_values = true, default_value = "60s", value_parser = parse_interval)]
     duration: Duration,
     /// Simulated: stop after this many simulated hours (default: when the last job ends).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     hours: Option<f64>,
     #[command(flatten)]
     sim: SimSourceArgs,
@@ -133,13 +133,13 @@ pub struct AgentArgs {
     /// Local Parquet directory.
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    #[arg(long, allow_hyphen_values = true, default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
     /// The node this agent stands for (simulated source; default: the cluster's first).
     #[arg(long)]
     node: Option<String>,
     /// Simulated seconds per wall-clock second (simulated source).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     speedup: f64,
     #[command(flatten)]
     sim: SimSourceArgs,
@@ -187,7 +187,7 @@ pub struct ConnectArgs {
     #[arg(long, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
     backlog: usize,
     /// Longest wait between reconnection attempts.
-    #[arg(long, default_value = "10s", value_parser = parse_interval)]
+    #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_interval)]
     max_backoff: Duration,
 }
 

@@ -27,7 +27,11 @@ pub enum PodId {
 ///   `True` (RFC 3339); empty when the pod was never scheduled;
 /// - `deletion_time`: when every container has terminated, the latest
 ///   `status.containerStatuses[*].state.terminated.finishedAt`; else
-///   `metadata.deletionTimestamp` when set; else empty (still running);
+///   `metadata.deletionTimestamp` when set; else, for a pod whose `status.phase` says
+///   it ended (`Succeeded`, `Failed`) without saying when (one the kubelet refused at
+///   admission, e.g. `OutOfcpu`, has no container status), the latest
+///   `lastTransitionTime` of its conditions, and the pod is skipped when it has none;
+///   else empty (still running);
 /// - `node`: `spec.nodeName`.
 ///
 /// A malformed pod (not an object, no name, a time that is not RFC 3339, an end before
@@ -119,6 +123,18 @@ fn pod(item: &Value, id: PodId) -> Result<marshal_scheduler::shadow::IncumbentOu
             "metadata.deletionTimestamp",
         )?,
     };
+    let deleted = match (deleted, str_at(item, "/status/phase")) {
+        (None, Some(phase @ ("Succeeded" | "Failed"))) => match last_transition(item)? {
+            Some(t) => Some(t),
+            None => {
+                return Err(Bad::new(
+                    "status.phase",
+                    format!("{phase}, with no time it ended (no container end, no condition)"),
+                ));
+            }
+        },
+        (deleted, _) => deleted,
+    };
     let node = str_at(item, "/spec/nodeName").map(String::from);
     outcome(job, scheduled, deleted, node, "deletion_time")
 }
@@ -142,6 +158,21 @@ fn scheduled_at(item: &Value) -> Result<Option<f64>, Bad> {
             None => Err(Bad::new(FIELD, "PodScheduled has no lastTransitionTime")),
         },
     }
+}
+
+/// The latest `lastTransitionTime` of the pod's conditions, if any has one.
+fn last_transition(item: &Value) -> Result<Option<f64>, Bad> {
+    const FIELD: &str = "status.conditions";
+    let Some(Value::Array(conditions)) = item.pointer("/status/conditions") else {
+        return Ok(None);
+    };
+    let mut latest: Option<f64> = None;
+    for c in conditions {
+        if let Some(t) = time_at(c, "/lastTransitionTime", FIELD)? {
+            latest = Some(latest.map_or(t, |l| l.max(t)));
+        }
+    }
+    Ok(latest)
 }
 
 /// The latest `finishedAt` when every container has terminated (`None` when one has

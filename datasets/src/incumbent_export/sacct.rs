@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use marshal_scheduler::shadow::IncumbentOutcome;
 
 use super::{IncumbentExport, first_host, outcome};
-use crate::table::{Bad, Col, Table};
+use crate::table::{Bad, Col, Table, malformed};
 use crate::{DatasetError, ParseReport};
 
 const HEADER: &str = "JobID|Submit|Start|End|State|NodeList";
@@ -94,6 +94,19 @@ pub fn parse_sacct(
     // Step rows were read but are neither kept nor skipped.
     report.rows_read -= export.steps_left_out;
     export.report = report;
+    if export.rows.is_empty() && export.steps_left_out > 0 && export.report.rows_skipped == 0 {
+        return Err(malformed(
+            name,
+            1,
+            "JobID",
+            format!(
+                "only job steps ({} row{} such as 1234.batch); export one row per job \
+                 with `sacct --allocations` (-X)",
+                export.steps_left_out,
+                if export.steps_left_out == 1 { "" } else { "s" }
+            ),
+        ));
+    }
     if export.rows.is_empty() {
         return Err(export.report.no_valid_rows());
     }

@@ -106,6 +106,20 @@ fn sacct_epoch_times_steps_reordered_columns_and_bad_rows() {
     assert_eq!((export.report.rows_read, export.report.rows_kept()), (6, 3));
 }
 
+#[test]
+fn a_sacct_export_of_steps_only_says_to_export_allocations() {
+    let text = "JobID|Start|End|State|NodeList\n\
+                101.batch|1795162445|1795168961|COMPLETED|gpu08\n\
+                101.0|1795162446|1795168960|COMPLETED|gpu08\n";
+    let err = parse_sacct("steps.txt", text, utc())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("only job steps (2 rows") && err.contains("--allocations"),
+        "{err}"
+    );
+}
+
 /// `sacct --duplicates --allocations`: every run of a requeued job is a row of its own.
 #[test]
 fn sacct_runs_of_a_requeued_job_become_one_row() {
@@ -159,7 +173,10 @@ fn sacct_missing_required_column_is_an_error_naming_it() {
         );
     }
     let err = parse_sacct("s.txt", "JobID|Start|End\n1.batch|1|2\n", utc()).unwrap_err();
-    assert!(err.to_string().contains("no valid rows"), "{err}");
+    assert!(
+        err.to_string().contains("only job steps (1 row such as"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -276,6 +293,41 @@ fn pods_map_completed_running_pending_and_deleted_and_skip_malformed_items() {
     assert!(export.report.skipped[1].reason.starts_with("items[5]:"));
     let by_name = parse_kubectl_pods("pods.json", PODS, PodId::Name).unwrap();
     assert_eq!(by_name.rows[0].job, "train-resnet-0");
+}
+
+#[test]
+fn pods_that_ended_without_a_container_end_end_at_their_last_condition_change() {
+    // A pod the kubelet refused at admission: bound, then Failed, no container status.
+    let text = r#"{"kind":"List","items":[
+        {"metadata":{"name":"refused","namespace":"a"},"spec":{"nodeName":"gpu01"},
+         "status":{"phase":"Failed","reason":"OutOfcpu","conditions":[
+           {"type":"PodScheduled","status":"True","lastTransitionTime":"2026-11-22T10:00:00Z"}]}},
+        {"metadata":{"name":"done","namespace":"a"},"spec":{"nodeName":"gpu01"},
+         "status":{"phase":"Succeeded","containerStatuses":[],"conditions":[
+           {"type":"PodScheduled","status":"True","lastTransitionTime":"2026-11-22T10:00:00Z"},
+           {"type":"Ready","status":"False","lastTransitionTime":"2026-11-22T11:00:00Z"}]}},
+        {"metadata":{"name":"unknown","namespace":"a"},"status":{"phase":"Failed"}},
+        {"metadata":{"name":"running","namespace":"a"},"spec":{"nodeName":"gpu01"},
+         "status":{"phase":"Running","conditions":[
+           {"type":"PodScheduled","status":"True","lastTransitionTime":"2026-11-22T10:00:00Z"}]}}]}"#;
+    let export = parse_kubectl_pods("p.json", text, PodId::Name).unwrap();
+    let t0 = 1_795_341_600.0; // 2026-11-22T10:00:00Z
+    assert_eq!(
+        export.rows,
+        vec![
+            row("refused", Some(t0), Some(t0), Some("gpu01")),
+            row("done", Some(t0), Some(t0 + 3_600.0), Some("gpu01")),
+            row("running", Some(t0), None, Some("gpu01")),
+        ]
+    );
+    assert_eq!(export.report.skipped_at(), vec![(9, "status.phase")]);
+    assert!(
+        export.report.skipped[0]
+            .reason
+            .contains("Failed, with no time it ended"),
+        "{}",
+        export.report.skipped[0].reason
+    );
 }
 
 #[test]

@@ -180,7 +180,7 @@ impl Job {
 
     /// GPUs the gang occupies (a shared GPU counts as one).
     pub fn gpu_count(&self) -> u32 {
-        self.workers * self.gpu.gpu_count() as u32
+        self.workers.saturating_mul(self.gpu.gpu_count() as u32)
     }
 
     /// A whole-GPU job of `gpus` GPUs spread as one worker per GPU: the shape of trace

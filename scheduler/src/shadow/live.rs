@@ -153,7 +153,7 @@ pub fn join_live(advice: &[Advice], outcomes: &[IncumbentOutcome]) -> LiveJoin {
         .chain(joined.iter().filter_map(|(_, o)| o.scheduled.map(to_us)))
         .min()
         .unwrap_or(0);
-    let rel = |us: i64| (us - origin) as f64 / 1e6;
+    let rel = |us: i64| us.saturating_sub(origin) as f64 / 1e6;
     let mut out = LiveJoin {
         jobs: Vec::with_capacity(joined.len()),
         recorded: Vec::with_capacity(joined.len()),
@@ -227,7 +227,7 @@ fn compare(
     match outcome.scheduled.map(to_us) {
         None => r.incumbent_never += 1,
         Some(start) => {
-            let lead = start - place.at_us;
+            let lead = start.saturating_sub(place.at_us);
             match lead.cmp(&0) {
                 std::cmp::Ordering::Greater => r.sooner += 1,
                 std::cmp::Ordering::Less => r.later += 1,

@@ -256,25 +256,43 @@ fn integrate(steps: &[(f64, i64)], from: f64, to: f64, width: f64) -> Vec<f64> {
     out
 }
 
+/// Most points of [`allocation_series`]: hourly for about 11 years. A longer window (an
+/// export with a job "ending" in the year 3000) gets wider buckets instead of a series
+/// that would not fit in memory.
+pub const MAX_ALLOCATION_POINTS: u64 = 100_000;
+
 /// GPU capacity allocated per hour from the first creation, in percent, for each log:
-/// `(hour, incumbent %, marshal %)`.
+/// `(hour at the bucket's start, incumbent %, marshal %)`. Buckets are one hour wide, or
+/// the fewest whole hours that keep the series within [`MAX_ALLOCATION_POINTS`].
 pub fn allocation_series(topo: &Topology, jobs: &[Job], logs: &Logs<'_>) -> Vec<(u64, f64, f64)> {
     let from = origin(jobs);
     let to = window_end(from, logs);
     let cap = f64::from(topo.gpu_count()) * 1000.0;
-    let hour = 3600.0;
-    let a = integrate(&alloc_steps(logs[0]), from, to, hour);
-    let b = integrate(&alloc_steps(logs[1]), from, to, hour);
+    let hours_per_bucket = hours_per_bucket(to - from);
+    let width = 3600.0 * hours_per_bucket;
+    let a = integrate(&alloc_steps(logs[0]), from, to, width);
+    let b = integrate(&alloc_steps(logs[1]), from, to, width);
     a.iter()
         .zip(&b)
         .enumerate()
         .map(|(k, (x, y))| {
-            let span = (to - (from + k as f64 * hour))
-                .min(hour)
+            let span = (to - (from + k as f64 * width))
+                .min(width)
                 .max(f64::MIN_POSITIVE);
-            (k as u64, x / (cap * span) * 100.0, y / (cap * span) * 100.0)
+            (
+                k as u64 * hours_per_bucket as u64,
+                x / (cap * span) * 100.0,
+                y / (cap * span) * 100.0,
+            )
         })
         .collect()
+}
+
+/// Whole hours per bucket for a window of `seconds`: 1, or the fewest that keep the
+/// series within [`MAX_ALLOCATION_POINTS`].
+fn hours_per_bucket(seconds: f64) -> f64 {
+    let hours = (seconds / 3600.0).ceil().max(1.0);
+    (hours / MAX_ALLOCATION_POINTS as f64).ceil().max(1.0)
 }
 
 fn window_end(from: f64, logs: &Logs<'_>) -> f64 {
@@ -485,5 +503,20 @@ mod tests {
         let b = integrate(&steps, 0.0, 100.0, 50.0);
         assert_eq!(b, vec![1000.0 * 40.0 + 500.0 * 10.0, 1000.0 * 20.0]);
         assert_eq!(integrate(&steps, 0.0, 100.0, 100.0), vec![65_000.0]);
+    }
+
+    #[test]
+    fn a_window_of_centuries_gets_wider_buckets_not_a_series_too_large_to_hold() {
+        assert_eq!(hours_per_bucket(0.0), 1.0);
+        assert_eq!(hours_per_bucket(3600.0 * 99_999.5), 1.0);
+        assert_eq!(hours_per_bucket(3600.0 * 100_001.0), 2.0);
+        for seconds in [1e9, 1e12, 1e15] {
+            let width = 3600.0 * hours_per_bucket(seconds);
+            let points = integrate(&[(0.0, 1000)], 0.0, seconds, width).len() as u64;
+            assert!(
+                points <= MAX_ALLOCATION_POINTS,
+                "{seconds} s: {points} points"
+            );
+        }
     }
 }

@@ -83,15 +83,18 @@ impl SimConfig {
                 "inflation target {max_arrived_pct} % must be in (0, 1000]"
             )));
         }
-        if let Some(f) = self.failures
-            && !(f.mtbf_s.is_finite()
-                && f.mtbf_s > 0.0
-                && f.repair_s.is_finite()
-                && f.repair_s > 0.0)
-        {
-            return Err(DomainError::Invalid(
-                "failure MTBF and repair time must be positive".into(),
-            ));
+        if let Some(f) = self.failures {
+            // Under a second, failures come faster than the clock can tell times apart
+            // late in a long replay, and the run never advances; past 10¹² s the
+            // arithmetic of times loses whole seconds.
+            for (what, s) in [("MTBF", f.mtbf_s), ("repair time", f.repair_s)] {
+                if !(s.is_finite() && (1.0..=1e12).contains(&s)) {
+                    return Err(DomainError::Invalid(format!(
+                        "failure {what} {} h must be between 1 s and 10^12 s",
+                        s / 3600.0
+                    )));
+                }
+            }
         }
         Ok(())
     }
