@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::bundled::GAVEL_SIMULATION_THROUGHPUTS;
-use crate::resolve::{find_in_trace_dirs, looks_like_path, read, trace_dirs, unknown_name};
+use crate::resolve::{
+    find_in_trace_dirs, looks_like_path, read_text_file, trace_dirs, unknown_name,
+};
 use crate::table::malformed;
 use crate::{DatasetError, MAX_SKIPPED_DETAILS, ParseReport};
 
@@ -264,7 +266,7 @@ pub fn load_gavel_throughputs(arg: &str) -> Result<(GavelThroughputs, ParseRepor
             ));
         }
     };
-    let text = read(&path)?;
+    let text = read_text_file(&path)?;
     parse_gavel_throughputs(&path.display().to_string(), &text)
 }
 

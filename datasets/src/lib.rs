@@ -178,5 +178,6 @@ pub use summary::{
     parse_cluster_summary,
 };
 pub use synthetic::{Arrivals, SyntheticSpec, synthesize};
+pub use table::MAX_TRACE_SECONDS;
 pub use workloads::{EnrichReport, POLLUX_KIND_PREFIX, WorkloadLibrary};
 pub use write::{TraceFormat, trace_format_for, write_trace};

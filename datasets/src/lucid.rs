@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use crate::resolve::{find_in_trace_dirs, read, trace_dirs};
+use crate::resolve::{find_in_trace_dirs, read_text_file, trace_dirs};
 use crate::table::{Bad, Col, Row, Table};
 use crate::{DatasetError, ParseReport};
 
@@ -244,8 +244,10 @@ pub fn load_lucid_profiles() -> Result<(LucidProfiles, Vec<ParseReport>), Datase
     let dirs = trace_dirs();
     let single = find_in_trace_dirs("lucid-profiles", "lucid-profiles/single_data.csv", &dirs)?;
     let pairs = find_in_trace_dirs("lucid-profiles", "lucid-profiles/colocate_info.csv", &dirs)?;
-    let (singles, r1) = parse_lucid_single(&single.display().to_string(), &read(&single)?)?;
-    let (pairs, r2) = parse_lucid_colocation(&pairs.display().to_string(), &read(&pairs)?)?;
+    let (singles, r1) =
+        parse_lucid_single(&single.display().to_string(), &read_text_file(&single)?)?;
+    let (pairs, r2) =
+        parse_lucid_colocation(&pairs.display().to_string(), &read_text_file(&pairs)?)?;
     Ok((LucidProfiles { singles, pairs }, vec![r1, r2]))
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::bundled::{POLLUX_PLACEMENT_PROFILES, POLLUX_SCALABILITY_PROFILES};
-use crate::resolve::{read, trace_dirs};
+use crate::resolve::{read_text_file, trace_dirs};
 use crate::table::{Bad, Table};
 use crate::{DatasetError, ParseReport};
 
@@ -346,7 +346,7 @@ fn load_sia_files(
             if !path.is_file() {
                 continue;
             }
-            let text = read(&path)?;
+            let text = read_text_file(&path)?;
             let (profiles, report) =
                 parse_step_profiles(&path.display().to_string(), model, gpu, &text)?;
             all.extend(profiles);

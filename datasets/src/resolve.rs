@@ -285,7 +285,7 @@ pub fn load_trace(
         Some(JobSource::Bundled(file, parse)) => return parse(file.name, file.text),
         Some(JobSource::TracesDir(rel, parse)) => {
             let path = find_in_trace_dirs(arg, &rel, &trace_dirs())?;
-            let text = read(&path)?;
+            let text = read_text_file(&path)?;
             return parse(&path.display().to_string(), &text);
         }
         None => {}
@@ -330,7 +330,7 @@ pub fn load_recorded_trace(
                     });
                 }
             };
-            (path.display().to_string(), read(&path)?)
+            (path.display().to_string(), read_text_file(&path)?)
         }
     };
     let header = text.trim_start_matches('\u{feff}').trim_start();
@@ -362,7 +362,7 @@ pub fn load_cluster(arg: &str) -> Result<ClusterSpec, DatasetError> {
             known: CLUSTER_PRESETS.iter().map(ToString::to_string).collect(),
         });
     }
-    let text = read(path)?;
+    let text = read_text_file(path)?;
     let file = path.display().to_string();
     let is_csv = match ext.as_deref() {
         Some("csv") => true,
@@ -532,7 +532,7 @@ pub fn load_pai_batch_times(
         None if looks_like_path(arg) => PathBuf::from(arg),
         None => return Err(unknown_name("PAI job", arg, PAI_BATCH_TIME_NAMES)),
     };
-    let text = read(&path)?;
+    let text = read_text_file(&path)?;
     parse_pai_batch_times(&path.display().to_string(), &text)
 }
 
@@ -570,10 +570,6 @@ pub const MAX_TEXT_FILE_BYTES: u64 = 8 << 30;
 ///   is refused as such, and any other byte that is not UTF-8 is named by its line and
 ///   byte.
 pub fn read_text_file(path: &Path) -> Result<String, DatasetError> {
-    read(path)
-}
-
-pub(crate) fn read(path: &Path) -> Result<String, DatasetError> {
     let bytes = read_bounded(path)?;
     text_from_bytes(&path.display().to_string(), bytes)
 }
@@ -633,7 +629,7 @@ fn text_from_bytes(file: &str, mut bytes: Vec<u8>) -> Result<String, DatasetErro
 /// A text file, decompressed first if its name ends in `.gz`.
 fn read_maybe_gzip(path: &Path) -> Result<String, DatasetError> {
     if path.extension().is_none_or(|e| e != "gz") {
-        return read(path);
+        return read_text_file(path);
     }
     let file = path.display().to_string();
     let bytes = read_bounded(path)?;
@@ -676,7 +672,7 @@ fn load_openb_variant(
     catalog: &GpuCatalog,
 ) -> Result<(Vec<Job>, ParseReport), DatasetError> {
     let path = find_openb_variant(name, variant, dirs)?;
-    let text = read(&path)?;
+    let text = read_text_file(&path)?;
     parse_openb_pods(&path.display().to_string(), &text, catalog)
 }
 
@@ -712,7 +708,7 @@ fn load_trace_file(
     path: &Path,
     catalog: &GpuCatalog,
 ) -> Result<(Vec<Job>, ParseReport), DatasetError> {
-    let text = read(path)?;
+    let text = read_text_file(path)?;
     let file = path.display().to_string();
     let probe = Table::open(&file, &text, ANY_TRACE_HEADER)?;
     if probe.has("timestamp") && probe.has("num_gpus") {

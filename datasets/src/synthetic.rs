@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::DatasetError;
+use crate::table::MAX_TRACE_SECONDS;
 
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub enum Arrivals {
@@ -70,7 +71,7 @@ impl SyntheticSpec {
             // Shorter periods switch faster than arrivals come and, near 0, faster than
             // the clock can tell times apart: the process would never advance.
             for (what, mean_s) in [("burst", mean_burst_s), ("calm", mean_calm_s)] {
-                if !(mean_s.is_finite() && (1.0..=MAX_PERIOD_S).contains(&mean_s)) {
+                if !(mean_s.is_finite() && (1.0..=MAX_TRACE_SECONDS).contains(&mean_s)) {
                     return bad(format!(
                         "mean {what} length {} h must be between 1 s and 10^12 s",
                         mean_s / 3600.0
@@ -81,9 +82,6 @@ impl SyntheticSpec {
         Ok(())
     }
 }
-
-/// Longest mean burst or calm period, in seconds (a trace's longest time).
-const MAX_PERIOD_S: f64 = 1e12;
 
 /// `spec.jobs` jobs drawn from `template`, arriving from time 0.
 pub fn synthesize(template: &[Job], spec: &SyntheticSpec) -> Result<Vec<Job>, DatasetError> {

@@ -371,7 +371,7 @@ pub(crate) fn parse_seconds(s: &str) -> Result<f64, String> {
 
 /// The largest time or duration a trace may hold, 10¹² s (some 30,000 years): beyond
 /// it, sums of times lose whole seconds and a replay's clock would never reach it.
-pub(crate) const MAX_TRACE_SECONDS: f64 = 1e12;
+pub const MAX_TRACE_SECONDS: f64 = 1e12;
 
 /// A trace's time or duration: [`parse_seconds`], at most [`MAX_TRACE_SECONDS`].
 pub(crate) fn parse_trace_seconds(s: &str) -> Result<f64, String> {

@@ -31,7 +31,7 @@ pub(crate) struct LogSummary {
 }
 
 /// Latest decision time a log record may carry: a trace's 10¹² s, in microseconds.
-const MAX_AT_US: i64 = 1_000_000_000_000 * 1_000_000;
+const MAX_AT_US: i64 = marshal_datasets::MAX_TRACE_SECONDS as i64 * 1_000_000;
 
 /// Records of a shadow log shown one by one when left out; the rest are counted.
 const LEFT_OUT_SHOWN: usize = 10;
