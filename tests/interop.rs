@@ -106,10 +106,11 @@ fn run_check(command: &mut Command) {
 }
 
 /// Per-link NVLink counters (lists: a dozen links, empty, null, and a whole file of
-/// nulls) read back in pyarrow as written. The simulated source has no per-link
-/// counters, so the samples are written through the sink here.
+/// nulls) and MIG mode (runs of both values and of nulls, and a whole file of nulls)
+/// read back in pyarrow as written. The simulated source has neither, so the samples
+/// are written through the sink here.
 #[test]
-fn per_link_counters_open_in_pyarrow() {
+fn per_link_counters_and_mig_mode_open_in_pyarrow() {
     use marshal_telemetry::{GpuSample, SinkConfig, TelemetrySink};
 
     let Some(python) = python_or_skip() else {
@@ -139,6 +140,11 @@ fn per_link_counters_open_in_pyarrow() {
                     gpu_type: "NVIDIA A100-SXM4-80GB".into(),
                     nvlink_tx_per_link_kib: links(1 << 40),
                     nvlink_rx_per_link_kib: links(7),
+                    mig_mode: match (gpu, s / 600) {
+                        (1, _) | (_, 2) => None,
+                        (_, 1 | 4) => Some(true),
+                        _ => Some(false),
+                    },
                     ..Default::default()
                 }
             })
@@ -153,9 +159,12 @@ t = ds.dataset(sys.argv[1] + "/kind=gpu", format="parquet", partitioning=part).t
 assert t.num_rows == 7200, t.num_rows
 t0 = 1_741_910_400_000_000
 checked = 0
-for ts, gpu, tx, rx in zip(t.column("timestamp").cast("int64").to_pylist(), t.column("gpu_index").to_pylist(),
-                           t.column("nvlink_tx_per_link_kib").to_pylist(), t.column("nvlink_rx_per_link_kib").to_pylist()):
+for ts, gpu, tx, rx, mig in zip(t.column("timestamp").cast("int64").to_pylist(), t.column("gpu_index").to_pylist(),
+                                t.column("nvlink_tx_per_link_kib").to_pylist(), t.column("nvlink_rx_per_link_kib").to_pylist(),
+                                t.column("mig_mode").to_pylist()):
     s = (ts - t0) // 1_000_000
+    want_mig = None if gpu == 1 or s // 600 == 2 else s // 600 in (1, 4)
+    assert mig == want_mig, (ts, gpu, mig)
     def want(base):
         if gpu == 1 or s % 7 == 0:
             return None
@@ -165,7 +174,7 @@ for ts, gpu, tx, rx in zip(t.column("timestamp").cast("int64").to_pylist(), t.co
     assert tx == want(1 << 40), (ts, gpu, tx)
     assert rx == want(7), (ts, gpu, rx)
     checked += 1
-print(f"per-link lists: {checked} rows as written")
+print(f"per-link lists and MIG mode: {checked} rows as written")
 "#;
     run_check(Command::new(&python).args(["-c", script]).arg(&out));
 }

@@ -13,6 +13,7 @@ use std::cell::RefCell;
 
 use arrow_array::types::ArrowPrimitiveType;
 use arrow_array::{Array, PrimitiveArray};
+use arrow_buffer::NullBuffer;
 use bytes::Bytes;
 use parquet::basic::{BoundaryOrder, Compression, Encoding, EncodingMask, PageType, ZstdLevel};
 use parquet::column::page::{CompressedPage, Page, PageWriter};
@@ -319,7 +320,20 @@ impl<'a> ChunkBuilder<'a> {
         let uncompressed = rep_len + def_len + page.values.len();
         let mut buf = page.rep_levels;
         buf.extend_from_slice(&page.levels);
-        buf.extend_from_slice(&self.settings.codec.compress(page.values)?);
+        // As parquet-rs does: values that ZSTD does not make smaller (a short run-length
+        // encoding, an empty page of nulls) are stored as they are, flagged uncompressed.
+        let is_compressed = match self.settings.codec {
+            Codec::None => {
+                buf.extend_from_slice(&page.values);
+                false
+            }
+            Codec::Zstd(level) => {
+                let packed = zstd_compress(level, &page.values)?;
+                let smaller = packed.len() < page.values.len();
+                buf.extend_from_slice(if smaller { &packed } else { &page.values });
+                smaller
+            }
+        };
         let written = Page::DataPageV2 {
             buf: Bytes::from(buf),
             num_values: page.entries as u32,
@@ -328,7 +342,7 @@ impl<'a> ChunkBuilder<'a> {
             num_rows: page.rows as u32,
             def_levels_byte_len: def_len as u32,
             rep_levels_byte_len: rep_len as u32,
-            is_compressed: !matches!(self.settings.codec, Codec::None),
+            is_compressed,
             statistics: None,
         };
         let offset = self.write(written, uncompressed)?;
@@ -459,16 +473,25 @@ impl<V> ValueBuffer<V> {
         array: &PrimitiveArray<T>,
         convert: impl Fn(T::Native) -> V,
     ) {
-        let raw = array.values();
-        match array.nulls().filter(|n| n.null_count() > 0) {
+        self.append_slots(array.values().iter().map(|&v| convert(v)), array.nulls());
+    }
+
+    /// Appends a batch's rows: `slots` holds a value per row (a null's slot too), and
+    /// only those of the rows `nulls` marks valid are kept.
+    pub(crate) fn append_slots(
+        &mut self,
+        slots: impl ExactSizeIterator<Item = V>,
+        nulls: Option<&NullBuffer>,
+    ) {
+        match nulls.filter(|n| n.null_count() > 0) {
             None => {
-                self.values.extend(raw.iter().map(|&v| convert(v)));
-                self.rows.present(raw.len());
+                self.rows.present(slots.len());
+                self.values.extend(slots);
             }
             Some(nulls) => {
-                for (&v, valid) in raw.iter().zip(nulls.iter()) {
+                for (v, valid) in slots.zip(nulls.iter()) {
                     if valid {
-                        self.values.push(convert(v));
+                        self.values.push(v);
                     }
                     self.rows.push(valid);
                 }

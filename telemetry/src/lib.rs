@@ -46,7 +46,9 @@
 //! * **Plain data at the boundary.** [`DiscoveredTopology`] is a serde struct; the
 //!   scheduler converts it into its own topology graph, so this crate does not depend on
 //!   the scheduler.
+mod backpressure;
 pub mod batch;
+mod bool_column;
 mod chunk;
 pub(crate) mod columns;
 pub mod compact;

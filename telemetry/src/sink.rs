@@ -1,7 +1,7 @@
 //! The Parquet sink: a writer thread that turns rows into partitioned, rolling files.
 //!
 //! ```text
-//! producer ──send()/try_send()──▶ sync_channel(capacity) ──▶ writer thread
+//! producer ──send()/try_send()──▶ queue of ≤ capacity messages ──▶ writer thread
 //!                                                              │ route rows to partitions
 //!                                                              │ validate, append to per-GPU columns
 //!                                                              │ ≤ row_group_rows → one row group
@@ -13,9 +13,12 @@
 //!
 //! * **One writer thread, no async runtime.** Encoding and compression are CPU work; the
 //!   thread owns every open file, so no locks are held while encoding.
-//! * **Bounded memory, backpressure.** The channel holds at most `channel_capacity`
+//! * **Bounded memory, backpressure.** The queue holds at most `channel_capacity`
 //!   batches: [`TelemetrySink::send`] blocks when it is full, [`TelemetrySink::try_send`]
 //!   hands the rows back ([`TrySendError::Full`]) so a sampler can drop or coalesce.
+//!   A blocked producer is woken when the queue has drained to half, not per message
+//!   ([`crate::backpressure`]), so a writer that is behind does not also pay a wake-up
+//!   for every message it takes.
 //!   Rows buffered for row groups (about 150 bytes each: a GPU row is packed into 136
 //!   bytes plus its per-link counters) are capped by `max_buffered_rows` (the fullest
 //!   buffer is written out early) and open files by `max_open_files` (the least recently
@@ -45,15 +48,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{
-    self, Receiver, RecvTimeoutError, SyncSender, TrySendError as MpscTrySendError,
-};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parquet::file::properties::WriterProperties;
 
+use crate::backpressure::{Backpressure, Reserved, WriterSide};
 use crate::batch::GpuBatch;
 use crate::columns::{Columnar, GpuRef, RowGroupBuffer};
 use crate::convert::{Record, Records};
@@ -81,7 +83,7 @@ pub struct SinkConfig {
     pub max_buffered_rows: usize,
     /// Upper bound on files open at once. Default 64.
     pub max_open_files: usize,
-    /// Batches the channel holds before `send` blocks. Default 64.
+    /// Batches the queue holds before `send` blocks. Default 64.
     pub channel_capacity: usize,
 }
 
@@ -192,7 +194,8 @@ enum Msg {
 #[derive(Debug)]
 pub struct TelemetrySink {
     root: PathBuf,
-    tx: Option<SyncSender<Msg>>,
+    tx: Option<Sender<Msg>>,
+    gate: Arc<Backpressure>,
     handle: Option<JoinHandle<()>>,
     stats: Arc<Mutex<SinkStats>>,
 }
@@ -219,7 +222,9 @@ impl TelemetrySink {
             let p = writer_properties(kind, &kind.schema(), sort, &config.write, Vec::new())?;
             props.insert(kind, p);
         }
-        let (tx, rx) = mpsc::sync_channel(config.channel_capacity);
+        let (tx, rx) = mpsc::channel();
+        let backpressure = Backpressure::new(config.channel_capacity);
+        let writer_side = WriterSide(backpressure.clone());
         let stats = Arc::new(Mutex::new(SinkStats::default()));
         let root = config.root.clone();
         let span_us = config.max_file_span.as_micros().min(i64::MAX as u128) as i64;
@@ -241,12 +246,13 @@ impl TelemetrySink {
                 if let Some(gate) = gate {
                     let _ = gate.recv();
                 }
-                worker.run(rx)
+                worker.run(rx, writer_side)
             })
             .map_err(|e| TelemetryError::io("spawning the writer thread for", &root, e))?;
         Ok(Self {
             root,
             tx: Some(tx),
+            gate: backpressure,
             handle: Some(handle),
             stats,
         })
@@ -270,12 +276,22 @@ impl TelemetrySink {
         if rows.is_empty() {
             return Ok(());
         }
+        self.queue(Msg::Rows(rows))
+    }
+
+    /// Queues a message, blocking while the queue is full.
+    fn queue(&self, msg: Msg) -> Result<()> {
         let tx = self
             .tx
             .as_ref()
             .ok_or_else(|| self.closed("already finished"))?;
-        tx.send(Msg::Rows(rows))
-            .map_err(|_| self.closed("the writer thread has stopped"))
+        if self.gate.reserve() == Reserved::Closed {
+            return Err(self.closed("the writer thread has stopped"));
+        }
+        tx.send(msg).map_err(|_| {
+            self.gate.release();
+            self.closed("the writer thread has stopped")
+        })
     }
 
     /// Queues rows without blocking; gives them back if the channel is full.
@@ -287,23 +303,25 @@ impl TelemetrySink {
         let Some(tx) = self.tx.as_ref() else {
             return Err(TrySendError::Closed(rows));
         };
-        tx.try_send(Msg::Rows(rows)).map_err(|e| match e {
-            MpscTrySendError::Full(Msg::Rows(r)) => TrySendError::Full(r),
-            MpscTrySendError::Disconnected(Msg::Rows(r)) => TrySendError::Closed(r),
-            _ => unreachable!("only rows are sent here"),
+        match self.gate.try_reserve() {
+            Reserved::Yes => {}
+            Reserved::Full => return Err(TrySendError::Full(rows)),
+            Reserved::Closed => return Err(TrySendError::Closed(rows)),
+        }
+        tx.send(Msg::Rows(rows)).map_err(|e| {
+            self.gate.release();
+            match e.0 {
+                Msg::Rows(r) => TrySendError::Closed(r),
+                Msg::Flush(_) => unreachable!("only rows are sent here"),
+            }
         })
     }
 
     /// Finishes every open file (publishing what was sent before this call) and waits
     /// until that is done. The sink stays usable.
     pub fn flush(&self) -> Result<()> {
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| self.closed("already finished"))?;
         let (ack_tx, ack_rx) = mpsc::sync_channel(1);
-        tx.send(Msg::Flush(ack_tx))
-            .map_err(|_| self.closed("the writer thread has stopped"))?;
+        self.queue(Msg::Flush(ack_tx))?;
         ack_rx
             .recv()
             .map_err(|_| self.closed("the writer thread stopped during flush"))
@@ -622,7 +640,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(mut self, rx: Receiver<Msg>) {
+    fn run(mut self, rx: Receiver<Msg>, gate: WriterSide) {
         let cpu_at_start = thread_cpu_time();
         let tick =
             (self.ctx.cfg.max_file_age / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
@@ -634,7 +652,11 @@ impl Worker {
                 self.close_old(now);
                 next_age_check = now + tick;
             }
-            match rx.recv_timeout(tick) {
+            let msg = rx.recv_timeout(tick);
+            if msg.is_ok() {
+                gate.0.taken();
+            }
+            match msg {
                 Ok(Msg::Rows(rows)) => {
                     {
                         let mut s = lock(&self.ctx.stats);

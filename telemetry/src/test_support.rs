@@ -36,6 +36,16 @@ pub(crate) fn read_uleb128(data: &[u8], at: &mut usize) -> u64 {
 }
 
 /// A file's metadata with its page index.
+/// Every record batch of a Parquet file, read back with parquet-rs.
+pub(crate) fn read_batches(path: &Path) -> Vec<arrow_array::RecordBatch> {
+    ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 pub(crate) fn metadata(path: &Path) -> Arc<ParquetMetaData> {
     let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Required);
     ParquetRecordBatchReaderBuilder::try_new_with_options(File::open(path).unwrap(), options)

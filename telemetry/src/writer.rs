@@ -52,6 +52,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{ColumnDescPtr, ColumnPath};
 
+use crate::bool_column::BoolColumn;
 use crate::chunk::ColumnChunkEncoder;
 use crate::dict_column::DictColumn;
 use crate::error::{Result, TelemetryError};
@@ -262,6 +263,9 @@ fn own_column(
     if let Some(column) = ListColumn::for_leaf(descr.clone(), data_type, props)? {
         return Ok(Some(Box::new(column)));
     }
+    if let Some(column) = BoolColumn::for_leaf(descr.clone(), data_type, props)? {
+        return Ok(Some(Box::new(column)));
+    }
     Ok(SplitColumn::for_leaf(descr, data_type, props)?
         .map(|c| Box::new(c) as Box<dyn ColumnChunkEncoder + Send>))
 }
@@ -408,6 +412,11 @@ impl AtomicParquetFile {
     }
 
     fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.arrow_columns.is_empty() && self.all_own() {
+            // parquet-rs's writers are made for every leaf at once, each with a ZSTD
+            // compression and decompression context: not made when none would be used.
+            self.arrow_columns = self.fields.iter().map(|_| None).collect();
+        }
         if self.arrow_columns.is_empty() {
             let index = self.writer.flushed_row_groups().len();
             let mut writers = self
@@ -464,6 +473,13 @@ impl AtomicParquetFile {
         self.buffered_rows += batch.num_rows();
         self.rows += batch.num_rows() as u64;
         Ok(())
+    }
+
+    /// Whether every leaf is self-encoded (then each field is one leaf).
+    fn all_own(&self) -> bool {
+        self.fields
+            .iter()
+            .all(|f| matches!(f, FieldEncoder::Own(_)))
     }
 
     /// Closes the current row group (nothing happens when no row is buffered).

@@ -131,14 +131,10 @@ fn values_nulls_and_row_groups_read_back_with_parquet_rs() {
         let path = write(dir.path(), compression);
         let (_, expected) = batches();
 
-        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
+        let reader = crate::test_support::read_batches(&path);
         let mut got = Vec::new();
         let mut seq = Vec::new();
         for batch in reader {
-            let batch = batch.unwrap();
             assert_eq!(batch.schema().fields(), schema().fields(), "{compression}");
             let col = |i: usize| -> Vec<Option<String>> {
                 let d = batch.column(i).as_dictionary::<Int32Type>();

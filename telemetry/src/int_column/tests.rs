@@ -1,7 +1,6 @@
 //! Files written through [`IntColumn`] read back with parquet-rs's own reader: values,
 //! nulls, unsigned order in statistics and the page index, page and row-group limits.
 
-use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -10,9 +9,7 @@ use arrow_array::{
     ArrayRef, RecordBatch, TimestampMicrosecondArray, UInt16Array, UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::PageIndexPolicy;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
@@ -102,13 +99,9 @@ fn write(dir: &std::path::Path) -> std::path::PathBuf {
 fn integers_and_nulls_read_back_with_parquet_rs() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path());
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
+    let reader = crate::test_support::read_batches(&path);
     let (mut ts, mut big, mut mid, mut small) = (vec![], vec![], vec![], vec![]);
     for batch in reader {
-        let batch = batch.unwrap();
         assert_eq!(batch.schema().fields(), schema().fields());
         ts.extend(
             batch
@@ -137,11 +130,7 @@ fn statistics_and_the_page_index_use_the_unsigned_order() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path());
     let (_, big, mid, _) = rows();
-    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Required);
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new_with_options(File::open(&path).unwrap(), options)
-            .unwrap();
-    let meta = builder.metadata();
+    let meta = crate::test_support::metadata(&path);
     assert_eq!(meta.num_row_groups(), ROWS.div_ceil(GROUP_ROWS));
     for g in 0..meta.num_row_groups() {
         let rows = g * GROUP_ROWS..((g + 1) * GROUP_ROWS).min(ROWS);

@@ -169,14 +169,10 @@ fn write_both(dir: &std::path::Path, page_stats: bool) -> (std::path::PathBuf, s
 fn lists_read_back_with_parquet_rs() {
     let dir = tempfile::tempdir().unwrap();
     let (ours, _) = write_both(dir.path(), true);
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&ours).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
+    let reader = crate::test_support::read_batches(&ours);
     let (mut links, mut lanes, mut after) = (Vec::new(), Vec::new(), Vec::new());
     let mut fixed = Vec::new();
     for batch in reader {
-        let batch = batch.unwrap();
         assert_eq!(batch.schema().fields(), schema().fields());
         for list in batch.column(0).as_list::<i32>().iter() {
             links.push(list.map(|l| l.as_primitive::<UInt64Type>().values().to_vec()));

@@ -15,7 +15,6 @@ use arrow_array::{
     UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -197,12 +196,7 @@ fn bits(array: &dyn Array) -> Vec<Option<u64>> {
 }
 
 fn read(path: &std::path::Path) -> Vec<RecordBatch> {
-    ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+    crate::test_support::read_batches(path)
 }
 
 #[test]
