@@ -469,7 +469,7 @@ fn eval_compares_policies_with_intervals_and_plots() {
             "--seeds",
             "1",
         ],
-        "at least 2",
+        "confidence intervals need two seeds",
     );
 }
 

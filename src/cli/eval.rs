@@ -14,7 +14,7 @@ use marshal_scheduler::sim::SimResult;
 use serde_json::{Value, json};
 
 use crate::cli::output::{Format, mean_over_seeds};
-use crate::cli::sim::{Experiment, ModeArg, Run, SimArgs, WorkloadsArg};
+use crate::cli::sim::{Experiment, MAX_SEEDS, ModeArg, Run, SimArgs, WorkloadsArg};
 use crate::cli::svg::{Chart, Series};
 
 #[derive(Debug, Args)]
@@ -113,6 +113,16 @@ enum EvalWhat {
     Predictor(crate::cli::predictor::PredictorEvalArgs),
 }
 
+/// Confidence intervals need two seeds; past [`MAX_SEEDS`] the runs would not end.
+fn check_seeds(seeds: u64) -> anyhow::Result<()> {
+    if !(2..=MAX_SEEDS).contains(&seeds) {
+        anyhow::bail!(
+            "--seeds {seeds}: must be 2 ..= {MAX_SEEDS} (confidence intervals need two seeds)"
+        );
+    }
+    Ok(())
+}
+
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     if let Some(EvalWhat::Predictor(p)) = a.what {
         return crate::cli::predictor::eval(p);
@@ -120,9 +130,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     if a.policies.is_empty() || a.trace.is_empty() {
         anyhow::bail!("marshal eval needs --policies and --trace (or the `predictor` subcommand)");
     }
-    if a.seeds < 2 {
-        anyhow::bail!("--seeds must be at least 2 for confidence intervals");
-    }
+    check_seeds(a.seeds)?;
     let sim_args = SimArgs {
         mode: a.mode,
         max_arrived_pct: a.max_arrived_pct,
@@ -304,6 +312,19 @@ fn write_plots(dir: &std::path::Path, a: &EvalArgs, groups: &[Vec<Run>]) -> anyh
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seed_counts_are_refused_with_the_range_eval_takes() {
+        check_seeds(2).unwrap();
+        check_seeds(MAX_SEEDS).unwrap();
+        for seeds in [0, 1, MAX_SEEDS + 1] {
+            let e = check_seeds(seeds).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("--seeds {seeds}: must be 2 ..= 10000")),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn confidence_intervals_use_students_t() {

@@ -343,10 +343,13 @@ impl Experiment {
                 max_arrived_pct: args.max_arrived_pct,
             },
         };
-        let failures = args.mtbf_hours.map(|h| FailureModel {
-            mtbf_s: h * 3600.0,
-            repair_s: args.repair_hours * 3600.0,
-        });
+        let failures = match args.mtbf_hours {
+            Some(h) => Some(FailureModel {
+                mtbf_s: hours_to_s("--mtbf-hours", h)?,
+                repair_s: hours_to_s("--repair-hours", args.repair_hours)?,
+            }),
+            None => None,
+        };
         let config = SimConfig {
             mode,
             failures,
@@ -543,9 +546,46 @@ pub fn default_cluster_for(trace: &str) -> &'static str {
     }
 }
 
+/// An hours option in seconds, refused by name when it is outside what the simulator's
+/// failure model takes (1 s ..= 10^12 s); a huge value would otherwise overflow to an
+/// infinite time and be reported as `inf h`.
+fn hours_to_s(flag: &str, hours: f64) -> anyhow::Result<f64> {
+    let s = hours * 3600.0;
+    if !(s.is_finite() && (1.0..=1e12).contains(&s)) {
+        // As typed for everyday magnitudes; 1e308 in scientific notation, not 309 digits.
+        let given = if hours == 0.0 || (1e-3..1e9).contains(&hours.abs()) {
+            hours.to_string()
+        } else {
+            format!("{hours:e}")
+        };
+        bail!("{flag} {given}: must be between 1 s and 10^12 s (1/3600 h to about 2.8e8 h)");
+    }
+    Ok(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_hours_outside_the_model_s_range_are_refused_by_name() {
+        assert_eq!(hours_to_s("--mtbf-hours", 2.0).unwrap(), 7200.0);
+        for (h, shown) in [
+            (1e308, "1e308"),
+            (f64::INFINITY, "inf"),
+            (f64::NAN, "NaN"),
+            (-1.0, "-1"),
+            (0.0, "0"),
+            (1e-4, "1e-4"),
+            (3e8, "300000000"),
+        ] {
+            let e = hours_to_s("--repair-hours", h).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("--repair-hours {shown}: must be between 1 s")),
+                "{h}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn seed_ranges_are_refused_when_empty_too_many_or_past_the_largest_seed() {
