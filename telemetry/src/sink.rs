@@ -164,7 +164,7 @@ impl SinkStats {
 /// Why [`TelemetrySink::try_send`] did not take the rows; the rows come back.
 #[derive(Debug)]
 pub enum TrySendError {
-    /// The channel is full: the writer thread is behind.
+    /// The queue is full: the writer thread is behind.
     Full(Records),
     /// The writer thread has stopped.
     Closed(Records),
@@ -270,7 +270,7 @@ impl TelemetrySink {
         }
     }
 
-    /// Queues rows, blocking while the channel is full.
+    /// Queues rows, blocking while the queue is full.
     pub fn send(&self, rows: impl Into<Records>) -> Result<()> {
         let rows = rows.into();
         if rows.is_empty() {
@@ -294,7 +294,7 @@ impl TelemetrySink {
         })
     }
 
-    /// Queues rows without blocking; gives them back if the channel is full.
+    /// Queues rows without blocking; gives them back if the queue is full.
     pub fn try_send(&self, rows: impl Into<Records>) -> std::result::Result<(), TrySendError> {
         let rows = rows.into();
         if rows.is_empty() {
