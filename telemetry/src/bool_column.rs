@@ -27,8 +27,9 @@ use parquet::file::properties::{WriterProperties, WriterVersion};
 use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescPtr;
 
-use crate::chunk::ValueBuffer;
-use crate::chunk::{BoundaryTracker, ChunkBuilder, ColumnChunkEncoder, ColumnSettings, DataPage};
+use crate::chunk::{
+    BoundaryTracker, ChunkBuilder, ColumnChunkEncoder, ColumnSettings, DataPage, ValueBuffer,
+};
 use crate::rle;
 
 /// One boolean column of the row group being written.
