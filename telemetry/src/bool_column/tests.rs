@@ -203,3 +203,28 @@ fn only_plain_version_2_boolean_leaves_are_taken() {
             .is_none()
     );
 }
+
+#[test]
+fn arrays_of_another_type_or_nulls_in_a_required_column_are_errors() {
+    let descr = |nullable: bool| {
+        let schema = Schema::new(vec![Field::new("b", DataType::Boolean, nullable)]);
+        parquet::arrow::ArrowSchemaConverter::new()
+            .convert(&schema)
+            .unwrap()
+            .column(0)
+    };
+    let v2 = props(WriterVersion::PARQUET_2_0);
+    let mut required = BoolColumn::for_leaf(descr(false), &DataType::Boolean, &v2)
+        .unwrap()
+        .unwrap();
+    let ints = arrow_array::Int32Array::from(vec![1, 2]);
+    let e = required.push(&ints).unwrap_err();
+    assert!(e.contains("is not a boolean type"), "{e}");
+    let e = required
+        .push(&BooleanArray::from(vec![Some(true), None]))
+        .unwrap_err();
+    assert!(e.contains("nulls in a non-nullable column"), "{e}");
+    // Nothing was buffered by the refused batches.
+    required.push(&BooleanArray::from(vec![true])).unwrap();
+    assert_eq!(required.buffer.values, [true]);
+}
