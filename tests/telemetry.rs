@@ -1,5 +1,6 @@
-//! End-to-end tests of `marshal telemetry` and `marshal agent` (simulated source; NVML
-//! is absent in CI).
+//! End-to-end tests of `marshal telemetry` and `marshal agent`: the simulated source,
+//! and the NVML source against the fake driver (`telemetry/fake-nvml`; NVML itself is
+//! absent in CI).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -165,6 +166,114 @@ fn nvml_without_a_driver_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("NVML"), "{err}");
+}
+
+/// The fake NVML library, built beside this test binary as a dev-dependency.
+fn fake_nvml() -> String {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().join("libmarshal_fake_nvml.so");
+    assert!(path.exists(), "{} is missing", path.display());
+    path.to_string_lossy().into_owned()
+}
+
+/// `marshal args` with NVML from the fake driver pretending to be `machine`.
+fn with_fake_nvml(machine: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args(args)
+        .args(["--nvml-lib", &fake_nvml()])
+        .env("FAKE_NVML_MACHINE", machine)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn nvml_topology_of_a_bridged_server_becomes_a_node_spec() {
+    let out = with_fake_nvml("pcie-bridged", &["telemetry", "topology"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let spec = &v["node_spec"];
+    assert_eq!(spec["gpu_model"], "A100-80");
+    assert_eq!(
+        (spec["gpus"].as_u64(), spec["nvlink_domain"].as_u64()),
+        (Some(4), Some(2))
+    );
+    let pairs = v["discovered"]["pairs"].as_array().unwrap();
+    let level = |a: u64, b: u64| {
+        pairs
+            .iter()
+            .find(|p| p["a"].as_u64() == Some(a) && p["b"].as_u64() == Some(b))
+            .map(|p| p["level"].as_str().unwrap().to_string())
+    };
+    assert_eq!(level(0, 1).as_deref(), Some("nv_link"));
+    assert_eq!(level(2, 3).as_deref(), Some("nv_link"));
+    assert_eq!(level(1, 2).as_deref(), Some("node"));
+
+    // A driver that cannot initialise is named, with the file it was loaded from.
+    let out = with_fake_nvml("no-such-machine", &["telemetry", "topology"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("libmarshal_fake_nvml.so") && err.contains("driver is not loaded"),
+        "{err}"
+    );
+}
+
+#[test]
+fn nvml_recording_of_an_hgx_h100_has_a_row_per_gpu_and_link_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("t");
+    let out = with_fake_nvml(
+        "hgx-h100",
+        &[
+            "telemetry",
+            "record",
+            "--source",
+            "nvml",
+            "--interval",
+            "200ms",
+            "--duration",
+            "600ms",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_str(&ok(&[
+        "telemetry",
+        "inspect",
+        out_dir.to_str().unwrap(),
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    let gpus = summary["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8, "{summary}");
+    for g in gpus {
+        assert_eq!(g["gpu_type"], "NVIDIA H100 80GB HBM3");
+        assert!(g["rows"].as_u64().unwrap() >= 3, "{g}");
+    }
+    // Every row has NVLink figures for all 18 links (Hopper's field values).
+    let (rows, report) = marshal_telemetry::read_all::<marshal_telemetry::GpuSample>(
+        &out_dir,
+        marshal_telemetry::Query::new(marshal_telemetry::TelemetryKind::Gpu),
+    )
+    .unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    for r in &rows {
+        let links = r.nvlink_tx_per_link_kib.as_ref().map(Vec::len);
+        assert_eq!(links, Some(18), "GPU {} has no NVLink figures", r.gpu_index);
+        assert_eq!(r.nvlink_rx_per_link_kib.as_ref().map(Vec::len), Some(18));
+    }
+    let rows = rows.len();
+    assert!(rows >= 24, "{rows} rows");
 }
 
 #[test]

@@ -46,7 +46,28 @@ enum TelemetryCommand {
         parquet: ParquetArgs,
     },
     /// The GPU topology NVML sees on this machine, as JSON.
-    Topology,
+    Topology {
+        #[command(flatten)]
+        nvml: NvmlArgs,
+    },
+}
+
+/// Where NVML comes from.
+#[derive(Debug, Args)]
+struct NvmlArgs {
+    /// Load NVML from this file instead of the system's `libnvidia-ml.so.1` (a driver
+    /// outside the library path, e.g. mounted into a container).
+    #[arg(long, value_name = "PATH")]
+    nvml_lib: Option<PathBuf>,
+}
+
+impl NvmlArgs {
+    fn config(&self) -> NvmlConfig {
+        NvmlConfig {
+            lib_path: self.nvml_lib.clone(),
+            ..NvmlConfig::default()
+        }
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -99,6 +120,8 @@ struct RecordArgs {
     #[command(flatten)]
     sim: SimSourceArgs,
     #[command(flatten)]
+    nvml: NvmlArgs,
+    #[command(flatten)]
     parquet: ParquetArgs,
 }
 
@@ -143,6 +166,8 @@ pub struct AgentArgs {
     speedup: f64,
     #[command(flatten)]
     sim: SimSourceArgs,
+    #[command(flatten)]
+    nvml: NvmlArgs,
     #[command(flatten)]
     connect: ConnectArgs,
     #[command(flatten)]
@@ -294,8 +319,8 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        TelemetryCommand::Topology => {
-            let config = NvmlConfig::default();
+        TelemetryCommand::Topology { nvml } => {
+            let config = nvml.config();
             let node = config.node.clone();
             let nvml = NvmlSource::open_with(config)?;
             let discovered = nvml.discover_topology()?;
@@ -386,7 +411,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
             );
         }
         SourceArg::Nvml => {
-            let config = NvmlConfig::default();
+            let config = a.nvml.config();
             let mut host = HostSampler::new(&config.cluster, &config.node);
             let mut source = NvmlSource::open_with(config)?;
             let stop = stop_on_signal()?;
@@ -475,7 +500,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let mut mig = Vec::new();
     let mut source: Box<dyn Source> = match a.source {
         SourceArg::Nvml => {
-            let config = NvmlConfig::default();
+            let config = a.nvml.config();
             host = Some(HostSampler::new(&config.cluster, &config.node));
             let node = config.node.clone();
             let nvml = NvmlSource::open_with(config)?;

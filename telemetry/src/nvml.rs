@@ -58,6 +58,8 @@ use crate::error::{Result, TelemetryError};
 use crate::schema::{GpuSample, Health, MemPhase};
 use crate::source::Source;
 
+mod fields;
+
 /// Most NVLinks a GPU has (`NVML_NVLINK_MAX_LINKS`).
 const MAX_NVLINKS: u32 = 18;
 /// XIDs after which a GPU should not be used until it is reset or replaced
@@ -167,29 +169,88 @@ fn is_permanent(e: &NvmlError) -> bool {
     )
 }
 
-/// Runs one NVML query; refusals become `None` and are remembered.
-fn query<T>(
-    unsupported: &mut HashSet<(u32, &'static str)>,
-    errors: &mut u64,
-    dev: u32,
-    what: &'static str,
-    f: impl FnOnce() -> std::result::Result<T, NvmlError>,
-) -> Option<T> {
-    if unsupported.contains(&(dev, what)) {
-        return None;
-    }
-    match f() {
-        Ok(v) => Some(v),
-        Err(e) if is_permanent(&e) => {
-            unsupported.insert((dev, what));
-            None
+/// The queries of one GPU in one sample: refusals become `None` and are remembered for
+/// the device, other failures are counted, and a GPU that has fallen off the bus is
+/// noted so that the row says so.
+struct Queries<'a> {
+    unsupported: &'a mut HashSet<(u32, &'static str)>,
+    errors: &'a mut u64,
+    gpu: u32,
+    lost: bool,
+}
+
+impl Queries<'_> {
+    fn ask<T>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce() -> std::result::Result<T, NvmlError>,
+    ) -> Option<T> {
+        if self.unsupported.contains(&(self.gpu, what)) {
+            return None;
         }
-        Err(e) => {
-            *errors += 1;
-            tracing::debug!("NVML {what} on GPU {dev}: {e}");
-            None
+        match f() {
+            Ok(v) => Some(v),
+            Err(e) if is_permanent(&e) => {
+                self.unsupported.insert((self.gpu, what));
+                None
+            }
+            Err(e) => {
+                *self.errors += 1;
+                self.lost |= matches!(e, NvmlError::GpuLost);
+                tracing::debug!("NVML {what} on GPU {}: {e}", self.gpu);
+                None
+            }
         }
     }
+}
+
+/// Per-link cumulative NVLink KiB `(tx, rx)` from the utilisation counters, when
+/// counter 0 counts bytes; a counter set to cycles or packets is refused as
+/// `NotSupported` (not a traffic figure, and not ours to reconfigure). Inactive links
+/// read 0.
+fn nvlink_counters_kib(
+    d: &nvml_wrapper::Device<'_>,
+    active: &[bool],
+) -> std::result::Result<(Vec<u64>, Vec<u64>), NvmlError> {
+    let mut tx = Vec::with_capacity(active.len());
+    let mut rx = Vec::with_capacity(active.len());
+    for (l, &up) in (0u32..).zip(active) {
+        if !up {
+            tx.push(0);
+            rx.push(0);
+            continue;
+        }
+        let link = d.link_wrapper_for(l);
+        if link.utilization_control(Counter::Zero)?.units != UtilizationCountUnit::Bytes {
+            return Err(NvmlError::NotSupported);
+        }
+        let c = link.utilization_counter(Counter::Zero)?;
+        tx.push(c.send / 1024);
+        rx.push(c.receive / 1024);
+    }
+    Ok((tx, rx))
+}
+
+/// Per-link cumulative NVLink KiB `(tx, rx)` from Hopper's field values; inactive links
+/// read 0.
+fn nvlink_fields_kib(
+    nvml: &Nvml,
+    d: &nvml_wrapper::Device<'_>,
+    active: &[bool],
+) -> std::result::Result<(Vec<u64>, Vec<u64>), NvmlError> {
+    let up: Vec<u32> = (0u32..)
+        .zip(active)
+        .filter(|(_, a)| **a)
+        .map(|(l, _)| l)
+        .collect();
+    let (up_tx, up_rx) = fields::nvlink_throughput_kib(nvml, d, &up)?;
+    let mut tx = vec![0; active.len()];
+    let mut rx = vec![0; active.len()];
+    for (k, &l) in up.iter().enumerate() {
+        tx[l as usize] = up_tx[k];
+        rx[l as usize] = up_rx[k];
+    }
+    Ok((tx, rx))
 }
 
 impl NvmlSource {
@@ -311,91 +372,80 @@ impl NvmlSource {
                     continue;
                 }
             };
-            let (un, er) = (&mut self.unsupported, &mut self.query_errors);
-            if let Some(u) = query(un, er, i, "utilization", || d.utilization_rates()) {
+            let mut q = Queries {
+                unsupported: &mut self.unsupported,
+                errors: &mut self.query_errors,
+                gpu: i,
+                lost: false,
+            };
+            if let Some(u) = q.ask("utilization", || d.utilization_rates()) {
                 s.sm_util_pct = Some(u.gpu as f32);
                 s.mem_util_pct = Some(u.memory as f32);
             }
-            if let Some(m) = query(un, er, i, "memory", || d.memory_info()) {
+            if let Some(m) = q.ask("memory", || d.memory_info()) {
                 s.mem_used_bytes = Some(m.used);
                 s.mem_total_bytes = Some(m.total);
             }
-            s.pcie_tx_kib_per_s = query(un, er, i, "pcie_tx", || {
-                d.pcie_throughput(PcieUtilCounter::Send)
-            });
-            s.pcie_rx_kib_per_s = query(un, er, i, "pcie_rx", || {
-                d.pcie_throughput(PcieUtilCounter::Receive)
-            });
-            s.temperature_c = query(un, er, i, "temperature", || {
-                d.temperature(TemperatureSensor::Gpu)
-            })
-            .map(|t| t as f32);
-            s.power_mw = query(un, er, i, "power", || d.power_usage());
-            s.sm_clock_mhz = query(un, er, i, "sm_clock", || d.clock_info(Clock::SM));
-            s.mem_clock_mhz = query(un, er, i, "mem_clock", || d.clock_info(Clock::Memory));
-            let throttle = query(un, er, i, "throttle", || d.current_throttle_reasons());
+            s.pcie_tx_kib_per_s = q.ask("pcie_tx", || d.pcie_throughput(PcieUtilCounter::Send));
+            s.pcie_rx_kib_per_s = q.ask("pcie_rx", || d.pcie_throughput(PcieUtilCounter::Receive));
+            s.temperature_c = q
+                .ask("temperature", || d.temperature(TemperatureSensor::Gpu))
+                .map(|t| t as f32);
+            s.power_mw = q.ask("power", || d.power_usage());
+            s.sm_clock_mhz = q.ask("sm_clock", || d.clock_info(Clock::SM));
+            s.mem_clock_mhz = q.ask("mem_clock", || d.clock_info(Clock::Memory));
+            let throttle = q.ask("throttle", || d.current_throttle_reasons());
             s.throttle_reasons = throttle.map(|t| t.bits());
-            s.ecc_corrected = query(un, er, i, "ecc_corrected", || {
+            s.ecc_corrected = q.ask("ecc_corrected", || {
                 d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
             });
-            s.ecc_uncorrected = query(un, er, i, "ecc_uncorrected", || {
+            s.ecc_uncorrected = q.ask("ecc_uncorrected", || {
                 d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
             });
-            s.mig_mode = query(un, er, i, "mig_mode", || d.mig_mode()).map(|m| m.current == 1);
+            s.mig_mode = q.ask("mig_mode", || d.mig_mode()).map(|m| m.current == 1);
 
-            // NVLink counters, per link, only when they count bytes.
-            if info.links > 0 && !un.contains(&(i, "nvlink")) {
-                let mut tx = Vec::with_capacity(info.links as usize);
-                let mut rx = Vec::with_capacity(info.links as usize);
-                let mut ok = true;
-                for l in 0..info.links {
-                    let link = d.link_wrapper_for(l);
-                    if !matches!(link.is_active(), Ok(true)) {
-                        tx.push(0);
-                        rx.push(0);
-                        continue;
-                    }
-                    let bytes = matches!(
-                        link.utilization_control(Counter::Zero),
-                        Ok(c) if c.units == UtilizationCountUnit::Bytes
-                    );
-                    match link.utilization_counter(Counter::Zero) {
-                        Ok(c) if bytes => {
-                            tx.push(c.send / 1024);
-                            rx.push(c.receive / 1024);
-                        }
-                        Ok(_) => {
-                            // Counting cycles or packets: not bytes, so not ours to store.
-                            un.insert((i, "nvlink"));
-                            ok = false;
-                            break;
-                        }
-                        Err(e) => {
-                            if is_permanent(&e) {
-                                un.insert((i, "nvlink"));
-                            } else {
-                                *er += 1;
-                            }
-                            ok = false;
-                            break;
-                        }
-                    }
-                }
-                if ok {
+            // NVLink: the utilisation counters where they count bytes, else Hopper's
+            // per-link field values; null when the GPU offers neither.
+            // A link whose state cannot be read (a lost GPU) is not an idle link: then
+            // the row has no NVLink figures at all.
+            let active = (info.links > 0)
+                .then(|| {
+                    q.ask("nvlink_state", || {
+                        (0..info.links)
+                            .map(|l| d.link_wrapper_for(l).is_active())
+                            .collect::<std::result::Result<Vec<bool>, _>>()
+                    })
+                })
+                .flatten();
+            if let Some(active) = active {
+                let per_link = q
+                    .ask("nvlink_counters", || nvlink_counters_kib(&d, &active))
+                    .or_else(|| {
+                        q.ask("nvlink_fields", || {
+                            nvlink_fields_kib(&self.nvml, &d, &active)
+                        })
+                    });
+                if let Some((tx, rx)) = per_link {
                     s.nvlink_tx_kib = Some(tx.iter().sum());
                     s.nvlink_rx_kib = Some(rx.iter().sum());
                     s.nvlink_tx_per_link_kib = Some(tx);
                     s.nvlink_rx_per_link_kib = Some(rx);
                 }
             }
+            let lost = q.lost;
 
             let event = xids.get(&*info.uuid).copied();
             s.xid = event.map(|(x, _)| x);
-            s.health = judge_health(
-                throttle,
-                s.ecc_uncorrected,
-                event.map(|(x, at)| (x, at.elapsed())),
-            );
+            s.health = if lost {
+                // Fallen off the bus: every query fails until the GPU is reset.
+                Health::Failed
+            } else {
+                judge_health(
+                    throttle,
+                    s.ecc_uncorrected,
+                    event.map(|(x, at)| (x, at.elapsed())),
+                )
+            };
             out.push(s);
         }
         out
