@@ -1102,3 +1102,108 @@ fn a_touched_checkpoint_file_is_reported_as_the_jobs_last_checkpoint() {
         server.shutdown().await.unwrap();
     });
 }
+
+/// One node of two A100s in MIG mode, named as the binary agent below registers it.
+const MIG_NODE: &str = r#"
+name = "fake-mig"
+
+[[nodes]]
+names = ["fake-mig-0"]
+gpu_model = "A100-80"
+gpus = 2
+nvlink_domain = 0
+cpu_milli = 1000
+memory_mib = 1024
+"#;
+
+fn mig(compute_slices: u32, memory_slices: u32) -> Option<pb::GpuDemand> {
+    Some(pb::GpuDemand {
+        kind: Some(pb::gpu_demand::Kind::Mig(pb::MigProfile {
+            compute_slices,
+            memory_slices,
+        })),
+    })
+}
+
+/// The binary agent with the NVML source, against the fake driver (`telemetry/fake-nvml`):
+/// it registers the node NVML discovered, lists the MIG instances, and starts each MIG
+/// job with `CUDA_VISIBLE_DEVICES` set to an instance of exactly the placed size.
+#[test]
+fn an_nvml_agent_registers_its_discovered_node_and_runs_mig_jobs_on_their_instances() {
+    let fake = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("libmarshal_fake_nvml.so");
+    assert!(fake.exists(), "{} is missing", fake.display());
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(MIG_NODE).unwrap();
+        let config = ServiceConfig {
+            cluster: "fake-mig".into(),
+            max_attempts: 1,
+            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
+        };
+        let server = service::start(config, cluster, Arc::new(NoModel))
+            .await
+            .unwrap();
+        let addr = server.addr;
+        let seen = dir.path().join("seen");
+        std::fs::create_dir_all(&seen).unwrap();
+        let cmd = format!(
+            "printf '%s %s' \"$CUDA_VISIBLE_DEVICES\" \"$MARSHAL_MIG_UUID\" > '{}'/$MARSHAL_JOB_ID",
+            seen.display()
+        );
+        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
+            .args(["agent", "--source", "nvml", "--nvml-lib"])
+            .arg(&fake)
+            .args(["--node", "fake-mig-0", "--interval", "200ms", "--out"])
+            .arg(dir.path().join("telemetry"))
+            .args(["--scheduler", &format!("http://{addr}"), "--exec", &cmd])
+            .env("FAKE_NVML_MACHINE", "a100-mig")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ids = submit(
+            addr,
+            &[
+                job("big-slice", 1, mig(3, 4), 0.0),
+                job("small-slice", 1, mig(1, 1), 0.0),
+            ],
+        )
+        .await;
+        let jobs = wait_final(addr, Duration::from_secs(60)).await;
+        std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(agent.id().to_string())
+            .status()
+            .unwrap();
+        let status = agent.wait().unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut agent.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "{stderr}");
+        assert!(stderr.contains("6 MIG instances to hand out"), "{stderr}");
+        assert!(stderr.contains("node fake-mig-0 (2 × A100-80)"), "{stderr}");
+        // 3g.40gb is each GPU's first instance (slot 0), 1g.10gb its third (slot 2).
+        for (id, slot) in ids.iter().zip([0, 2]) {
+            let j = jobs.iter().find(|j| j.id == *id).unwrap();
+            assert_eq!(
+                j.state,
+                pb::JobState::Completed as i32,
+                "{}: {}",
+                id,
+                j.reason
+            );
+            let seen = std::fs::read_to_string(seen.join(id.to_string())).unwrap();
+            let (visible, uuid) = seen.split_once(' ').unwrap();
+            assert_eq!(visible, uuid, "{seen}");
+            assert!(
+                uuid.starts_with("MIG-fake000") && uuid[12..].starts_with(&format!("-{slot:04}-")),
+                "{}: {seen}",
+                id
+            );
+        }
+        server.shutdown().await.unwrap();
+    });
+}

@@ -158,7 +158,9 @@ pub struct AgentArgs {
     out: PathBuf,
     #[arg(long, allow_hyphen_values = true, default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
-    /// The node this agent stands for (simulated source; default: the cluster's first).
+    /// The node this agent stands for: with NVML the name it registers and writes its rows
+    /// under (default: the host name, which in a container is often not the node's); with
+    /// the simulated source the replay's node (default: the cluster's first).
     #[arg(long)]
     node: Option<String>,
     /// Simulated seconds per wall-clock second (simulated source).
@@ -500,7 +502,10 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let mut mig = Vec::new();
     let mut source: Box<dyn Source> = match a.source {
         SourceArg::Nvml => {
-            let config = a.nvml.config();
+            let mut config = a.nvml.config();
+            if let Some(node) = &a.node {
+                config.node = node.clone();
+            }
             host = Some(HostSampler::new(&config.cluster, &config.node));
             let node = config.node.clone();
             let nvml = NvmlSource::open_with(config)?;

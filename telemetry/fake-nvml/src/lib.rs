@@ -10,7 +10,8 @@
 //! Machines are presets ([`machine::Machine::preset`]): `dgx-a100` (8 GPUs, NVSwitch,
 //! byte counters), `hgx-h100` (8 GPUs, NVSwitch, Hopper's per-link field values instead
 //! of counters), `pcie-bridged` (4 GPUs in NVLink-bridged pairs, counters counting
-//! cycles, one GPU in MIG mode). A test picks one with `fake_nvml_load` (or, for a
+//! cycles, one GPU in MIG mode), `a100-mig` (2 GPUs without NVLink, both in MIG mode with
+//! 3g.40gb, 2g.20gb and 1g.10gb instances). A test picks one with `fake_nvml_load` (or, for a
 //! process it starts, the `FAKE_NVML_MACHINE` environment variable, read at the first
 //! `nvmlInit` when nothing is loaded), moves counters with `fake_nvml_advance`, and
 //! injects faults with `fake_nvml_inject_xid` and `fake_nvml_lose_gpu`. Functions this

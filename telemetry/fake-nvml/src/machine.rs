@@ -114,6 +114,20 @@ impl Machine {
                 ]);
                 ("550.54.15", g, NvlinkCounters::Cycles)
             }
+            // Two A100 SXM without NVLink, both in MIG mode with the same layout (3 + 2 + 1
+            // compute slices, 4 + 2 + 1 memory slices): any GPU the scheduler picks for a
+            // MIG demand of one of these sizes has an instance of it.
+            "a100-mig" => {
+                let mut g = gpus("NVIDIA A100-SXM4-80GB", 80 * GIB, 2, &[0x07, 0x0F]);
+                for gpu in &mut g {
+                    gpu.mig = Some(
+                        ["3g.40gb", "2g.20gb", "1g.10gb"]
+                            .map(|p| format!("NVIDIA A100-SXM4-80GB MIG {p}"))
+                            .to_vec(),
+                    );
+                }
+                ("570.86.16", g, NvlinkCounters::Bytes)
+            }
             _ => return None,
         };
         Some(Self {
