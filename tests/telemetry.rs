@@ -178,12 +178,62 @@ fn fake_nvml() -> String {
 
 /// `marshal args` with NVML from the fake driver pretending to be `machine`.
 fn with_fake_nvml(machine: &str, args: &[&str]) -> std::process::Output {
+    with_fake_nvml_env(machine, &[], args)
+}
+
+/// [`with_fake_nvml`] with more of the fake's variables set.
+fn with_fake_nvml_env(machine: &str, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_marshal"))
         .args(args)
         .args(["--nvml-lib", &fake_nvml()])
         .env("FAKE_NVML_MACHINE", machine)
+        .envs(env.iter().copied())
         .output()
         .unwrap()
+}
+
+/// `marshal telemetry record --source nvml` from the fake driver into `out`.
+fn record_fake_nvml(
+    machine: &str,
+    env: &[(&str, &str)],
+    out: &Path,
+    interval: &str,
+    duration: &str,
+) -> std::process::Output {
+    #[rustfmt::skip]
+    let args = [
+        "telemetry", "record", "--source", "nvml", "--interval", interval,
+        "--duration", duration, "--out", out.to_str().unwrap(),
+    ];
+    with_fake_nvml_env(machine, env, &args)
+}
+
+#[test]
+fn nvml_nonsense_is_recorded_as_nulls_and_said_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("t");
+    let out = record_fake_nvml(
+        "a100-mig",
+        &[("FAKE_NVML_ABSURD_GPU", "1")],
+        &out_dir,
+        "100ms",
+        "300ms",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // Three ticks of two GPU rows and a host row; one GPU reports nonsense in three columns.
+    assert!(
+        err.contains(
+            "warning: telemetry validation: 0 of 9 rows rejected; 9 values nulled \
+             (mem_used_bytes out of range ×3, sm_util_pct out of range ×3, \
+             temperature_c out of range ×3)"
+        ),
+        "{err}"
+    );
+    // A clean recording says nothing of the kind.
+    let clean = record_fake_nvml("a100-mig", &[], &dir.path().join("clean"), "100ms", "200ms");
+    assert!(clean.status.success());
+    assert!(!String::from_utf8_lossy(&clean.stderr).contains("validation"));
 }
 
 #[test]
@@ -226,21 +276,7 @@ fn nvml_topology_of_a_bridged_server_becomes_a_node_spec() {
 fn nvml_recording_of_an_hgx_h100_has_a_row_per_gpu_and_link_counts() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("t");
-    let out = with_fake_nvml(
-        "hgx-h100",
-        &[
-            "telemetry",
-            "record",
-            "--source",
-            "nvml",
-            "--interval",
-            "200ms",
-            "--duration",
-            "600ms",
-            "--out",
-            out_dir.to_str().unwrap(),
-        ],
-    );
+    let out = record_fake_nvml("hgx-h100", &[], &out_dir, "200ms", "600ms");
     assert!(
         out.status.success(),
         "{}",

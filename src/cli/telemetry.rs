@@ -404,6 +404,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
                 t += step;
             }
             let stats = sink.finish()?;
+            warn_validation(&stats);
             println!(
                 "recorded {gpu_rows} GPU samples and {step_rows} step profiles over {:.1} simulated hours \
                  ({} files) into {}",
@@ -428,6 +429,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
                 Some(ticks),
             )?;
             let sink_stats = sink.finish()?;
+            warn_validation(&sink_stats);
             println!(
                 "recorded {} GPU samples in {} ticks ({} failed) into {} ({} files)",
                 stats.rows,
@@ -487,6 +489,14 @@ impl Source for Accelerated {
         let elapsed = now_us.saturating_sub(self.start_us) as f64 * self.speedup;
         self.inner
             .sample(self.start_us.saturating_add(elapsed as i64))
+    }
+}
+
+/// Says on stderr what the sink's validation rejected or nulled, if anything (the rules
+/// are the README's "Bad input"): a GPU reporting nonsense must not pass unnoticed.
+fn warn_validation(stats: &marshal_telemetry::SinkStats) {
+    if !stats.validation.is_clean() {
+        eprintln!("warning: telemetry validation: {}", stats.validation);
     }
 }
 
@@ -575,6 +585,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
             None,
         )?;
         let sink_stats = sink.finish()?;
+        warn_validation(&sink_stats);
         eprintln!(
             "agent: stopped after {} ticks, {} rows, {} files",
             stats.ticks, stats.rows, sink_stats.files_committed
@@ -647,6 +658,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         .context("the connected agent task")??;
     let sampled = sampled?;
     let sink_stats = sink.finish()?;
+    warn_validation(&sink_stats);
     let t = stats.telemetry;
     eprintln!(
         "agent: stopped after {} ticks, {} rows, {} files; {} sessions, {} workers started, \

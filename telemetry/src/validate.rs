@@ -147,6 +147,41 @@ pub(crate) fn classify(v: f64, max: f64) -> Option<Issue> {
     }
 }
 
+/// One line for an operator: what was rejected and nulled, by column and reason, e.g.
+/// `1 of 40 rows rejected (gpu_uuid empty ×1); 6 values nulled (sm_util_pct out of
+/// range ×3, mem_used_bytes out of range ×3)`.
+impl std::fmt::Display for ValidationReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn counts(
+            f: &mut std::fmt::Formatter<'_>,
+            by: &BTreeMap<(&'static str, Issue), u64>,
+        ) -> std::fmt::Result {
+            for (k, ((column, issue), n)) in by.iter().enumerate() {
+                let sep = if k == 0 { "" } else { ", " };
+                write!(f, "{sep}{column} {issue} ×{n}")?;
+            }
+            Ok(())
+        }
+        write!(
+            f,
+            "{} of {} rows rejected",
+            self.rows_rejected, self.rows_in
+        )?;
+        if !self.rejected.is_empty() {
+            f.write_str(" (")?;
+            counts(f, &self.rejected)?;
+            f.write_str(")")?;
+        }
+        write!(f, "; {} values nulled", self.total_nulled())?;
+        if !self.nulled.is_empty() {
+            f.write_str(" (")?;
+            counts(f, &self.nulled)?;
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +211,15 @@ mod tests {
         assert_eq!(b.rejected_count("ts", Issue::Negative), 2);
         assert_eq!(b.rows_rejected, 2);
         assert!(!b.is_clean());
+        b.rows_in = 10;
+        assert_eq!(
+            b.to_string(),
+            "2 of 10 rows rejected (ts negative ×2); 2 values nulled (x non-finite ×2)"
+        );
+        let clean = ValidationReport {
+            rows_in: 5,
+            ..ValidationReport::default()
+        };
+        assert_eq!(clean.to_string(), "0 of 5 rows rejected; 0 values nulled");
     }
 }

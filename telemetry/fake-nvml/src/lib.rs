@@ -14,8 +14,9 @@
 //! 3g.40gb, 2g.20gb and 1g.10gb instances). A test picks one with `fake_nvml_load` (or, for a
 //! process it starts, the `FAKE_NVML_MACHINE` environment variable, read at the first
 //! `nvmlInit` when nothing is loaded), moves counters with `fake_nvml_advance`, and
-//! injects faults with `fake_nvml_inject_xid` and `fake_nvml_lose_gpu`. Functions this
-//! library does not export are missing symbols, as on an old driver.
+//! injects faults with `fake_nvml_inject_xid`, `fake_nvml_lose_gpu` and
+//! `fake_nvml_make_absurd` (or, with the variable above, `FAKE_NVML_ABSURD_GPU=<index>`).
+//! Functions this library does not export are missing symbols, as on an old driver.
 
 mod machine;
 
@@ -213,6 +214,19 @@ pub extern "C" fn fake_nvml_lose_gpu(gpu: c_uint) {
     }
 }
 
+/// Makes GPU `gpu` report nonsense (250 % SM utilisation, more memory used than
+/// installed, 4,000 °C), as a failing sensor or driver might.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_nvml_make_absurd(gpu: c_uint) {
+    if let Some(g) = state()
+        .machine
+        .as_mut()
+        .and_then(|m| m.gpus.get_mut(gpu as usize))
+    {
+        g.absurd = true;
+    }
+}
+
 /// `nvmlInit` calls not matched by `nvmlShutdown` (a handle leak shows here).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_nvml_open_handles() -> c_uint {
@@ -228,6 +242,12 @@ pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
         st.machine = std::env::var("FAKE_NVML_MACHINE")
             .ok()
             .and_then(|n| Machine::preset(&n));
+        let absurd = std::env::var("FAKE_NVML_ABSURD_GPU").ok();
+        if let (Some(m), Some(gpu)) = (st.machine.as_mut(), absurd)
+            && let Some(g) = gpu.parse::<usize>().ok().and_then(|i| m.gpus.get_mut(i))
+        {
+            g.absurd = true;
+        }
     }
     if st.machine.is_none() {
         return DRIVER_NOT_LOADED;
@@ -361,12 +381,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 ) -> nvmlReturn_t {
     with_gpu(device, |m, i, _| {
         let total = m.gpus[i as usize].memory_total;
-        let used = machine::readings(i).2;
+        let used = machine::readings(&m.gpus[i as usize], i).2;
         let info = nvmlMemory_v2_t {
             version: (2 << 24) | std::mem::size_of::<nvmlMemory_v2_t>() as c_uint,
             total,
             reserved: 0,
-            free: total - used,
+            free: total.saturating_sub(used),
             used,
         };
         // SAFETY: forwarded caller contract.
@@ -383,8 +403,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
-    with_gpu(device, |_, i, _| {
-        let (gpu, memory, ..) = machine::readings(i);
+    with_gpu(device, |m, i, _| {
+        let (gpu, memory, ..) = machine::readings(&m.gpus[i as usize], i);
         // SAFETY: forwarded caller contract.
         unsafe { put(utilization, nvmlUtilization_t { gpu, memory }) }
     })
@@ -398,8 +418,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: c_uint,
     value: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_gpu(device, |_, i, _| {
-        let (_, _, _, tx, rx, ..) = machine::readings(i);
+    with_gpu(device, |m, i, _| {
+        let (_, _, _, tx, rx, ..) = machine::readings(&m.gpus[i as usize], i);
         let v = match counter {
             0 => tx,
             1 => rx,
@@ -418,9 +438,9 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: c_uint,
     temp: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_gpu(device, |_, i, _| match sensor {
+    with_gpu(device, |m, i, _| match sensor {
         // SAFETY: forwarded caller contract.
-        0 => unsafe { put(temp, machine::readings(i).5) },
+        0 => unsafe { put(temp, machine::readings(&m.gpus[i as usize], i).5) },
         _ => NOT_SUPPORTED,
     })
 }
@@ -433,8 +453,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     power: *mut c_uint,
 ) -> nvmlReturn_t {
     // SAFETY: forwarded caller contract.
-    with_gpu(device, |_, i, _| unsafe {
-        put(power, machine::readings(i).6)
+    with_gpu(device, |m, i, _| unsafe {
+        put(power, machine::readings(&m.gpus[i as usize], i).6)
     })
 }
 

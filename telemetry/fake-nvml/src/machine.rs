@@ -34,6 +34,8 @@ pub(crate) struct Gpu {
     pub mig: Option<Vec<String>>,
     /// Fallen off the bus: every query answers `GPU_IS_LOST`.
     pub lost: bool,
+    /// Reports nonsense: 250 % SM utilisation, more memory used than installed, 4,000 °C.
+    pub absurd: bool,
 }
 
 /// A whole node as the fake driver reports it.
@@ -68,6 +70,7 @@ fn gpus(name: &str, memory_total: u64, count: u32, buses: &[u32]) -> Vec<Gpu> {
             links: Vec::new(),
             mig: None,
             lost: false,
+            absurd: false,
         })
         .collect()
 }
@@ -170,8 +173,27 @@ impl Machine {
 }
 
 /// Per-GPU readings: (SM %, memory %, memory used, PCIe tx KiB/s, PCIe rx KiB/s,
-/// temperature °C, power mW).
-pub(crate) fn readings(gpu: u32) -> (u32, u32, u64, u32, u32, u32, u32) {
+/// temperature °C, power mW); for an absurd GPU, SM at 250 %, 81 GiB used and 4,000 °C.
+pub(crate) fn readings(gpu: &Gpu, index: u32) -> (u32, u32, u64, u32, u32, u32, u32) {
+    if gpu.absurd {
+        let normal = readings(
+            &Gpu {
+                absurd: false,
+                ..gpu.clone()
+            },
+            index,
+        );
+        return (
+            250,
+            normal.1,
+            gpu.memory_total + GIB,
+            normal.3,
+            normal.4,
+            4000,
+            normal.6,
+        );
+    }
+    let gpu = index;
     (
         10 + 10 * gpu,
         5 * gpu,

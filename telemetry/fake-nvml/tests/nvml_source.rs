@@ -8,7 +8,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use marshal_scheduler::domain::GpuCatalog;
-use marshal_telemetry::{GpuSample, Health, Level, NvmlConfig, NvmlSource};
+use marshal_telemetry::{
+    GpuSample, Health, Issue, Level, NvmlConfig, NvmlSource, Query, SinkConfig, TelemetryKind,
+    TelemetrySink, read_all,
+};
 
 /// The fake's state is per process; tests take turns.
 static TURN: Mutex<()> = Mutex::new(());
@@ -88,6 +91,15 @@ impl Fake {
         unsafe {
             let f: libloading::Symbol<unsafe extern "C" fn(u32)> =
                 self.lib.get(b"fake_nvml_lose_gpu\0").unwrap();
+            f(gpu);
+        }
+    }
+
+    fn make_absurd(&self, gpu: u32) {
+        // SAFETY: the signature is the one the fake exports.
+        unsafe {
+            let f: libloading::Symbol<unsafe extern "C" fn(u32)> =
+                self.lib.get(b"fake_nvml_make_absurd\0").unwrap();
             f(gpu);
         }
     }
@@ -324,4 +336,39 @@ fn every_nvml_handle_is_released_with_the_source() {
     }
     drop(src);
     assert_eq!(fake.open_handles(), 0);
+}
+
+#[test]
+fn nonsense_from_a_gpu_is_nulled_and_counted_by_the_sink_and_the_rest_kept() {
+    let fake = Fake::load("dgx-a100");
+    let mut src = fake.open(false);
+    fake.make_absurd(6);
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    for t in 1..=3 {
+        fake.advance(1);
+        sink.send(src.sample_at(t * 1_000_000)).unwrap();
+    }
+    let stats = sink.finish().unwrap();
+    let v = &stats.validation;
+    assert_eq!((v.rows_in, v.rows_rejected), (24, 0));
+    for column in ["sm_util_pct", "mem_used_bytes", "temperature_c"] {
+        assert_eq!(
+            v.nulled_count(column, Issue::OutOfRange),
+            3,
+            "{column}: {v}"
+        );
+    }
+    assert_eq!(v.total_nulled(), 9, "{v}");
+    let (rows, _) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), 24);
+    for r in &rows {
+        let bad = r.gpu_index == 6;
+        assert_eq!(r.sm_util_pct.is_none(), bad, "GPU {}", r.gpu_index);
+        assert_eq!(r.mem_used_bytes.is_none(), bad);
+        assert_eq!(r.temperature_c.is_none(), bad);
+        // What the GPU reported sensibly is kept.
+        assert_eq!(r.power_mw, Some(100_000 + 1000 * u32::from(r.gpu_index)));
+        assert!(r.nvlink_tx_kib.is_some_and(|k| k > 0));
+    }
 }
