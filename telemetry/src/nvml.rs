@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `sm_util_pct`, `mem_util_pct` | `nvmlDeviceGetUtilizationRates` |
 //! | `mem_used_bytes`, `mem_total_bytes` | `nvmlDeviceGetMemoryInfo` |
-//! | `nvlink_*_per_link_kib`, `nvlink_*_kib` | per active link, `nvmlDeviceGetNvLinkUtilizationCounter` (counter 0) when that counter's control is set to count **bytes**, stored in KiB (the cumulative count divided by 1024, rounded down: the counters advance in KiB steps, and flooring a cumulative value never accumulates error); the totals are the sum over links |
+//! | `nvlink_*_per_link_kib`, `nvlink_*_kib` | per active link, `nvmlDeviceGetNvLinkUtilizationCounter` (counter 0) when that counter's control is set to count **bytes**, stored in KiB (the cumulative count divided by 1024, rounded down: the counters advance in KiB steps, and flooring a cumulative value never accumulates error); where the counters are refused (Hopper and newer), the field values `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` per link (`scopeId` = link; cumulative KiB); the totals are the sum over links |
 //! | `pcie_*_kib_per_s` | `nvmlDeviceGetPcieThroughput` (KiB/s, as NVML gives it) |
 //! | `temperature_c` | `nvmlDeviceGetTemperature(GPU)` |
 //! | `power_mw` | `nvmlDeviceGetPowerUsage` (mW, as NVML gives it) |
@@ -26,10 +26,13 @@
 //! yields a null for this sample only and is counted in [`NvmlSource::query_errors`].
 //! A device that cannot be reached at all (`GPU_LOST`) is reported with health `failed`.
 //!
-//! Known gap: Hopper and newer GPUs no longer support the NVLink utilisation counters;
-//! their replacement (field values `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX`) needs a
-//! per-link `scopeId`, which `nvml-wrapper` 0.13 cannot set. On those GPUs the NVLink
-//! columns are null rather than wrong.
+//! Hopper and newer GPUs no longer support the NVLink utilisation counters; their
+//! replacement needs a per-link `scopeId`, which `nvml-wrapper` 0.13 cannot set, so
+//! `nvml/fields.rs` makes that one call itself. A GPU that fell off the bus (its handle still
+//! valid, its queries answering `GPU_IS_LOST`) is written with health `failed`.
+//!
+//! Everything here with more than one GPU, NVLink or MIG is tested against the fake
+//! driver in `telemetry/fake-nvml`, not on hardware.
 //!
 //! `job_id`, `worker` and `mem_phase` are not known to NVML: the agent sets them with
 //! [`NvmlSource::annotate`].
@@ -180,12 +183,17 @@ struct Queries<'a> {
 }
 
 impl Queries<'_> {
+    /// Whether this GPU refused `what` for good.
+    fn refused(&self, what: &'static str) -> bool {
+        self.unsupported.contains(&(self.gpu, what))
+    }
+
     fn ask<T>(
         &mut self,
         what: &'static str,
         f: impl FnOnce() -> std::result::Result<T, NvmlError>,
     ) -> Option<T> {
-        if self.unsupported.contains(&(self.gpu, what)) {
+        if self.refused(what) {
             return None;
         }
         match f() {
@@ -418,12 +426,18 @@ impl NvmlSource {
                 })
                 .flatten();
             if let Some(active) = active {
+                // Field values only where the counters are refused for good, so that one
+                // GPU's cumulative series never switches source after a passing error.
                 let per_link = q
                     .ask("nvlink_counters", || nvlink_counters_kib(&d, &active))
                     .or_else(|| {
-                        q.ask("nvlink_fields", || {
-                            nvlink_fields_kib(&self.nvml, &d, &active)
-                        })
+                        q.refused("nvlink_counters")
+                            .then(|| {
+                                q.ask("nvlink_fields", || {
+                                    nvlink_fields_kib(&self.nvml, &d, &active)
+                                })
+                            })
+                            .flatten()
                     });
                 if let Some((tx, rx)) = per_link {
                     s.nvlink_tx_kib = Some(tx.iter().sum());
