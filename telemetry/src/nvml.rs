@@ -28,8 +28,8 @@
 //!
 //! Hopper and newer GPUs no longer support the NVLink utilisation counters; their
 //! replacement needs a per-link `scopeId`, which `nvml-wrapper` 0.13 cannot set, so
-//! `nvml/fields.rs` makes that one call itself. A GPU that fell off the bus (its handle still
-//! valid, its queries answering `GPU_IS_LOST`) is written with health `failed`.
+//! `nvml/fields.rs` makes that one call itself. A GPU that fell off the bus (its handle
+//! still valid, its queries answering `GPU_IS_LOST`) is written with health `failed`.
 //!
 //! Everything here with more than one GPU, NVLink or MIG is tested against the fake
 //! driver in `telemetry/fake-nvml`, not on hardware.
