@@ -202,29 +202,28 @@ pub extern "C" fn fake_nvml_inject_xid(gpu: c_uint, xid: c_ulonglong) {
     XID_ARRIVED.notify_all();
 }
 
-/// Makes GPU `gpu` fall off the bus: every query on it answers `GPU_IS_LOST`.
-#[unsafe(no_mangle)]
-pub extern "C" fn fake_nvml_lose_gpu(gpu: c_uint) {
+/// Changes GPU `gpu` of the loaded machine, if there is one.
+fn change_gpu(gpu: c_uint, change: impl FnOnce(&mut Gpu)) {
     if let Some(g) = state()
         .machine
         .as_mut()
         .and_then(|m| m.gpus.get_mut(gpu as usize))
     {
-        g.lost = true;
+        change(g);
     }
+}
+
+/// Makes GPU `gpu` fall off the bus: every query on it answers `GPU_IS_LOST`.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_nvml_lose_gpu(gpu: c_uint) {
+    change_gpu(gpu, |g| g.lost = true);
 }
 
 /// Makes GPU `gpu` report nonsense (250 % SM utilisation, more memory used than
 /// installed, 4,000 °C), as a failing sensor or driver might.
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_nvml_make_absurd(gpu: c_uint) {
-    if let Some(g) = state()
-        .machine
-        .as_mut()
-        .and_then(|m| m.gpus.get_mut(gpu as usize))
-    {
-        g.absurd = true;
-    }
+    change_gpu(gpu, |g| g.absurd = true);
 }
 
 /// `nvmlInit` calls not matched by `nvmlShutdown` (a handle leak shows here).
