@@ -1112,6 +1112,22 @@ names = ["fake-mig-0"]
 gpu_model = "A100-80"
 gpus = 2
 nvlink_domain = 0
+mig_gpus = [0, 1]
+cpu_milli = 1000
+memory_mib = 1024
+"#;
+
+/// The fake driver's `pcie-bridged` server: four A100 PCIe in NVLink-bridged pairs, GPU 3
+/// in MIG mode with a 3g.40gb instance.
+const BRIDGED_NODE: &str = r#"
+name = "fake-pcie"
+
+[[nodes]]
+names = ["fake-pcie-0"]
+gpu_model = "A100-80"
+gpus = 4
+nvlink_domain = 2
+mig_gpus = [3]
 cpu_milli = 1000
 memory_mib = 1024
 "#;
@@ -1125,23 +1141,45 @@ fn mig(compute_slices: u32, memory_slices: u32) -> Option<pb::GpuDemand> {
     })
 }
 
-/// The binary agent with the NVML source, against the fake driver (`telemetry/fake-nvml`):
-/// it registers the node NVML discovered, lists the MIG instances, and starts each MIG
-/// job with `CUDA_VISIBLE_DEVICES` set to an instance of exactly the placed size.
-#[test]
-fn an_nvml_agent_registers_its_discovered_node_and_runs_mig_jobs_on_their_instances() {
+/// What a run of the binary NVML agent against the fake driver left behind.
+struct NvmlAgentRun {
+    ids: Vec<u64>,
+    jobs: Vec<pb::Job>,
+    /// Per job id: `"$CUDA_VISIBLE_DEVICES $MARSHAL_MIG_UUID"` as its worker saw them.
+    seen: HashMap<u64, String>,
+    stderr: String,
+}
+
+impl NvmlAgentRun {
+    fn job(&self, i: usize) -> &pb::Job {
+        self.jobs.iter().find(|j| j.id == self.ids[i]).unwrap()
+    }
+}
+
+fn fake_driver() -> PathBuf {
     let fake = std::env::current_exe()
         .unwrap()
         .parent()
         .unwrap()
         .join("libmarshal_fake_nvml.so");
     assert!(fake.exists(), "{} is missing", fake.display());
+    fake
+}
+
+/// Serves `inventory`, runs `marshal agent --source nvml` on the fake driver's `machine`
+/// as `node`, submits `specs` and waits until every job is final.
+fn run_nvml_agent(
+    inventory: &str,
+    machine: &str,
+    node: &str,
+    specs: &[pb::JobSpec],
+) -> NvmlAgentRun {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(MIG_NODE).unwrap();
+        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(inventory).unwrap();
         let config = ServiceConfig {
-            cluster: "fake-mig".into(),
+            cluster: cluster.name.clone(),
             max_attempts: 1,
             ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
         };
@@ -1149,30 +1187,23 @@ fn an_nvml_agent_registers_its_discovered_node_and_runs_mig_jobs_on_their_instan
             .await
             .unwrap();
         let addr = server.addr;
-        let seen = dir.path().join("seen");
-        std::fs::create_dir_all(&seen).unwrap();
+        let seen_dir = dir.path().join("seen");
+        std::fs::create_dir_all(&seen_dir).unwrap();
         let cmd = format!(
             "printf '%s %s' \"$CUDA_VISIBLE_DEVICES\" \"$MARSHAL_MIG_UUID\" > '{}'/$MARSHAL_JOB_ID",
-            seen.display()
+            seen_dir.display()
         );
         let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
             .args(["agent", "--source", "nvml", "--nvml-lib"])
-            .arg(&fake)
-            .args(["--node", "fake-mig-0", "--interval", "200ms", "--out"])
+            .arg(fake_driver())
+            .args(["--node", node, "--interval", "200ms", "--out"])
             .arg(dir.path().join("telemetry"))
             .args(["--scheduler", &format!("http://{addr}"), "--exec", &cmd])
-            .env("FAKE_NVML_MACHINE", "a100-mig")
+            .env("FAKE_NVML_MACHINE", machine)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let ids = submit(
-            addr,
-            &[
-                job("big-slice", 1, mig(3, 4), 0.0),
-                job("small-slice", 1, mig(1, 1), 0.0),
-            ],
-        )
-        .await;
+        let ids = submit(addr, specs).await;
         let jobs = wait_final(addr, Duration::from_secs(60)).await;
         std::process::Command::new("kill")
             .arg("-TERM")
@@ -1183,27 +1214,143 @@ fn an_nvml_agent_registers_its_discovered_node_and_runs_mig_jobs_on_their_instan
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut agent.stderr.take().unwrap(), &mut stderr).unwrap();
         assert!(status.success(), "{stderr}");
-        assert!(stderr.contains("6 MIG instances to hand out"), "{stderr}");
-        assert!(stderr.contains("node fake-mig-0 (2 × A100-80)"), "{stderr}");
-        // 3g.40gb is each GPU's first instance (slot 0), 1g.10gb its third (slot 2).
-        for (id, slot) in ids.iter().zip([0, 2]) {
-            let j = jobs.iter().find(|j| j.id == *id).unwrap();
-            assert_eq!(
-                j.state,
-                pb::JobState::Completed as i32,
-                "{}: {}",
-                id,
-                j.reason
-            );
-            let seen = std::fs::read_to_string(seen.join(id.to_string())).unwrap();
-            let (visible, uuid) = seen.split_once(' ').unwrap();
-            assert_eq!(visible, uuid, "{seen}");
-            assert!(
-                uuid.starts_with("MIG-fake000") && uuid[12..].starts_with(&format!("-{slot:04}-")),
-                "{}: {seen}",
-                id
-            );
+        server.shutdown().await.unwrap();
+        let seen = ids
+            .iter()
+            .filter_map(|id| {
+                let text = std::fs::read_to_string(seen_dir.join(id.to_string())).ok()?;
+                Some((*id, text))
+            })
+            .collect();
+        NvmlAgentRun {
+            ids,
+            jobs,
+            seen,
+            stderr,
         }
+    })
+}
+
+/// The binary agent with the NVML source, against the fake driver (`telemetry/fake-nvml`):
+/// it registers the node NVML discovered, lists the MIG instances, and starts each MIG
+/// job with `CUDA_VISIBLE_DEVICES` set to an instance of exactly the placed size.
+#[test]
+fn an_nvml_agent_registers_its_discovered_node_and_runs_mig_jobs_on_their_instances() {
+    let run = run_nvml_agent(
+        MIG_NODE,
+        "a100-mig",
+        "fake-mig-0",
+        &[
+            job("big-slice", 1, mig(3, 4), 0.0),
+            job("small-slice", 1, mig(1, 1), 0.0),
+        ],
+    );
+    let stderr = &run.stderr;
+    assert!(stderr.contains("6 MIG instances to hand out"), "{stderr}");
+    assert!(
+        stderr.contains("node fake-mig-0 (2 × A100-80, MIG mode on GPUs [0, 1])"),
+        "{stderr}"
+    );
+    // 3g.40gb is each GPU's first instance (slot 0), 1g.10gb its third (slot 2).
+    for (i, slot) in [0, 2].into_iter().enumerate() {
+        let j = run.job(i);
+        assert_eq!(
+            j.state,
+            pb::JobState::Completed as i32,
+            "{}: {}",
+            j.id,
+            j.reason
+        );
+        let seen = &run.seen[&j.id];
+        let (visible, uuid) = seen.split_once(' ').unwrap();
+        assert_eq!(visible, uuid, "{seen}");
+        assert!(
+            uuid.starts_with("MIG-fake000") && uuid[12..].starts_with(&format!("-{slot:04}-")),
+            "{}: {seen}",
+            j.id
+        );
+    }
+}
+
+/// A server with one GPU in MIG mode: the MIG job goes to that GPU's instance even though
+/// GPU 0 is free (with MIG mode left open the scheduler picked GPU 0, where no instance
+/// exists, and the start failed), whole-GPU jobs get only the other three, and a job that
+/// needs all four is refused at once instead of failing on the node.
+#[test]
+fn the_scheduler_keeps_mig_jobs_on_mig_mode_gpus_and_whole_gpu_jobs_off_them() {
+    let run = run_nvml_agent(
+        BRIDGED_NODE,
+        "pcie-bridged",
+        "fake-pcie-0",
+        &[
+            job("slice", 1, mig(3, 4), 0.0),
+            job("three-gpus", 1, whole(3), 0.0),
+            job("four-gpus", 1, whole(4), 0.0),
+        ],
+    );
+    let stderr = &run.stderr;
+    assert!(
+        stderr.contains("node fake-pcie-0 (4 × A100-80, MIG mode on GPUs [3])"),
+        "{stderr}"
+    );
+    let (slice, three, four) = (run.job(0), run.job(1), run.job(2));
+    assert_eq!(
+        slice.state,
+        pb::JobState::Completed as i32,
+        "{}",
+        slice.reason
+    );
+    let seen = &run.seen[&slice.id];
+    assert!(seen.starts_with("MIG-fake0003-0000-"), "{seen}");
+    assert_eq!(
+        three.state,
+        pb::JobState::Completed as i32,
+        "{}",
+        three.reason
+    );
+    assert_eq!(run.seen[&three.id].trim(), "0,1,2");
+    assert_eq!(four.state, pb::JobState::Rejected as i32, "{}", four.reason);
+    assert!(!run.seen.contains_key(&four.id));
+}
+
+/// An inventory that leaves MIG mode open for a node whose GPUs NVML reports in MIG mode
+/// is refused at registration, with what to declare.
+#[test]
+fn an_nvml_node_with_mig_mode_the_inventory_leaves_open_is_refused_with_the_fix() {
+    let open = BRIDGED_NODE.replace("mig_gpus = [3]\n", "");
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(&open).unwrap();
+        let server = service::start(
+            config(&dir.path().join("db.redb"), "127.0.0.1:0"),
+            cluster,
+            Arc::new(NoModel),
+        )
+        .await
+        .unwrap();
+        let log = dir.path().join("agent.log");
+        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
+            .args(["agent", "--source", "nvml", "--nvml-lib"])
+            .arg(fake_driver())
+            .args(["--node", "fake-pcie-0", "--interval", "200ms", "--out"])
+            .arg(dir.path().join("telemetry"))
+            .args(["--scheduler", &format!("http://{}", server.addr)])
+            .env("FAKE_NVML_MACHINE", "pcie-bridged")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_until(
+            Duration::from_secs(30),
+            "the agent logs the refused registration",
+            || {
+                std::fs::read_to_string(&log)
+                    .is_ok_and(|t| t.contains("declare mig_gpus = [3] in its node group"))
+            },
+        )
+        .await;
+        agent.kill().unwrap();
+        agent.wait().unwrap();
         server.shutdown().await.unwrap();
     });
 }

@@ -1255,11 +1255,16 @@ fn snapshot_node(name: &str, used: &[u32], schedulable: bool) -> pb::SnapshotNod
             nvlink_domain: 8,
             cpu_milli: 224_000,
             memory_mib: 2_097_152,
+            mig: None,
         }),
         schedulable,
         gpus_used: used
             .iter()
-            .map(|&index| pb::GpuUsage { index, milli: 1000 })
+            .map(|&index| pb::GpuUsage {
+                index,
+                milli: 1000,
+                mig: None,
+            })
             .collect(),
         cpu_used_milli: 0,
         memory_used_mib: 0,

@@ -574,11 +574,13 @@ async fn advise(ch: &Channel, policy: &str) -> pb::AdviseResponse {
                             nvlink_domain: 8,
                             cpu_milli: 224_000,
                             memory_mib: 2_097_152,
+                            mig: None,
                         }),
                         schedulable: true,
                         gpus_used: vec![pb::GpuUsage {
                             index: 0,
                             milli: 1000,
+                            mig: None,
                         }],
                         cpu_used_milli: 0,
                         memory_used_mib: 0,

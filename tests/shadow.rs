@@ -299,11 +299,16 @@ fn snapshot_node(name: &str, used: &[u32]) -> pb::SnapshotNode {
             nvlink_domain: 8,
             cpu_milli: 224_000,
             memory_mib: 2_097_152,
+            mig: None,
         }),
         schedulable: true,
         gpus_used: used
             .iter()
-            .map(|&index| pb::GpuUsage { index, milli: 1000 })
+            .map(|&index| pb::GpuUsage {
+                index,
+                milli: 1000,
+                mig: None,
+            })
             .collect(),
         cpu_used_milli: 0,
         memory_used_mib: 0,

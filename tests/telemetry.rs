@@ -251,6 +251,7 @@ fn nvml_topology_of_a_bridged_server_becomes_a_node_spec() {
         (spec["gpus"].as_u64(), spec["nvlink_domain"].as_u64()),
         (Some(4), Some(2))
     );
+    assert_eq!(spec["mig_gpus"], serde_json::json!([3]));
     let pairs = v["discovered"]["pairs"].as_array().unwrap();
     let level = |a: u64, b: u64| {
         pairs

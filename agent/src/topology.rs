@@ -110,6 +110,15 @@ pub fn node_spec(
         )));
     }
     let island = island_sizes.first().copied().unwrap_or(0);
+    // Positions, not NVML indices: the scheduler numbers a node's GPUs 0.. in the order
+    // NVML enumerates them, as CUDA_VISIBLE_DEVICES does.
+    let mig_gpus = discovered
+        .gpus
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.mig_mode)
+        .map(|(i, _)| i as u16)
+        .collect();
     Ok(NodeGroupSpec {
         count: 1,
         name_prefix: None,
@@ -119,6 +128,7 @@ pub fn node_spec(
         nvlink_domain: if island > 1 { island } else { 0 },
         cpu_milli,
         memory_mib,
+        mig_gpus: Some(mig_gpus),
     })
 }
 
@@ -140,6 +150,9 @@ pub fn node_info(spec: &NodeGroupSpec) -> Result<pb::NodeInfo, AgentError> {
         nvlink_domain: spec.nvlink_domain as u32,
         cpu_milli: spec.cpu_milli,
         memory_mib: spec.memory_mib,
+        mig: spec.mig_gpus.as_ref().map(|gpus| pb::MigModes {
+            gpus: gpus.iter().map(|&g| g as u32).collect(),
+        }),
     })
 }
 
@@ -170,6 +183,7 @@ pub fn inventory_node(
         },
         cpu_milli: node.cpu_milli,
         memory_mib: node.memory_mib,
+        mig: marshal_scheduler::service::convert::mig_modes(topo, n),
     })
 }
 
@@ -186,6 +200,7 @@ mod tests {
             name: name.into(),
             memory_total: gib << 30,
             pci_bus_id: format!("00000000:{index:02x}:00.0"),
+            mig_mode: false,
         }
     }
 

@@ -155,6 +155,7 @@ fn parse_node(row: &Row<'_>, c: &NodeCols, catalog: &GpuCatalog) -> Result<NodeG
         nvlink_domain: if nvlink { gpus } else { 0 },
         cpu_milli,
         memory_mib,
+        mig_gpus: None,
     })
 }
 

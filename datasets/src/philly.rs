@@ -215,6 +215,7 @@ fn parse_philly_cluster(machines: Bundled, revised: Bundled) -> Result<ClusterSp
                 nvlink_domain: 0,
                 cpu_milli: NODE_CPU_MILLI,
                 memory_mib: NODE_MEMORY_MIB,
+                mig_gpus: None,
             },
         );
         Ok(())

@@ -123,6 +123,7 @@ fn dgx_h100_64() -> ClusterSpec {
             nvlink_domain: 8,
             cpu_milli: 224_000,
             memory_mib: 2 * 1024 * 1024,
+            mig_gpus: None,
         },
     )
 }
@@ -149,6 +150,7 @@ fn eight_nodes(
             nvlink_domain,
             cpu_milli,
             memory_mib,
+            mig_gpus: None,
         },
     )
 }
@@ -167,6 +169,7 @@ fn pollux_64() -> ClusterSpec {
             nvlink_domain: 0,
             cpu_milli: 48_000,
             memory_mib: 192 * 1024,
+            mig_gpus: None,
         },
     )
 }
@@ -185,6 +188,7 @@ fn elasticflow_128() -> ClusterSpec {
             nvlink_domain: 8,
             cpu_milli: 96_000,
             memory_mib: 900 * 1024,
+            mig_gpus: None,
         },
     )
 }
@@ -199,6 +203,7 @@ fn dlrm_peak() -> ClusterSpec {
         nvlink_domain: 0,
         cpu_milli,
         memory_mib: 1024 * 1024,
+        mig_gpus: None,
     };
     ClusterSpec {
         name: "dlrm-peak".to_string(),

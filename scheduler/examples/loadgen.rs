@@ -335,6 +335,7 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
                     nvlink_domain: 8,
                     cpu_milli: 224_000,
                     memory_mib: 2_097_152,
+                    mig: None,
                 }),
                 running: vec![],
             })

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use marshal_scheduler::domain::{
-    ClusterSpec, GpuDemand, GpuModelSet, Job, JobId, NodeGroupSpec, Topology,
+    ClusterSpec, GpuDemand, GpuModelSet, Job, JobId, MigMode, NodeGroupSpec, Topology,
 };
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::{self, POLICY_NAMES};
@@ -17,20 +17,23 @@ use proptest::prelude::*;
 
 const MODELS: [&str; 3] = ["T4", "V100M32", "A100-40"];
 
-/// Node groups: (count, GPUs per node, model index).
-fn gpu_groups_strategy() -> impl Strategy<Value = Vec<(u32, u16, usize)>> {
+/// Node groups: (count, GPUs per node, model index, MIG modes). MIG modes: 0 left open,
+/// 1 every GPU out of MIG mode, 2 the odd-numbered GPUs in MIG mode (on A100s; models
+/// without MIG are always out of it).
+fn gpu_groups_strategy() -> impl Strategy<Value = Vec<(u32, u16, usize, u8)>> {
     prop::collection::vec(
         (
             1u32..4,
             prop::sample::select(vec![1u16, 2, 4, 8]),
             0usize..3,
+            0u8..3,
         ),
         1..4,
     )
 }
 
 /// The GPU node groups, then `cpu_nodes` CPU-only nodes.
-fn topology(groups: Vec<(u32, u16, usize)>, cpu_nodes: u32) -> Arc<Topology> {
+fn topology(groups: Vec<(u32, u16, usize, u8)>, cpu_nodes: u32) -> Arc<Topology> {
     let node = |count, gpu_model: Option<&str>, gpus: u16| NodeGroupSpec {
         count,
         name_prefix: None,
@@ -40,10 +43,18 @@ fn topology(groups: Vec<(u32, u16, usize)>, cpu_nodes: u32) -> Arc<Topology> {
         nvlink_domain: if gpus >= 4 { gpus / 2 } else { 0 },
         cpu_milli: 32_000,
         memory_mib: 131_072,
+        mig_gpus: None,
     };
     let mut node_groups: Vec<NodeGroupSpec> = groups
         .into_iter()
-        .map(|(count, gpus, model)| node(count, Some(MODELS[model]), gpus))
+        .map(|(count, gpus, model, mig)| NodeGroupSpec {
+            mig_gpus: match mig {
+                0 => None,
+                2 if MODELS[model] == "A100-40" => Some((1..gpus).step_by(2).collect()),
+                _ => Some(vec![]),
+            },
+            ..node(count, Some(MODELS[model]), gpus)
+        })
         .collect();
     if cpu_nodes > 0 {
         node_groups.push(node(cpu_nodes, None, 0));
@@ -124,6 +135,8 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
     let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
     let mut gpu_milli = vec![0u32; topo.gpu_count() as usize];
     let mut gpu_mig = vec![(0u32, 0u32); topo.gpu_count() as usize];
+    // Milli held by whole and shared workers: never beside a MIG instance.
+    let mut gpu_plain_milli = vec![0u32; topo.gpu_count() as usize];
     let mut node_cpu = vec![0u64; topo.nodes().len()];
     let mut node_mem = vec![0u64; topo.nodes().len()];
     let mut live: HashMap<JobId, marshal_scheduler::domain::Placement> = HashMap::new();
@@ -158,12 +171,36 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
                         if !job.gpu_models.allows(topo.gpu(s.gpu).model) {
                             return Err(format!("job {:?} on a disallowed model", job.id));
                         }
+                        let is_mig = s.mig_compute > 0;
+                        match topo.gpu(s.gpu).mig {
+                            MigMode::On if !is_mig => {
+                                return Err(format!(
+                                    "job {:?}: a non-MIG share on a MIG-mode GPU",
+                                    job.id
+                                ));
+                            }
+                            MigMode::Off if is_mig => {
+                                return Err(format!(
+                                    "job {:?}: a MIG instance on a GPU out of MIG mode",
+                                    job.id
+                                ));
+                            }
+                            _ => {}
+                        }
                         let g = s.gpu.0 as usize;
                         gpu_milli[g] += s.milli as u32;
                         gpu_mig[g].0 += s.mig_compute as u32;
                         gpu_mig[g].1 += s.mig_memory as u32;
+                        if !is_mig {
+                            gpu_plain_milli[g] += s.milli as u32;
+                        }
                         if gpu_milli[g] > 1000 || gpu_mig[g].0 > 7 || gpu_mig[g].1 > 8 {
                             return Err(format!("GPU {g} over capacity"));
+                        }
+                        if gpu_mig[g].0 > 0 && gpu_plain_milli[g] > 0 {
+                            return Err(format!(
+                                "GPU {g}: a MIG instance beside a shared or whole worker"
+                            ));
                         }
                     }
                 }
@@ -183,6 +220,9 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
                         gpu_milli[g] -= s.milli as u32;
                         gpu_mig[g].0 -= s.mig_compute as u32;
                         gpu_mig[g].1 -= s.mig_memory as u32;
+                        if s.mig_compute == 0 {
+                            gpu_plain_milli[g] -= s.milli as u32;
+                        }
                     }
                 }
             }

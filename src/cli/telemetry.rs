@@ -629,8 +629,12 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
             let _ = stop_rx.wait_for(|s| *s).await;
         },
     ));
+    let mig = match &info.mig {
+        Some(m) if !m.gpus.is_empty() => format!(", MIG mode on GPUs {:?}", m.gpus),
+        _ => String::new(),
+    };
     eprintln!(
-        "agent: node {} ({} × {}) connected to {url}; sampling every {:?} into {} (Ctrl-C or SIGTERM stops)",
+        "agent: node {} ({} × {}{mig}) connected to {url}; sampling every {:?} into {} (Ctrl-C or SIGTERM stops)",
         info.name,
         info.gpus,
         if info.gpu_model.is_empty() {

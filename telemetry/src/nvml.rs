@@ -467,17 +467,6 @@ impl NvmlSource {
 
     /// Discovers how the GPUs are connected (PCIe level of every pair, NVLink peers).
     pub fn discover_topology(&self) -> Result<DiscoveredTopology> {
-        let gpus: Vec<DiscoveredGpu> = self
-            .devices
-            .iter()
-            .map(|d| DiscoveredGpu {
-                index: d.index,
-                uuid: d.uuid.to_string(),
-                name: d.name.to_string(),
-                memory_total: d.memory_total,
-                pci_bus_id: d.pci_bus_id.clone(),
-            })
-            .collect();
         let dev = |i: u32| {
             self.nvml
                 .device_by_index(i)
@@ -486,6 +475,20 @@ impl NvmlSource {
                     source: e,
                 })
         };
+        let gpus = self
+            .devices
+            .iter()
+            .map(|d| {
+                Ok(DiscoveredGpu {
+                    index: d.index,
+                    uuid: d.uuid.to_string(),
+                    name: d.name.to_string(),
+                    memory_total: d.memory_total,
+                    pci_bus_id: d.pci_bus_id.clone(),
+                    mig_mode: in_mig_mode(&dev(d.index)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut pcie = Vec::new();
         for a in 0..self.devices.len() as u32 {
             for b in a + 1..self.devices.len() as u32 {
@@ -528,11 +531,8 @@ impl NvmlSource {
                 .nvml
                 .device_by_index(d.index)
                 .map_err(nvml_err("device_by_index"))?;
-            match device.mig_mode() {
-                Ok(m) if m.current == 1 => {}
-                Ok(_) => continue,
-                Err(e) if is_permanent(&e) => continue,
-                Err(e) => return Err(nvml_err("mig_mode")(e)),
+            if !in_mig_mode(&device)? {
+                continue;
             }
             let slots = device
                 .mig_device_count()
@@ -562,6 +562,19 @@ impl NvmlSource {
             }
         }
         Ok(out)
+    }
+}
+
+/// Whether `device` is in MIG mode now; false for a GPU without MIG (its refusal is
+/// permanent), an error when the mode cannot be read for the time being.
+fn in_mig_mode(device: &nvml_wrapper::Device<'_>) -> Result<bool> {
+    match device.mig_mode() {
+        Ok(m) => Ok(m.current == 1),
+        Err(e) if is_permanent(&e) => Ok(false),
+        Err(e) => Err(TelemetryError::Nvml {
+            call: "mig_mode",
+            source: e,
+        }),
     }
 }
 
@@ -728,6 +741,9 @@ pub struct DiscoveredGpu {
     pub memory_total: u64,
     /// PCI bus id (`00000000:18:00.0`).
     pub pci_bus_id: String,
+    /// Whether the GPU is in MIG mode (currently; false for a GPU without MIG).
+    #[serde(default)]
+    pub mig_mode: bool,
 }
 
 /// The connection level of two GPUs (`a < b`).
@@ -861,6 +877,7 @@ mod tests {
             name: "H100".into(),
             memory_total: 80 << 30,
             pci_bus_id: bus.into(),
+            mig_mode: false,
         }
     }
 

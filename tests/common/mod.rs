@@ -67,5 +67,6 @@ pub fn node_info(i: usize) -> marshal_scheduler::service::pb::NodeInfo {
         nvlink_domain: 8,
         cpu_milli: 224_000,
         memory_mib: 2_097_152,
+        mig: None,
     }
 }

@@ -59,6 +59,7 @@ pub fn decision_cluster() -> ClusterSpec {
             nvlink_domain: 8,
             cpu_milli: 224_000,
             memory_mib: 2 * 1024 * 1024,
+            mig_gpus: None,
         }],
     }
 }

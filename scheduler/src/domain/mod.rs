@@ -15,7 +15,9 @@ pub use gpu::{
 pub use job::{Checkpointing, CommPattern, Elastic, GpuDemand, Job, JobId};
 pub use spec::{ClusterSpec, LinkSpec, NodeGroupSpec};
 pub use state::{ClusterState, GpuShare, Placement, WORKER_KINDS, WorkerPlacement, worker_kind};
-pub use topology::{Gpu, GpuId, Node, NodeId, Rack, RackId, Spine, SpineId, TopoLevel, Topology};
+pub use topology::{
+    Gpu, GpuId, MigMode, Node, NodeId, Rack, RackId, Spine, SpineId, TopoLevel, Topology,
+};
 pub use workload::{MemPhase, MemPhaseKind, WorkloadCatalog, WorkloadId, WorkloadKind};
 
 #[derive(Debug, thiserror::Error, PartialEq)]

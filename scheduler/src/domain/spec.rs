@@ -59,6 +59,14 @@ pub struct NodeGroupSpec {
     pub nvlink_domain: u16,
     pub cpu_milli: u32,
     pub memory_mib: u64,
+    /// Indices of the GPUs in MIG mode: they hold MIG instances only, and the others
+    /// never do. Absent: MIG mode is left to the scheduler, which partitions any GPU of
+    /// a MIG-capable model when a MIG worker needs it and nothing else holds the GPU
+    /// (dynamic MIG, the simulator's model). A node whose agent reads MIG mode from
+    /// NVML must say which (`[]` for none): MIG mode is set by an administrator and a
+    /// GPU cannot both take whole-GPU workers and hold instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_gpus: Option<Vec<u16>>,
 }
 
 impl NodeGroupSpec {
@@ -155,6 +163,22 @@ impl ClusterSpec {
                     g.gpus
                 ));
             }
+            if let Some(mig) = &g.mig_gpus {
+                if let Some(&bad) = mig.iter().find(|&&i| i >= g.gpus) {
+                    return invalid(format!(
+                        "node group {i}: mig_gpus names GPU {bad}, but the nodes have {} GPUs",
+                        g.gpus
+                    ));
+                }
+                let mut sorted = mig.clone();
+                sorted.sort_unstable();
+                if let Some(twice) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                    return invalid(format!(
+                        "node group {i}: mig_gpus names GPU {} twice",
+                        twice[0]
+                    ));
+                }
+            }
             if g.nvlink_domain > 1 && g.gpus % g.nvlink_domain != 0 {
                 return invalid(format!(
                     "node group {i}: {} GPUs do not split into NVLink islands of {}",
@@ -245,6 +269,24 @@ memory_mib = 2097152
         assert!(err.contains("NVLink islands"), "{err}");
         let no_model = DGX.replace("gpu_model = \"H100\"", "");
         assert!(ClusterSpec::from_toml(&no_model).is_err());
+        let mig = |list: &str| DGX.replace("gpus = 8", &format!("gpus = 8\nmig_gpus = {list}"));
+        let err = ClusterSpec::from_toml(&mig("[1, 8]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("names GPU 8, but the nodes have 8 GPUs"),
+            "{err}"
+        );
+        let err = ClusterSpec::from_toml(&mig("[3, 1, 3]"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names GPU 3 twice"), "{err}");
+        let spec = ClusterSpec::from_toml(&mig("[7, 0]")).unwrap();
+        assert_eq!(spec.node_groups[0].mig_gpus, Some(vec![7, 0]));
+        assert_eq!(
+            ClusterSpec::from_toml(DGX).unwrap().node_groups[0].mig_gpus,
+            None
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{
-    DomainError, GpuDemand, GpuId, Job, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, NodeId, TopoLevel,
-    Topology,
+    DomainError, GpuDemand, GpuId, Job, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigMode, NodeId,
+    TopoLevel, Topology,
 };
 
 /// What one worker holds on one GPU.
@@ -235,16 +235,11 @@ impl ClusterState {
         let mig_slices = |full: u8| -> Vec<u8> {
             topo.gpus()
                 .iter()
-                .map(|gpu| {
-                    if topo.catalog.get(gpu.model).supports_mig() {
-                        full
-                    } else {
-                        0
-                    }
-                })
+                .map(|gpu| if gpu.mig == MigMode::Off { 0 } else { full })
                 .collect()
         };
-        let node_idle_gpus: Vec<u16> = topo.nodes().iter().map(|n| n.gpu_count()).collect();
+        // A GPU in MIG mode is never idle: idle GPUs are what whole-GPU workers count.
+        let node_idle_gpus: Vec<u16> = topo.nodes().iter().map(|n| n.non_mig_gpus()).collect();
         let rack_idle_gpus = topo
             .racks()
             .iter()
@@ -260,6 +255,7 @@ impl ClusterState {
             .iter()
             .map(|s| s.racks.clone().map(|r| rack_idle_gpus[r as usize]).sum())
             .collect();
+        let idle_gpus = node_idle_gpus.iter().map(|&n| n as u32).sum();
         ClusterState {
             free_milli: vec![1000; g],
             mig_compute_free: mig_slices(MIG_COMPUTE_SLICES),
@@ -281,7 +277,7 @@ impl ClusterState {
             node_worker_kinds: vec![[0; WORKER_KINDS]; topo.nodes().len()],
             rack_idle_gpus,
             spine_idle_gpus,
-            idle_gpus: g as u32,
+            idle_gpus,
             allocated_milli: 0,
             capacity_milli: g as u64 * 1000,
             topo,
@@ -422,8 +418,13 @@ impl ClusterState {
         self.idle_gpus
     }
 
+    /// Whether `gpu` is free for a whole-GPU worker: nothing on it, on a healthy node,
+    /// and not in MIG mode.
     pub fn is_idle(&self, gpu: GpuId) -> bool {
-        self.free_milli[gpu.0 as usize] == 1000 && self.node_up[self.topo.gpu(gpu).node.0 as usize]
+        let info = self.topo.gpu(gpu);
+        self.free_milli[gpu.0 as usize] == 1000
+            && info.mig != MigMode::On
+            && self.node_up[info.node.0 as usize]
     }
 
     pub fn allocated_milli(&self) -> u64 {
@@ -448,16 +449,12 @@ impl ClusterState {
     /// Whether `gpu` can take a share of one GPU for `demand` right now.
     pub fn gpu_fits(&self, gpu: GpuId, demand: GpuDemand) -> bool {
         let i = gpu.0 as usize;
-        let mig_untouched = self.mig_compute_free[i] == MIG_COMPUTE_SLICES
-            || !self
-                .topo
-                .catalog
-                .get(self.topo.gpu(gpu).model)
-                .supports_mig();
+        let mig = self.topo.gpu(gpu).mig;
+        let mig_untouched = self.mig_compute_free[i] == MIG_COMPUTE_SLICES || mig == MigMode::Off;
         match demand {
             GpuDemand::None => true,
-            GpuDemand::Whole(_) => self.free_milli[i] == 1000,
-            GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched,
+            GpuDemand::Whole(_) => self.free_milli[i] == 1000 && mig != MigMode::On,
+            GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched && mig != MigMode::On,
             GpuDemand::Mig { compute, memory } => {
                 // Exact, not a rounding tolerance: a 1-milli shared worker must keep a
                 // MIG instance off its GPU as surely as a large one.
@@ -661,8 +658,9 @@ impl ClusterState {
 
     fn take(&mut self, share: &GpuShare) {
         let g = share.gpu.0 as usize;
-        let node = self.topo.gpu(share.gpu).node;
-        if self.free_milli[g] == 1000 {
+        let info = self.topo.gpu(share.gpu);
+        let node = info.node;
+        if self.free_milli[g] == 1000 && info.mig != MigMode::On {
             self.adjust_idle(node, -1);
         }
         self.free_milli[g] -= share.milli;
@@ -678,7 +676,8 @@ impl ClusterState {
 
     fn give_back(&mut self, share: &GpuShare) {
         let g = share.gpu.0 as usize;
-        let node = self.topo.gpu(share.gpu).node;
+        let info = self.topo.gpu(share.gpu);
+        let (node, mig) = (info.node, info.mig);
         self.free_milli[g] += share.milli;
         assert!(
             self.free_milli[g] <= 1000,
@@ -692,7 +691,7 @@ impl ClusterState {
         self.tenants[g] -= 1;
         self.node_free_milli[node.0 as usize] += share.milli as u32;
         self.allocated_milli -= share.milli as u64;
-        if self.free_milli[g] == 1000 {
+        if self.free_milli[g] == 1000 && mig != MigMode::On {
             self.adjust_idle(node, 1);
         }
     }
@@ -742,7 +741,9 @@ impl ClusterState {
             let gpus: Vec<GpuId> = topo.node(node).gpu_ids().collect();
             let idle = gpus
                 .iter()
-                .filter(|g| self.free_milli[g.0 as usize] == 1000)
+                .filter(|g| {
+                    self.free_milli[g.0 as usize] == 1000 && topo.gpu(**g).mig != MigMode::On
+                })
                 .count();
             let free: u32 = gpus
                 .iter()
@@ -932,6 +933,63 @@ mod tests {
     }
 
     #[test]
+    fn gpus_in_mig_mode_take_only_mig_instances_and_are_never_idle() {
+        let spec = ClusterSpec::from_toml(
+            "name='c'\n[[nodes]]\ncount=1\ngpu_model='A100-40'\ngpus=4\nmig_gpus=[1, 3]\n\
+             cpu_milli=32000\nmemory_mib=262144\n",
+        )
+        .unwrap();
+        let mut s = ClusterState::new(Arc::new(Topology::build(&spec).unwrap()));
+        let slice = GpuDemand::Mig {
+            compute: 3,
+            memory: 4,
+        };
+        let fitting = |s: &ClusterState, demand| {
+            (0..4)
+                .filter(|&g| s.gpu_fits(GpuId(g), demand))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fitting(&s, GpuDemand::Whole(1)), [0, 2]);
+        assert_eq!(fitting(&s, GpuDemand::Milli(500)), [0, 2]);
+        assert_eq!(fitting(&s, slice), [1, 3]);
+        // Idle GPUs are what whole-GPU workers count.
+        assert_eq!((s.node_idle_gpus(NodeId(0)), s.idle_gpus()), (2, 2));
+        assert!(!s.is_idle(GpuId(1)) && s.is_idle(GpuId(2)));
+        let mut three = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        three.gpu = GpuDemand::Whole(3);
+        assert!(!s.worker_fits(&three, NodeId(0)));
+        three.gpu = GpuDemand::Whole(2);
+        assert!(s.worker_fits(&three, NodeId(0)));
+        let err = s
+            .allocate(
+                &three,
+                &Placement {
+                    workers: vec![worker(0, &[0, 1], three.gpu)],
+                },
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("GPU 1 lacks capacity"), "{err}");
+        let mut m = three.clone();
+        m.gpu = slice;
+        let on_gpu1 = Placement {
+            workers: vec![worker(0, &[1], slice)],
+        };
+        s.allocate(&m, &on_gpu1).unwrap();
+        assert_eq!((s.node_idle_gpus(NodeId(0)), s.idle_gpus()), (2, 2));
+        s.check_consistency().unwrap();
+        s.release(&m, &on_gpu1);
+        assert_eq!((s.node_idle_gpus(NodeId(0)), s.idle_gpus()), (2, 2));
+        s.check_consistency().unwrap();
+        // A model without MIG cannot be put in MIG mode.
+        let v100 = ClusterSpec::from_toml(
+            "name='c'\n[[nodes]]\ngpu_model='V100M32'\ngpus=4\nmig_gpus=[0]\ncpu_milli=1\nmemory_mib=1\n",
+        )
+        .unwrap();
+        let err = Topology::build(&v100).unwrap_err().to_string();
+        assert!(err.contains("a model without MIG"), "{err}");
+    }
+
+    #[test]
     fn node_versions_move_with_every_change_and_clones_are_new_instances() {
         let mut s = cluster();
         let job = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
@@ -1062,10 +1120,13 @@ mod tests {
     ) -> Option<(Job, Placement)> {
         let mut job = Job::whole_gpus(JobId(id), 1, 0.0, 1.0);
         job.cpu_milli = cpu_milli;
-        job.gpu = if gpus == 0 {
-            GpuDemand::Milli(250)
-        } else {
-            GpuDemand::Whole(gpus)
+        job.gpu = match gpus {
+            0 => GpuDemand::Milli(250),
+            5 => GpuDemand::Mig {
+                compute: 1,
+                memory: 1,
+            },
+            _ => GpuDemand::Whole(gpus),
         };
         let free: Vec<GpuId> = s
             .topology()
@@ -1124,14 +1185,17 @@ mod tests {
         }
     }
 
-    /// Two A100 nodes, an A100-80 node (MIG-capable) and two CPU-only nodes.
+    /// Two A100 nodes, an A100-80 node (MIG mode left open), two CPU-only nodes and an
+    /// A100-80 node with two of its four GPUs in MIG mode.
     fn mixed_cluster() -> ClusterState {
         let spec = ClusterSpec::from_toml(
             "name='m'\n[[nodes]]\ncount=2\ngpu_model='A100-40'\ngpus=4\nnvlink_domain=4\n\
              cpu_milli=32000\nmemory_mib=262144\n\
              [[nodes]]\ncount=1\ngpu_model='A100-80'\ngpus=8\nnvlink_domain=8\n\
              cpu_milli=64000\nmemory_mib=524288\n\
-             [[nodes]]\ncount=2\ncpu_milli=16000\nmemory_mib=65536\n",
+             [[nodes]]\ncount=2\ncpu_milli=16000\nmemory_mib=65536\n\
+             [[nodes]]\ncount=1\ngpu_model='A100-80'\ngpus=4\nmig_gpus=[1, 2]\n\
+             cpu_milli=64000\nmemory_mib=524288\n",
         )
         .unwrap();
         ClusterState::new(Arc::new(Topology::build(&spec).unwrap()))
@@ -1140,8 +1204,8 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn fitting_nodes_is_worker_fits_over_every_node(
-            allocations in proptest::collection::vec((0u32..5, 0u16..5, 0u32..20_000), 0..30),
-            down in proptest::collection::vec(0u32..5, 0..3),
+            allocations in proptest::collection::vec((0u32..6, 0u16..6, 0u32..20_000), 0..30),
+            down in proptest::collection::vec(0u32..6, 0..3),
             probe_gpus in 0u16..9,
             probe_kind in 0u8..4,
             probe_cpu in 0u32..40_000,
@@ -1155,6 +1219,7 @@ mod tests {
             for n in down {
                 s.set_node_up(NodeId(n), false);
             }
+            s.check_consistency().unwrap();
             let catalog = &s.topology().catalog;
             let mut probe = Job::whole_gpus(JobId(9999), 1, 0.0, 1.0);
             probe.cpu_milli = probe_cpu;

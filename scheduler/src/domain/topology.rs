@@ -64,11 +64,20 @@ pub struct Node {
     pub island_size: u16,
     pub cpu_milli: u32,
     pub memory_mib: u64,
+    /// GPUs in [`MigMode::On`]: they take MIG instances only.
+    pub mig_on_gpus: u16,
+    /// GPUs that can hold MIG instances ([`MigMode::On`] or [`MigMode::Open`]).
+    pub mig_capable_gpus: u16,
 }
 
 impl Node {
     pub fn gpu_count(&self) -> u16 {
         (self.gpus.end - self.gpus.start) as u16
+    }
+
+    /// GPUs that can take whole-GPU and shared (milli) workers: those not in MIG mode.
+    pub fn non_mig_gpus(&self) -> u16 {
+        self.gpu_count() - self.mig_on_gpus
     }
 
     pub fn gpu_ids(&self) -> impl Iterator<Item = GpuId> + use<> {
@@ -84,6 +93,19 @@ pub struct Gpu {
     /// Global id of its NVLink island.
     pub island: u32,
     pub model: GpuModelId,
+    pub mig: MigMode,
+}
+
+/// Whether a GPU is partitioned into MIG instances.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MigMode {
+    /// The inventory does not say (dynamic MIG): the GPU holds MIG instances while no
+    /// whole or shared worker holds it, and those workers while it holds no instance.
+    Open,
+    /// In MIG mode: MIG instances only.
+    On,
+    /// Not in MIG mode, or a model without MIG: never a MIG instance.
+    Off,
 }
 
 #[derive(Clone, Debug)]
@@ -126,7 +148,7 @@ impl Topology {
         let mut racks: Vec<Rack> = Vec::new();
         let mut spines: Vec<Spine> = Vec::new();
         let mut islands = 0u32;
-        for group in &spec.node_groups {
+        for (group_index, group) in spec.node_groups.iter().enumerate() {
             let model = group
                 .gpu_model
                 .as_deref()
@@ -134,6 +156,28 @@ impl Topology {
                 .map(|name| catalog.require(name))
                 .transpose()?;
             let island_size = group.nvlink_domain.max(1);
+            let supports_mig = model.is_some_and(|m| catalog.get(m).supports_mig());
+            if let Some(mig) = group.mig_gpus.as_ref().filter(|m| !m.is_empty())
+                && !supports_mig
+            {
+                return Err(DomainError::Invalid(format!(
+                    "cluster {}: node group {group_index}: mig_gpus {mig:?} on {}, a model without MIG",
+                    spec.name,
+                    group.gpu_model.as_deref().unwrap_or("no GPU")
+                )));
+            }
+            let mig_mode = |index: u16| match &group.mig_gpus {
+                _ if !supports_mig => MigMode::Off,
+                None => MigMode::Open,
+                Some(on) if on.contains(&index) => MigMode::On,
+                Some(_) => MigMode::Off,
+            };
+            let mig_on_gpus = (0..group.gpus)
+                .filter(|&i| mig_mode(i) == MigMode::On)
+                .count() as u16;
+            let mig_capable_gpus = (0..group.gpus)
+                .filter(|&i| mig_mode(i) != MigMode::Off)
+                .count() as u16;
             for n in 0..group.count {
                 let id = nodes.len() as u32;
                 if id.is_multiple_of(spec.nodes_per_rack) {
@@ -163,6 +207,7 @@ impl Topology {
                         index,
                         island: islands - 1,
                         model: model.expect("validated: GPUs imply a model"),
+                        mig: mig_mode(index),
                     });
                 }
                 nodes.push(Node {
@@ -174,6 +219,8 @@ impl Topology {
                     island_size,
                     cpu_milli: group.cpu_milli,
                     memory_mib: group.memory_mib,
+                    mig_on_gpus,
+                    mig_capable_gpus,
                 });
             }
         }
@@ -358,6 +405,7 @@ mod tests {
             nvlink_domain: island,
             cpu_milli: 64_000,
             memory_mib: 512 * 1024,
+            mig_gpus: None,
         };
         let spec = ClusterSpec {
             name: "t".into(),

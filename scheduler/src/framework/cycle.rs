@@ -326,10 +326,11 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
         }
         if job.gpu != GpuDemand::None {
             let Some(model) = node.model else { continue };
-            if !job.gpu_models.allows(model) || node.gpu_count() < per_worker_gpus {
-                continue;
-            }
-            if matches!(job.gpu, GpuDemand::Mig { .. }) && !topo.catalog.get(model).supports_mig() {
+            let usable = match job.gpu {
+                GpuDemand::Mig { .. } => node.mig_capable_gpus,
+                _ => node.non_mig_gpus(),
+            };
+            if !job.gpu_models.allows(model) || usable < per_worker_gpus {
                 continue;
             }
         }
@@ -361,11 +362,11 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
 /// its GPU model is allowed is the caller's question).
 pub(crate) fn workers_on_empty_node(job: &Job, node: &Node) -> u64 {
     let by_gpu = match job.gpu {
-        GpuDemand::Whole(k) => (node.gpu_count() / k) as u64,
+        GpuDemand::Whole(k) => (node.non_mig_gpus() / k) as u64,
         GpuDemand::None => u64::MAX,
-        GpuDemand::Milli(m) => node.gpu_count() as u64 * (1000 / m as u64),
+        GpuDemand::Milli(m) => node.non_mig_gpus() as u64 * (1000 / m as u64),
         GpuDemand::Mig { compute, .. } => {
-            node.gpu_count() as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
+            node.mig_capable_gpus as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
         }
     };
     let by_cpu = node
@@ -482,5 +483,35 @@ mod tests {
             assert_eq!(memo.check(&j, &topo), can_ever_fit(&j, &topo));
         }
         assert!(memo.answers.len() <= EverFitMemo::CAPACITY);
+    }
+
+    #[test]
+    fn gpus_in_mig_mode_count_for_mig_jobs_only() {
+        let spec = |mig: &str| {
+            let text = format!(
+                "name='c'\n[[nodes]]\ncount=2\ngpu_model='A100-80'\ngpus=4\n{mig}\ncpu_milli=64000\nmemory_mib=262144\n"
+            );
+            Topology::build(&ClusterSpec::from_toml(&text).unwrap()).unwrap()
+        };
+        let slice = |workers| Job {
+            workers,
+            gpu: GpuDemand::Mig {
+                compute: 3,
+                memory: 4,
+            },
+            ..job(1, 1, 1, 1000)
+        };
+        let (open, one_each, none) = (spec(""), spec("mig_gpus=[3]"), spec("mig_gpus=[]"));
+        // Four whole GPUs per node fit only where none is in MIG mode.
+        assert!(can_ever_fit(&job(1, 2, 4, 1000), &open).is_ok());
+        let err = can_ever_fit(&job(1, 1, 4, 1000), &one_each).unwrap_err();
+        assert!(err.contains("no node can hold one worker"), "{err}");
+        assert!(can_ever_fit(&job(1, 2, 3, 1000), &one_each).is_ok());
+        // Two 3g instances per MIG GPU: 4 on the cluster with one MIG GPU per node.
+        assert!(can_ever_fit(&slice(4), &one_each).is_ok());
+        let err = can_ever_fit(&slice(5), &one_each).unwrap_err();
+        assert!(err.contains("ever hold (4)"), "{err}");
+        assert!(can_ever_fit(&slice(16), &open).is_ok());
+        assert!(can_ever_fit(&slice(1), &none).is_err());
     }
 }

@@ -144,7 +144,7 @@ pub fn pick_gpus_best_fit(job: &Job, node: NodeId, state: &ClusterState) -> Opti
         GpuDemand::None => Some(Vec::new()),
         GpuDemand::Whole(k) => {
             let idle: Vec<GpuShare> = gpus
-                .filter(|&g| state.free_milli(g) == 1000)
+                .filter(|&g| state.gpu_fits(g, GpuDemand::Whole(1)))
                 .take(k as usize)
                 .map(GpuShare::whole)
                 .collect();

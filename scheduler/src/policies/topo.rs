@@ -125,7 +125,7 @@ fn pick_island_gpus(state: &ClusterState, node: NodeId, count: u16) -> Option<Ve
     for g in topo
         .node(node)
         .gpu_ids()
-        .filter(|&g| state.free_milli(g) == 1000)
+        .filter(|&g| state.gpu_fits(g, GpuDemand::Whole(1)))
     {
         let island = topo.gpu(g).island;
         match islands.last_mut() {

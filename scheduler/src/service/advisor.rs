@@ -12,7 +12,7 @@ use crate::domain::{
     NodeId, Placement, Topology, WorkerPlacement,
 };
 use crate::framework::{Context, Pending, can_ever_fit, run_cycle};
-use crate::service::convert::{job_from_spec, node_group};
+use crate::service::convert::{job_from_spec, mig_demand, node_group};
 use crate::service::error::ServiceError;
 use crate::service::model::{DecisionPath, ModelSlot, NoModel};
 use crate::service::pb;
@@ -95,19 +95,24 @@ pub fn snapshot_state(
         let first_gpu = state.topology().node(node).gpus.start;
         let gpus = state.topology().node(node).gpu_count() as u32;
         for (k, u) in n.gpus_used.iter().enumerate() {
-            if u.index >= gpus || u.milli == 0 || u.milli > 1000 {
+            let usage = format!("{field}.gpus_used[{k}]");
+            let milli_ok = match u.mig {
+                Some(_) => u.milli == 0,
+                None => (1..=1000).contains(&u.milli),
+            };
+            if u.index >= gpus || !milli_ok {
                 return Err(ServiceError::invalid(
-                    &format!("{field}.gpus_used[{k}]"),
+                    &usage,
                     format!(
-                        "GPU {} with {} milli in use (node has {gpus} GPUs; milli 1..=1000)",
+                        "GPU {} with {} milli in use (node has {gpus} GPUs; milli 1..=1000, or 0 for a MIG instance)",
                         u.index, u.milli
                     ),
                 ));
             }
-            let demand = if u.milli == 1000 {
-                GpuDemand::Whole(1)
-            } else {
-                GpuDemand::Milli(u.milli as u16)
+            let demand = match &u.mig {
+                Some(p) => mig_demand(&format!("{usage}.mig"), p)?,
+                None if u.milli == 1000 => GpuDemand::Whole(1),
+                None => GpuDemand::Milli(u.milli as u16),
             };
             let gpu = GpuId(first_gpu + u.index);
             let placement = Placement {
@@ -384,10 +389,15 @@ mod tests {
                 nvlink_domain: 0,
                 cpu_milli,
                 memory_mib: 1 << 20,
+                mig: None,
             }),
             schedulable: true,
             gpus_used: (0..used.0)
-                .map(|index| pb::GpuUsage { index, milli: 1000 })
+                .map(|index| pb::GpuUsage {
+                    index,
+                    milli: 1000,
+                    mig: None,
+                })
                 .collect(),
             cpu_used_milli: used.1,
             memory_used_mib: 0,
@@ -422,6 +432,57 @@ mod tests {
             advise(&req, "best-fit", &path, None, cpu_nodes_first, 10_000_000).unwrap();
         assert_eq!(recs.len(), 1);
         recs[0].placement[0].node.clone()
+    }
+
+    #[test]
+    fn a_snapshot_carries_mig_modes_and_the_instances_in_use() {
+        let slice = |index| pb::GpuUsage {
+            index,
+            milli: 0,
+            mig: Some(pb::MigProfile {
+                compute_slices: 3,
+                memory_slices: 4,
+            }),
+        };
+        let snapshot = |used: Vec<pb::GpuUsage>| {
+            let mut n = node("a100", "A100-80", 2, 64_000, (0, 0));
+            n.node.as_mut().unwrap().mig = Some(pb::MigModes { gpus: vec![1] });
+            n.gpus_used = used;
+            pb::ClusterSnapshot {
+                nodes: vec![n],
+                ..Default::default()
+            }
+        };
+        let whole = |index| pb::GpuUsage {
+            index,
+            milli: 1000,
+            mig: None,
+        };
+        let state = snapshot_state(Some(&snapshot(vec![slice(1), whole(0)]))).unwrap();
+        assert_eq!(state.mig_free(GpuId(1)), (4, 4));
+        assert_eq!(state.idle_gpus(), 0, "GPU 0 is taken, GPU 1 is in MIG mode");
+        assert!(state.gpu_fits(
+            GpuId(1),
+            GpuDemand::Mig {
+                compute: 3,
+                memory: 4
+            }
+        ));
+        // A whole GPU in use on a GPU in MIG mode, or an instance on one that is not.
+        for (used, field) in [
+            (whole(1), "gpus_used[0]"),
+            (slice(0), "gpus_used[0]"),
+            (
+                pb::GpuUsage {
+                    milli: 5,
+                    ..slice(1)
+                },
+                "gpus_used[0]",
+            ),
+        ] {
+            let err = snapshot_state(Some(&snapshot(vec![used]))).unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

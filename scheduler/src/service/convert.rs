@@ -3,7 +3,7 @@
 
 use crate::domain::{
     Checkpointing, ClusterState, CommPattern, GpuCatalog, GpuDemand, GpuModelSet, GpuShare, Job,
-    JobId, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, NodeGroupSpec, Placement, Topology,
+    JobId, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigMode, NodeGroupSpec, Placement, Topology,
 };
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
@@ -84,21 +84,24 @@ pub fn demand_from_pb(gpu: Option<&pb::GpuDemand>) -> Result<GpuDemand, ServiceE
             }
             GpuDemand::Milli(*m as u16)
         }
-        Some(Kind::Mig(p)) => {
-            let (c, m) = (p.compute_slices, p.memory_slices);
-            if c == 0 || c > MIG_COMPUTE_SLICES as u32 || m == 0 || m > MIG_MEMORY_SLICES as u32 {
-                return Err(ServiceError::invalid(
-                    "spec.gpu.mig",
-                    format!(
-                        "{c}c/{m}m does not exist (compute 1..={MIG_COMPUTE_SLICES}, memory 1..={MIG_MEMORY_SLICES})"
-                    ),
-                ));
-            }
-            GpuDemand::Mig {
-                compute: c as u8,
-                memory: m as u8,
-            }
-        }
+        Some(Kind::Mig(p)) => mig_demand("spec.gpu.mig", p)?,
+    })
+}
+
+/// A MIG profile from the wire, checked against the slices a GPU has.
+pub fn mig_demand(field: &str, p: &pb::MigProfile) -> Result<GpuDemand, ServiceError> {
+    let (c, m) = (p.compute_slices, p.memory_slices);
+    if c == 0 || c > MIG_COMPUTE_SLICES as u32 || m == 0 || m > MIG_MEMORY_SLICES as u32 {
+        return Err(ServiceError::invalid(
+            field,
+            format!(
+                "{c}c/{m}m does not exist (compute 1..={MIG_COMPUTE_SLICES}, memory 1..={MIG_MEMORY_SLICES})"
+            ),
+        ));
+    }
+    Ok(GpuDemand::Mig {
+        compute: c as u8,
+        memory: m as u8,
     })
 }
 
@@ -342,6 +345,26 @@ pub fn node_group(field: &str, info: Option<&pb::NodeInfo>) -> Result<NodeGroupS
             ),
         ));
     }
+    let mig_gpus = match &info.mig {
+        None => None,
+        Some(modes) => {
+            let mut gpus = Vec::with_capacity(modes.gpus.len());
+            for &g in &modes.gpus {
+                if g >= info.gpus || gpus.contains(&(g as u16)) {
+                    return Err(ServiceError::invalid(
+                        &format!("{field}.mig.gpus"),
+                        format!(
+                            "GPU {g} is not one of the node's {} GPUs or is listed twice",
+                            info.gpus
+                        ),
+                    ));
+                }
+                gpus.push(g as u16);
+            }
+            gpus.sort_unstable();
+            Some(gpus)
+        }
+    };
     Ok(NodeGroupSpec {
         count: 1,
         name_prefix: None,
@@ -351,6 +374,22 @@ pub fn node_group(field: &str, info: Option<&pb::NodeInfo>) -> Result<NodeGroupS
         nvlink_domain: island as u16,
         cpu_milli: info.cpu_milli,
         memory_mib: info.memory_mib,
+        mig_gpus,
+    })
+}
+
+/// A node's MIG modes as its registration carries them: `None` while the inventory
+/// leaves MIG open, else the indices of the GPUs in MIG mode.
+pub fn mig_modes(topo: &Topology, node: crate::domain::NodeId) -> Option<pb::MigModes> {
+    let gpus = || topo.node(node).gpu_ids().map(|g| topo.gpu(g));
+    if gpus().any(|g| g.mig == MigMode::Open) {
+        return None;
+    }
+    Some(pb::MigModes {
+        gpus: gpus()
+            .filter(|g| g.mig == MigMode::On)
+            .map(|g| g.index as u32)
+            .collect(),
     })
 }
 

@@ -2,7 +2,7 @@
 //! agent reports, node registration with reconciliation, drain, cordon, telemetry.
 
 use crate::domain::{JobId, NodeId};
-use crate::service::convert::{job_from_spec, node_counts, node_group};
+use crate::service::convert::{job_from_spec, mig_modes, node_counts, node_group};
 use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
@@ -324,6 +324,23 @@ impl Inner {
                 inv.island_size
             )));
         }
+        if let Some(reported) = &group.mig_gpus {
+            let reported: Vec<u32> = reported.iter().map(|&g| g as u32).collect();
+            match mig_modes(&self.topo, n) {
+                None => {
+                    return Err(ServiceError::FailedPrecondition(format!(
+                        "node {name} reports MIG mode on GPUs {reported:?}; the inventory leaves MIG mode open, so the scheduler would partition any of its GPUs and give MIG-mode GPUs to whole-GPU jobs: declare mig_gpus = {reported:?} in its node group"
+                    )));
+                }
+                Some(inventory) if inventory.gpus != reported => {
+                    return Err(ServiceError::FailedPrecondition(format!(
+                        "node {name} reports MIG mode on GPUs {reported:?}; the inventory says {:?}",
+                        inventory.gpus
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
         if group.cpu_milli < inv.cpu_milli || group.memory_mib < inv.memory_mib {
             return Err(ServiceError::FailedPrecondition(format!(
                 "node {name} reports {} mCPU / {} MiB, less than the inventory's {} mCPU / {} MiB",
@@ -486,6 +503,49 @@ mod tests {
         inner.cycle(t0, &NoModel.decision_path("topo-pack"));
         assert_eq!(inner.jobs[&id].state, JobState::Placed);
         id
+    }
+
+    #[test]
+    fn a_node_reporting_mig_modes_must_match_an_inventory_that_declares_them() {
+        let register = |inner: &mut Inner, mig: Option<Vec<u32>>| {
+            let req = pb::RegisterNodeRequest {
+                node: Some(pb::NodeInfo {
+                    mig: mig.map(|gpus| pb::MigModes { gpus }),
+                    ..node_info(0)
+                }),
+                running: vec![],
+            };
+            inner.register(&req, 1).map(|_| ())
+        };
+        // Left open: an agent that does not know is fine, one that does must be declared.
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        register(&mut inner, None).unwrap();
+        let err = register(&mut inner, Some(vec![])).unwrap_err().to_string();
+        assert!(
+            err.contains("declare mig_gpus = [] in its node group"),
+            "{err}"
+        );
+        drop(inner);
+
+        let declared = crate::service::testkit::TWO_NODES
+            .replace("nvlink_domain = 8", "nvlink_domain = 8\nmig_gpus = [1, 5]");
+        let test = TestCore::on(ServiceConfig::default(), &declared);
+        let mut inner = test.core.lock();
+        register(&mut inner, Some(vec![5, 1])).unwrap();
+        register(&mut inner, None).unwrap();
+        let err = register(&mut inner, Some(vec![1])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("node n-0 reports MIG mode on GPUs [1]; the inventory says [1, 5]"),
+            "{err}"
+        );
+        assert!(
+            matches!(err, ServiceError::FailedPrecondition(_)),
+            "{err:?}"
+        );
+        let err = register(&mut inner, Some(vec![8])).unwrap_err().to_string();
+        assert!(err.contains("node.mig.gpus"), "{err}");
     }
 
     #[test]

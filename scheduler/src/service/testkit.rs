@@ -33,6 +33,7 @@ pub fn node_info(i: usize) -> pb::NodeInfo {
         nvlink_domain: 8,
         cpu_milli: 224_000,
         memory_mib: 2_097_152,
+        mig: None,
     }
 }
 
@@ -46,6 +47,11 @@ pub struct TestCore {
 
 impl TestCore {
     pub fn new(config: ServiceConfig) -> Self {
+        Self::on(config, TWO_NODES)
+    }
+
+    /// A restored core over the inventory `cluster` (TOML).
+    pub fn on(config: ServiceConfig, cluster: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("marshal-service-test-")
             .tempdir()
@@ -54,7 +60,7 @@ impl TestCore {
             db: dir.path().join("db.redb"),
             ..config
         };
-        let spec = ClusterSpec::from_toml(TWO_NODES).unwrap();
+        let spec = ClusterSpec::from_toml(cluster).unwrap();
         let store = Arc::new(Store::open(&config.db, false).unwrap());
         let core = Core::restore(
             &config,

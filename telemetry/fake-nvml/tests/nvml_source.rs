@@ -231,6 +231,8 @@ fn an_nvswitch_machine_is_one_island_of_eight() {
     let spec = marshal_agent::node_spec(&topo, "n0", 128_000, 1 << 20, &catalog).unwrap();
     assert_eq!(spec.gpu_model.as_deref(), Some("A100-80"));
     assert_eq!((spec.gpus, spec.nvlink_domain), (8, 8));
+    // MIG off everywhere is said, not left open.
+    assert_eq!(spec.mig_gpus, Some(vec![]));
 
     let fake = Fake::load_again(fake, "hgx-h100");
     let topo = fake.open(false).discover_topology().unwrap();
@@ -259,6 +261,14 @@ fn bridged_pairs_are_islands_of_two_over_pcie_levels() {
         marshal_agent::node_spec(&topo, "n2", 64_000, 1 << 19, &GpuCatalog::default()).unwrap();
     assert_eq!(spec.gpu_model.as_deref(), Some("A100-80"));
     assert_eq!((spec.gpus, spec.nvlink_domain), (4, 2));
+    let in_mig_mode: Vec<u32> = topo
+        .gpus
+        .iter()
+        .filter(|g| g.mig_mode)
+        .map(|g| g.index)
+        .collect();
+    assert_eq!(in_mig_mode, [3]);
+    assert_eq!(spec.mig_gpus, Some(vec![3]));
 }
 
 #[test]

@@ -106,11 +106,7 @@ pub fn candidate_features(
         let mut cpu = 0u32;
         for w in workers {
             cpu += job.cpu_milli;
-            newly_busy += w
-                .gpus
-                .iter()
-                .filter(|s| state.free_milli(s.gpu) == 1000)
-                .count() as u32;
+            newly_busy += w.gpus.iter().filter(|s| state.is_idle(s.gpu)).count() as u32;
         }
         let gpus = topo.node(node).gpu_count().max(1) as f32;
         idle_after += (state.node_idle_gpus(node) as f32 - newly_busy as f32) / gpus;
@@ -155,7 +151,7 @@ pub fn candidate_features(
         let taken = shares
             .iter()
             .filter(|s| topo.node(topo.gpu(s.gpu).node).rack == rack)
-            .filter(|s| state.free_milli(s.gpu) == 1000)
+            .filter(|s| state.is_idle(s.gpu))
             .count() as u32;
         state.rack_idle_gpus(rack).saturating_sub(taken) as f32 / rack_gpus.max(1) as f32
     });
