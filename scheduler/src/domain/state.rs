@@ -339,6 +339,23 @@ impl ClusterState {
         self.free_milli[gpu.0 as usize]
     }
 
+    /// What `demand` can ever use of `gpu`'s free capacity: all of it, except none of
+    /// a GPU in MIG mode for a whole or shared worker and none of a GPU out of MIG mode
+    /// for a MIG instance. Scorers that weigh free capacity (FGD's fragmentation,
+    /// packing) read this, so that a GPU the job can never use does not look like room.
+    pub fn free_milli_for(&self, gpu: GpuId, demand: GpuDemand) -> u16 {
+        let usable = match (self.topo.gpu(gpu).mig, demand) {
+            (MigMode::Open, _) => true,
+            (mode, GpuDemand::Mig { .. }) => mode == MigMode::On,
+            (mode, _) => mode == MigMode::Off,
+        };
+        if usable {
+            self.free_milli[gpu.0 as usize]
+        } else {
+            0
+        }
+    }
+
     pub fn tenants(&self, gpu: GpuId) -> u16 {
         self.tenants[gpu.0 as usize]
     }

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
-use crate::domain::{ClusterState, GpuModelId, GpuModelSet, GpuShare, Job, NodeId};
+use crate::domain::{ClusterState, GpuDemand, GpuModelId, GpuModelSet, GpuShare, Job, NodeId};
 use crate::framework::{Context, NodeScorer, pick_gpus_best_fit};
 use crate::policies::scorers::per_gpu_milli;
 
@@ -35,6 +35,9 @@ struct TaskShape {
     milli: u32,
     count: u32,
     models: u64,
+    /// A MIG instance sees other GPUs' free capacity than a shared worker of its size
+    /// ([`ClusterState::free_milli_for`]), so the two never share a memoised score.
+    mig: bool,
 }
 
 impl TaskShape {
@@ -45,6 +48,7 @@ impl TaskShape {
             milli,
             count,
             models: models_bits(job.gpu_models),
+            mig: matches!(job.gpu, GpuDemand::Mig { .. }),
         }
     }
 }
@@ -240,11 +244,11 @@ impl Fgd {
         let cpu_left = state.node_cpu_free(node);
         let gpus = topo_node.gpu_count() as usize;
         if gpus > MEMO_GPUS {
-            return self.score_state(job, model, cpu_left, &Self::node_lefts(state, node));
+            return self.score_state(job, model, cpu_left, &Self::node_lefts(state, node, job));
         }
         let mut lefts = [0u16; MEMO_GPUS];
         for (slot, g) in lefts.iter_mut().zip(topo_node.gpu_ids()) {
-            *slot = state.free_milli(g);
+            *slot = state.free_milli_for(g, job.gpu);
         }
         lefts[..gpus].sort_unstable();
         let key = MemoKey {
@@ -265,12 +269,13 @@ impl Fgd {
         s
     }
 
-    fn node_lefts(state: &ClusterState, node: NodeId) -> Vec<u16> {
+    /// Each GPU's free milli as `job` can use it (none of a GPU in the other MIG mode).
+    fn node_lefts(state: &ClusterState, node: NodeId, job: &Job) -> Vec<u16> {
         state
             .topology()
             .node(node)
             .gpu_ids()
-            .map(|g| state.free_milli(g))
+            .map(|g| state.free_milli_for(g, job.gpu))
             .collect()
     }
 }
@@ -335,7 +340,7 @@ impl NodeScorer for Fgd {
             return pick_gpus_best_fit(job, node, state);
         }
         let topo_node = state.topology().node(node);
-        let lefts = Self::node_lefts(state, node);
+        let lefts = Self::node_lefts(state, node, job);
         let cpu_left = state.node_cpu_free(node);
         let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
         let cpu_after = cpu_left.saturating_sub(job.cpu_milli);

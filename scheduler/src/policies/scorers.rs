@@ -167,7 +167,7 @@ impl NodeScorer for GpuPacking {
         let mut buffer = [0u16; 64];
         let mut n = 0;
         for g in state.topology().node(node).gpu_ids() {
-            buffer[n] = state.free_milli(g);
+            buffer[n] = state.free_milli_for(g, job.gpu);
             n += 1;
         }
         let lefts = &mut buffer[..n];
@@ -271,5 +271,46 @@ mod tests {
         // Another kind there: x + 0; an empty node: 0 + 25.
         assert_eq!(score(&GpuClustering, &whole, 0, &s), 1.0);
         assert_eq!(score(&GpuClustering, &whole, 1, &s), 25.0);
+    }
+
+    /// Node 0 has GPU 1 in MIG mode; node 1 has GPU 1 taken by a whole-GPU worker. For
+    /// a whole or shared job the two nodes offer the same room (GPU 0), so FGD and
+    /// packing score them alike; a MIG instance has room on node 0 only.
+    #[test]
+    fn a_gpu_in_the_other_mig_mode_is_not_room_for_a_job() {
+        let spec = ClusterSpec::from_toml(
+            "name='s'\n[[nodes]]\ngpu_model='A100-80'\ngpus=2\nmig_gpus=[1]\ncpu_milli=128000\nmemory_mib=1048576\n\
+             [[nodes]]\ngpu_model='A100-80'\ngpus=2\nmig_gpus=[]\ncpu_milli=128000\nmemory_mib=1048576\n",
+        )
+        .unwrap();
+        let mut s = ClusterState::new(Arc::new(Topology::build(&spec).unwrap()));
+        put(&mut s, &task(0, GpuDemand::Whole(1)), 3);
+        let share = task(1000, GpuDemand::Milli(500));
+        let fgd = crate::policies::Fgd::from_workload(std::slice::from_ref(&share));
+        for job in [share.clone(), task(1000, GpuDemand::Whole(1))] {
+            assert_eq!(
+                score(&GpuPacking, &job, 0, &s),
+                score(&GpuPacking, &job, 1, &s),
+                "{:?}",
+                job.gpu
+            );
+            assert_eq!(
+                score(&fgd, &job, 0, &s),
+                score(&fgd, &job, 1, &s),
+                "{:?}",
+                job.gpu
+            );
+        }
+        let slice = task(
+            1000,
+            GpuDemand::Mig {
+                compute: 3,
+                memory: 4,
+            },
+        );
+        assert_eq!(s.free_milli_for(GpuId(1), slice.gpu), 1000);
+        assert_eq!(s.free_milli_for(GpuId(0), slice.gpu), 0);
+        assert_eq!(s.free_milli_for(GpuId(1), share.gpu), 0);
+        assert_eq!(s.free_milli_for(GpuId(2), slice.gpu), 0, "out of MIG mode");
     }
 }
