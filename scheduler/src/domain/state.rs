@@ -344,12 +344,7 @@ impl ClusterState {
     /// for a MIG instance. Scorers that weigh free capacity (FGD's fragmentation,
     /// packing) read this, so that a GPU the job can never use does not look like room.
     pub fn free_milli_for(&self, gpu: GpuId, demand: GpuDemand) -> u16 {
-        let usable = match (self.topo.gpu(gpu).mig, demand) {
-            (MigMode::Open, _) => true,
-            (mode, GpuDemand::Mig { .. }) => mode == MigMode::On,
-            (mode, _) => mode == MigMode::Off,
-        };
-        if usable {
+        if self.topo.gpu(gpu).mig.admits(demand) {
             self.free_milli[gpu.0 as usize]
         } else {
             0
@@ -470,8 +465,8 @@ impl ClusterState {
         let mig_untouched = self.mig_compute_free[i] == MIG_COMPUTE_SLICES || mig == MigMode::Off;
         match demand {
             GpuDemand::None => true,
-            GpuDemand::Whole(_) => self.free_milli[i] == 1000 && mig != MigMode::On,
-            GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched && mig != MigMode::On,
+            GpuDemand::Whole(_) => self.free_milli[i] == 1000 && mig.admits(demand),
+            GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched && mig.admits(demand),
             GpuDemand::Mig { compute, memory } => {
                 // Exact, not a rounding tolerance: a 1-milli shared worker must keep a
                 // MIG instance off its GPU as surely as a large one.

@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{ClusterSpec, DomainError, GpuCatalog, GpuModelId, LinkSpec};
+use crate::domain::{ClusterSpec, DomainError, GpuCatalog, GpuDemand, GpuModelId, LinkSpec};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
@@ -106,6 +106,17 @@ pub enum MigMode {
     On,
     /// Not in MIG mode, or a model without MIG: never a MIG instance.
     Off,
+}
+
+impl MigMode {
+    /// Whether a GPU in this mode can ever hold `demand`, capacity aside.
+    pub fn admits(self, demand: GpuDemand) -> bool {
+        match (self, demand) {
+            (MigMode::Open, _) | (_, GpuDemand::None) => true,
+            (mode, GpuDemand::Mig { .. }) => mode == MigMode::On,
+            (mode, _) => mode == MigMode::Off,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
