@@ -1115,10 +1115,14 @@ nvlink_domain = 0
 mig_gpus = [0, 1]
 cpu_milli = 1000
 memory_mib = 1024
+
+[[nodes.mig_layout]]
+gpus = [0, 1]
+instances = ["3g.40gb", "2g.20gb", "1g.10gb"]
 "#;
 
 /// The fake driver's `pcie-bridged` server: four A100 PCIe in NVLink-bridged pairs, GPU 3
-/// in MIG mode with a 3g.40gb instance.
+/// in MIG mode with a 3g.40gb instance and a one-slice compute instance of a 2g.20gb.
 const BRIDGED_NODE: &str = r#"
 name = "fake-pcie"
 
@@ -1130,6 +1134,10 @@ nvlink_domain = 2
 mig_gpus = [3]
 cpu_milli = 1000
 memory_mib = 1024
+
+[[nodes.mig_layout]]
+gpus = [3]
+instances = ["3g.40gb", "1c.2g.20gb"]
 "#;
 
 fn mig(compute_slices: u32, memory_slices: u32) -> Option<pb::GpuDemand> {
@@ -1139,6 +1147,18 @@ fn mig(compute_slices: u32, memory_slices: u32) -> Option<pb::GpuDemand> {
             memory_slices,
         })),
     })
+}
+
+/// A child process killed and reaped when dropped, so that a failed assertion leaves no
+/// agent running behind the test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Already gone when the test stopped it itself: nothing to do.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// What a run of the binary NVML agent against the fake driver left behind.
@@ -1193,26 +1213,28 @@ fn run_nvml_agent(
             "printf '%s %s' \"$CUDA_VISIBLE_DEVICES\" \"$MARSHAL_MIG_UUID\" > '{}'/$MARSHAL_JOB_ID",
             seen_dir.display()
         );
-        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
-            .args(["agent", "--source", "nvml", "--nvml-lib"])
-            .arg(fake_driver())
-            .args(["--node", node, "--interval", "200ms", "--out"])
-            .arg(dir.path().join("telemetry"))
-            .args(["--scheduler", &format!("http://{addr}"), "--exec", &cmd])
-            .env("FAKE_NVML_MACHINE", machine)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut agent = KillOnDrop(
+            std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
+                .args(["agent", "--source", "nvml", "--nvml-lib"])
+                .arg(fake_driver())
+                .args(["--node", node, "--interval", "200ms", "--out"])
+                .arg(dir.path().join("telemetry"))
+                .args(["--scheduler", &format!("http://{addr}"), "--exec", &cmd])
+                .env("FAKE_NVML_MACHINE", machine)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
         let ids = submit(addr, specs).await;
         let jobs = wait_final(addr, Duration::from_secs(60)).await;
         std::process::Command::new("kill")
             .arg("-TERM")
-            .arg(agent.id().to_string())
+            .arg(agent.0.id().to_string())
             .status()
             .unwrap();
-        let status = agent.wait().unwrap();
+        let status = agent.0.wait().unwrap();
         let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut agent.stderr.take().unwrap(), &mut stderr).unwrap();
+        std::io::Read::read_to_string(&mut agent.0.stderr.take().unwrap(), &mut stderr).unwrap();
         assert!(status.success(), "{stderr}");
         server.shutdown().await.unwrap();
         let seen = ids
@@ -1272,10 +1294,12 @@ fn an_nvml_agent_registers_its_discovered_node_and_runs_mig_jobs_on_their_instan
     }
 }
 
-/// A server with one GPU in MIG mode: the MIG job goes to that GPU's instance even though
+/// A server with one GPU in MIG mode: the MIG jobs go to that GPU's instances even though
 /// GPU 0 is free (with MIG mode left open the scheduler picked GPU 0, where no instance
 /// exists, and the start failed), whole-GPU jobs get only the other three, and a job that
-/// needs all four is refused at once instead of failing on the node.
+/// needs all four is refused at once instead of failing on the node. So is a MIG job of
+/// a size the GPU has the slices for but no instance of (with slices counted, it went to
+/// GPU 3 and its start failed).
 #[test]
 fn the_scheduler_keeps_mig_jobs_on_mig_mode_gpus_and_whole_gpu_jobs_off_them() {
     let run = run_nvml_agent(
@@ -1286,6 +1310,8 @@ fn the_scheduler_keeps_mig_jobs_on_mig_mode_gpus_and_whole_gpu_jobs_off_them() {
             job("slice", 1, mig(3, 4), 0.0),
             job("three-gpus", 1, whole(3), 0.0),
             job("four-gpus", 1, whole(4), 0.0),
+            job("small-slice", 1, mig(1, 2), 0.0),
+            job("no-instance", 1, mig(2, 2), 0.0),
         ],
     );
     let stderr = &run.stderr;
@@ -1293,35 +1319,36 @@ fn the_scheduler_keeps_mig_jobs_on_mig_mode_gpus_and_whole_gpu_jobs_off_them() {
         stderr.contains("node fake-pcie-0 (4 × A100-80, MIG mode on GPUs [3])"),
         "{stderr}"
     );
+    // What a completed job saw as its devices.
+    let seen_by = |j: &pb::Job| {
+        assert_eq!(j.state, pb::JobState::Completed as i32, "{}", j.reason);
+        run.seen[&j.id].clone()
+    };
     let (slice, three, four) = (run.job(0), run.job(1), run.job(2));
-    assert_eq!(
-        slice.state,
-        pb::JobState::Completed as i32,
-        "{}",
-        slice.reason
-    );
-    let seen = &run.seen[&slice.id];
+    let seen = seen_by(slice);
     assert!(seen.starts_with("MIG-fake0003-0000-"), "{seen}");
-    assert_eq!(
-        three.state,
-        pb::JobState::Completed as i32,
-        "{}",
-        three.reason
-    );
-    assert_eq!(run.seen[&three.id].trim(), "0,1,2");
+    assert_eq!(seen_by(three).trim(), "0,1,2");
     assert_eq!(four.state, pb::JobState::Rejected as i32, "{}", four.reason);
     assert!(!run.seen.contains_key(&four.id));
+    let (small, none) = (run.job(3), run.job(4));
+    let seen = seen_by(small);
+    assert!(seen.starts_with("MIG-fake0003-0001-"), "{seen}");
+    assert_eq!(none.state, pb::JobState::Rejected as i32, "{}", none.reason);
+    assert!(
+        none.reason.contains("no node can hold one worker"),
+        "{}",
+        none.reason
+    );
+    assert!(!run.seen.contains_key(&none.id));
 }
 
-/// An inventory that leaves MIG mode open for a node whose GPUs NVML reports in MIG mode
-/// is refused at registration, with what to declare.
-#[test]
-fn an_nvml_node_with_mig_mode_the_inventory_leaves_open_is_refused_with_the_fix() {
-    let open = BRIDGED_NODE.replace("mig_gpus = [3]\n", "");
+/// Registers the binary NVML agent on the fake `pcie-bridged` server against a server
+/// whose inventory is `inventory`, and waits for the agent to log `refusal`.
+fn assert_bridged_node_refused(inventory: &str, refusal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(&open).unwrap();
+        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(inventory).unwrap();
         let server = service::start(
             config(&dir.path().join("db.redb"), "127.0.0.1:0"),
             cluster,
@@ -1330,27 +1357,54 @@ fn an_nvml_node_with_mig_mode_the_inventory_leaves_open_is_refused_with_the_fix(
         .await
         .unwrap();
         let log = dir.path().join("agent.log");
-        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
-            .args(["agent", "--source", "nvml", "--nvml-lib"])
-            .arg(fake_driver())
-            .args(["--node", "fake-pcie-0", "--interval", "200ms", "--out"])
-            .arg(dir.path().join("telemetry"))
-            .args(["--scheduler", &format!("http://{}", server.addr)])
-            .env("FAKE_NVML_MACHINE", "pcie-bridged")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let agent = KillOnDrop(
+            std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
+                .args(["agent", "--source", "nvml", "--nvml-lib"])
+                .arg(fake_driver())
+                .args(["--node", "fake-pcie-0", "--interval", "200ms", "--out"])
+                .arg(dir.path().join("telemetry"))
+                .args(["--scheduler", &format!("http://{}", server.addr)])
+                .env("FAKE_NVML_MACHINE", "pcie-bridged")
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
         wait_until(
             Duration::from_secs(30),
             "the agent logs the refused registration",
-            || {
-                std::fs::read_to_string(&log)
-                    .is_ok_and(|t| t.contains("declare mig_gpus = [3] in its node group"))
-            },
+            || std::fs::read_to_string(&log).is_ok_and(|t| t.contains(refusal)),
         )
         .await;
-        agent.kill().unwrap();
-        agent.wait().unwrap();
+        drop(agent);
         server.shutdown().await.unwrap();
     });
+}
+
+/// An inventory that leaves MIG mode open for a node whose GPUs NVML reports in MIG mode
+/// is refused at registration, with what to declare.
+#[test]
+fn an_nvml_node_with_mig_mode_the_inventory_leaves_open_is_refused_with_the_fix() {
+    assert_bridged_node_refused(
+        &BRIDGED_NODE.replace("mig_gpus = [3]\n", "").replace(
+            "\n[[nodes.mig_layout]]\ngpus = [3]\ninstances = [\"3g.40gb\", \"1c.2g.20gb\"]\n",
+            "",
+        ),
+        "declare mig_gpus = [3] in its node group",
+    );
+}
+
+/// So is one that leaves the MIG instances to the scheduler (it would place MIG jobs of
+/// sizes the node has no instance of), and one that lists other instances than NVML.
+#[test]
+fn an_nvml_node_whose_mig_instances_the_inventory_does_not_list_is_refused_with_the_fix() {
+    let layout = "\n[[nodes.mig_layout]]\ngpus = [3]\ninstances = [\"3g.40gb\", \"1c.2g.20gb\"]\n";
+    assert_bridged_node_refused(
+        &BRIDGED_NODE.replace(layout, ""),
+        // The log quotes the status message, escaping its quotes.
+        r#"declare in its node group [[nodes.mig_layout]] gpus = [3], instances = [\"3g.40gb\", \"1c.2g.20gb\"]"#,
+    );
+    assert_bridged_node_refused(
+        &BRIDGED_NODE.replace("\"1c.2g.20gb\"", "\"1g.10gb\""),
+        "GPU 3 has MIG instances [3g.40gb, 1c.2g.20gb]; the inventory's layout lists [3g.40gb, 1g.10gb]",
+    );
 }

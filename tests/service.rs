@@ -1256,6 +1256,7 @@ fn snapshot_node(name: &str, used: &[u32], schedulable: bool) -> pb::SnapshotNod
             cpu_milli: 224_000,
             memory_mib: 2_097_152,
             mig: None,
+            mig_layout: None,
         }),
         schedulable,
         gpus_used: used

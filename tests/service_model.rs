@@ -575,6 +575,7 @@ async fn advise(ch: &Channel, policy: &str) -> pb::AdviseResponse {
                             cpu_milli: 224_000,
                             memory_mib: 2_097_152,
                             mig: None,
+                            mig_layout: None,
                         }),
                         schedulable: true,
                         gpus_used: vec![pb::GpuUsage {

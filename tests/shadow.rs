@@ -300,6 +300,7 @@ fn snapshot_node(name: &str, used: &[u32]) -> pb::SnapshotNode {
             cpu_milli: 224_000,
             memory_mib: 2_097_152,
             mig: None,
+            mig_layout: None,
         }),
         schedulable: true,
         gpus_used: used

@@ -252,6 +252,24 @@ fn nvml_topology_of_a_bridged_server_becomes_a_node_spec() {
         (Some(4), Some(2))
     );
     assert_eq!(spec["mig_gpus"], serde_json::json!([3]));
+    // The instances NVML lists, as the inventory declares them (the unreadable one left out).
+    assert_eq!(
+        spec["mig_layout"],
+        serde_json::json!([{"gpus": [3], "instances": ["3g.40gb", "1c.2g.20gb"]}])
+    );
+    // What it prints is an inventory node group that builds.
+    let group: marshal_scheduler::domain::NodeGroupSpec =
+        serde_json::from_value(spec.clone()).unwrap();
+    let cluster = marshal_scheduler::domain::ClusterSpec {
+        name: "c".into(),
+        nodes_per_rack: 1,
+        racks_per_spine: 1,
+        links: Default::default(),
+        gpu_models: vec![],
+        node_groups: vec![group],
+    };
+    let topo = marshal_scheduler::domain::Topology::build(&cluster).unwrap();
+    assert_eq!(topo.mig_instances().len(), 2);
     let pairs = v["discovered"]["pairs"].as_array().unwrap();
     let level = |a: u64, b: u64| {
         pairs

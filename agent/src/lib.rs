@@ -30,4 +30,6 @@ pub use sampling::{
     Clock, LoopStats, ManualClock, RowTap, SystemClock, run_sampling_loop, run_sampling_loop_with,
 };
 pub use simulated::{SimTelemetryOptions, SimulatedTelemetry};
-pub use topology::{catalog_model, inventory_node, node_info, node_spec};
+pub use topology::{
+    catalog_model, inventory_node, mig_layout, mig_layout_spec, node_info, node_spec,
+};

@@ -12,9 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use marshal_scheduler::domain::{GpuCatalog, NodeGroupSpec};
+use marshal_scheduler::domain::{GpuCatalog, MigLayoutSpec, NodeGroupSpec};
 use marshal_scheduler::service::pb;
-use marshal_telemetry::{DiscoveredTopology, Level};
+use marshal_telemetry::{DiscoveredTopology, Level, MigInstance};
 
 use crate::AgentError;
 
@@ -129,11 +129,53 @@ pub fn node_spec(
         cpu_milli,
         memory_mib,
         mig_gpus: Some(mig_gpus),
+        mig_layout: Vec::new(),
     })
 }
 
+/// The MIG layouts of a node whose GPUs in MIG mode are `mig_gpus` and whose MIG
+/// devices are `instances` (as NVML lists them): one layout per distinct list of
+/// profiles, so that the spec reads as an administrator would write it. A GPU in MIG
+/// mode without an instance gets an empty layout: it holds nothing until one is made.
+pub fn mig_layout_spec(mig_gpus: &[u16], instances: &[MigInstance]) -> Vec<MigLayoutSpec> {
+    let mut layouts: Vec<MigLayoutSpec> = Vec::new();
+    for &gpu in mig_gpus {
+        let profiles: Vec<String> = instances
+            .iter()
+            .filter(|i| i.gpu == gpu as u32)
+            .map(|i| i.profile.clone())
+            .collect();
+        match layouts.iter_mut().find(|l| l.instances == profiles) {
+            Some(layout) => layout.gpus.push(gpu),
+            None => layouts.push(MigLayoutSpec {
+                gpus: vec![gpu],
+                instances: profiles,
+            }),
+        }
+    }
+    layouts
+}
+
+/// The MIG devices for registration, with the sizes this agent will hand them out as.
+pub fn mig_layout(instances: &[MigInstance]) -> pb::MigLayout {
+    pb::MigLayout {
+        instances: instances
+            .iter()
+            .map(|i| pb::MigInstanceInfo {
+                gpu: i.gpu,
+                profile: i.profile.clone(),
+                size: Some(pb::MigProfile {
+                    compute_slices: i.compute as u32,
+                    memory_slices: i.memory as u32,
+                }),
+            })
+            .collect(),
+    }
+}
+
 /// The registration message for a one-node spec (what [`node_spec`] discovered, or a
-/// simulated node taken from the cluster inventory).
+/// simulated node taken from the cluster inventory), without MIG instances: an agent
+/// that lists them sets `mig_layout` ([`mig_layout`]).
 pub fn node_info(spec: &NodeGroupSpec) -> Result<pb::NodeInfo, AgentError> {
     let name = match spec.names.as_slice() {
         [name] => name.clone(),
@@ -153,6 +195,7 @@ pub fn node_info(spec: &NodeGroupSpec) -> Result<pb::NodeInfo, AgentError> {
         mig: spec.mig_gpus.as_ref().map(|gpus| pb::MigModes {
             gpus: gpus.iter().map(|&g| g as u32).collect(),
         }),
+        mig_layout: None,
     })
 }
 
@@ -184,6 +227,7 @@ pub fn inventory_node(
         cpu_milli: node.cpu_milli,
         memory_mib: node.memory_mib,
         mig: marshal_scheduler::service::convert::mig_modes(topo, n),
+        mig_layout: marshal_scheduler::service::convert::mig_layout(topo, n),
     })
 }
 
@@ -292,6 +336,46 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("unequal")
+        );
+    }
+
+    #[test]
+    fn mig_devices_become_one_layout_per_distinct_list_of_profiles() {
+        let instance = |gpu, profile: &str| MigInstance {
+            gpu,
+            uuid: format!("MIG-{gpu}-{profile}"),
+            profile: profile.into(),
+            compute: 1,
+            memory: 1,
+        };
+        let instances = [
+            instance(0, "3g.40gb"),
+            instance(0, "1g.10gb"),
+            instance(2, "3g.40gb"),
+            instance(2, "1g.10gb"),
+            instance(3, "7g.80gb"),
+        ];
+        let layouts = mig_layout_spec(&[0, 2, 3, 5], &instances);
+        let layout = |gpus: &[u16], profiles: &[&str]| MigLayoutSpec {
+            gpus: gpus.to_vec(),
+            instances: profiles.iter().map(|p| p.to_string()).collect(),
+        };
+        assert_eq!(
+            layouts,
+            vec![
+                layout(&[0, 2], &["3g.40gb", "1g.10gb"]),
+                layout(&[3], &["7g.80gb"]),
+                layout(&[5], &[]),
+            ]
+        );
+        let wire = mig_layout(&instances[..1]);
+        assert_eq!(wire.instances[0].profile, "3g.40gb");
+        assert_eq!(
+            wire.instances[0].size,
+            Some(pb::MigProfile {
+                compute_slices: 1,
+                memory_slices: 1
+            })
         );
     }
 }

@@ -156,6 +156,7 @@ fn parse_node(row: &Row<'_>, c: &NodeCols, catalog: &GpuCatalog) -> Result<NodeG
         cpu_milli,
         memory_mib,
         mig_gpus: None,
+        mig_layout: Vec::new(),
     })
 }
 

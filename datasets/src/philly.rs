@@ -216,6 +216,7 @@ fn parse_philly_cluster(machines: Bundled, revised: Bundled) -> Result<ClusterSp
                 cpu_milli: NODE_CPU_MILLI,
                 memory_mib: NODE_MEMORY_MIB,
                 mig_gpus: None,
+                mig_layout: Vec::new(),
             },
         );
         Ok(())

@@ -124,6 +124,7 @@ fn dgx_h100_64() -> ClusterSpec {
             cpu_milli: 224_000,
             memory_mib: 2 * 1024 * 1024,
             mig_gpus: None,
+            mig_layout: Vec::new(),
         },
     )
 }
@@ -151,6 +152,7 @@ fn eight_nodes(
             cpu_milli,
             memory_mib,
             mig_gpus: None,
+            mig_layout: Vec::new(),
         },
     )
 }
@@ -170,6 +172,7 @@ fn pollux_64() -> ClusterSpec {
             cpu_milli: 48_000,
             memory_mib: 192 * 1024,
             mig_gpus: None,
+            mig_layout: Vec::new(),
         },
     )
 }
@@ -189,6 +192,7 @@ fn elasticflow_128() -> ClusterSpec {
             cpu_milli: 96_000,
             memory_mib: 900 * 1024,
             mig_gpus: None,
+            mig_layout: Vec::new(),
         },
     )
 }
@@ -204,6 +208,7 @@ fn dlrm_peak() -> ClusterSpec {
         cpu_milli,
         memory_mib: 1024 * 1024,
         mig_gpus: None,
+        mig_layout: Vec::new(),
     };
     ClusterSpec {
         name: "dlrm-peak".to_string(),

@@ -336,6 +336,7 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
                     cpu_milli: 224_000,
                     memory_mib: 2_097_152,
                     mig: None,
+                    mig_layout: None,
                 }),
                 running: vec![],
             })

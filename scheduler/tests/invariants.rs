@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use marshal_scheduler::domain::{
-    ClusterSpec, GpuDemand, GpuModelSet, Job, JobId, MigMode, NodeGroupSpec, Topology,
+    ClusterSpec, GpuDemand, GpuModelSet, Job, JobId, MigLayoutSpec, MigMode, NodeGroupSpec,
+    Topology,
 };
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::{self, POLICY_NAMES};
@@ -17,16 +18,20 @@ use proptest::prelude::*;
 
 const MODELS: [&str; 3] = ["T4", "V100M32", "A100-40"];
 
+/// The fixed MIG instances of MIG mode 3: of the MIG sizes drawn below, 7g.40gb has no
+/// instance here and 1g.5gb two.
+const LAYOUT: [&str; 4] = ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"];
+
 /// Node groups: (count, GPUs per node, model index, MIG modes). MIG modes: 0 left open,
 /// 1 every GPU out of MIG mode, 2 the odd-numbered GPUs in MIG mode (on A100s; models
-/// without MIG are always out of it).
+/// without MIG are always out of it), 3 as 2 with [`LAYOUT`] made on them.
 fn gpu_groups_strategy() -> impl Strategy<Value = Vec<(u32, u16, usize, u8)>> {
     prop::collection::vec(
         (
             1u32..4,
             prop::sample::select(vec![1u16, 2, 4, 8]),
             0usize..3,
-            0u8..3,
+            0u8..4,
         ),
         1..4,
     )
@@ -44,16 +49,28 @@ fn topology(groups: Vec<(u32, u16, usize, u8)>, cpu_nodes: u32) -> Arc<Topology>
         cpu_milli: 32_000,
         memory_mib: 131_072,
         mig_gpus: None,
+        mig_layout: Vec::new(),
     };
     let mut node_groups: Vec<NodeGroupSpec> = groups
         .into_iter()
-        .map(|(count, gpus, model, mig)| NodeGroupSpec {
-            mig_gpus: match mig {
-                0 => None,
-                2 if MODELS[model] == "A100-40" => Some((1..gpus).step_by(2).collect()),
-                _ => Some(vec![]),
-            },
-            ..node(count, Some(MODELS[model]), gpus)
+        .map(|(count, gpus, model, mig)| {
+            let odd: Vec<u16> = (1..gpus).step_by(2).collect();
+            let a100 = MODELS[model] == "A100-40";
+            NodeGroupSpec {
+                mig_gpus: match mig {
+                    0 => None,
+                    2 | 3 if a100 => Some(odd.clone()),
+                    _ => Some(vec![]),
+                },
+                mig_layout: match mig {
+                    3 if a100 && !odd.is_empty() => vec![MigLayoutSpec {
+                        gpus: odd,
+                        instances: LAYOUT.map(String::from).to_vec(),
+                    }],
+                    _ => Vec::new(),
+                },
+                ..node(count, Some(MODELS[model]), gpus)
+            }
         })
         .collect();
     if cpu_nodes > 0 {
@@ -135,6 +152,8 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
     let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
     let mut gpu_milli = vec![0u32; topo.gpu_count() as usize];
     let mut gpu_mig = vec![(0u32, 0u32); topo.gpu_count() as usize];
+    // Fixed MIG instances held, by GPU and size.
+    let mut instances_held: HashMap<(usize, u8, u8), usize> = HashMap::new();
     // Milli held by whole and shared workers: never beside a MIG instance.
     let mut gpu_plain_milli = vec![0u32; topo.gpu_count() as usize];
     let mut node_cpu = vec![0u64; topo.nodes().len()];
@@ -197,6 +216,17 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
                         if gpu_milli[g] > 1000 || gpu_mig[g].0 > 7 || gpu_mig[g].1 > 8 {
                             return Err(format!("GPU {g} over capacity"));
                         }
+                        if let Some(fixed) = topo.gpu_mig_instances(s.gpu) {
+                            let size = (s.mig_compute, s.mig_memory);
+                            let made = fixed.iter().filter(|i| (i.compute, i.memory) == size);
+                            let held = instances_held.entry((g, size.0, size.1)).or_default();
+                            *held += 1;
+                            if *held > made.count() {
+                                return Err(format!(
+                                    "GPU {g}: {held} MIG instances of {size:?} held, fewer made"
+                                ));
+                            }
+                        }
                         if gpu_mig[g].0 > 0 && gpu_plain_milli[g] > 0 {
                             return Err(format!(
                                 "GPU {g}: a MIG instance beside a shared or whole worker"
@@ -222,6 +252,11 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
                         gpu_mig[g].1 -= s.mig_memory as u32;
                         if s.mig_compute == 0 {
                             gpu_plain_milli[g] -= s.milli as u32;
+                        }
+                        if topo.gpu_mig_instances(s.gpu).is_some() {
+                            *instances_held
+                                .get_mut(&(g, s.mig_compute, s.mig_memory))
+                                .expect("held at its start") -= 1;
                         }
                     }
                 }

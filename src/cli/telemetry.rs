@@ -328,6 +328,7 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
             let discovered = nvml.discover_topology()?;
             let cpu_milli =
                 std::thread::available_parallelism().map_or(0, |n| n.get() as u32 * 1000);
+            let instances = nvml.mig_instances()?;
             let spec = marshal_agent::node_spec(
                 &discovered,
                 &node,
@@ -337,7 +338,12 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
                     .host_mem_total_bytes
                     .map_or(0, |b| b >> 20),
                 &marshal_scheduler::domain::GpuCatalog::default(),
-            );
+            )
+            .map(|mut spec| {
+                let on = spec.mig_gpus.clone().unwrap_or_default();
+                spec.mig_layout = marshal_agent::mig_layout_spec(&on, &instances);
+                spec
+            });
             let out = serde_json::json!({
                 "discovered": discovered,
                 "node_spec": spec.as_ref().ok(),
@@ -534,8 +540,10 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
                     memory_mib,
                     &marshal_scheduler::domain::GpuCatalog::default(),
                 )?;
-                info = Some(marshal_agent::node_info(&spec)?);
                 mig = nvml.mig_instances()?;
+                let mut node_info = marshal_agent::node_info(&spec)?;
+                node_info.mig_layout = Some(marshal_agent::mig_layout(&mig));
+                info = Some(node_info);
                 if !mig.is_empty() {
                     eprintln!("agent: {} MIG instances to hand out", mig.len());
                 }

@@ -68,5 +68,6 @@ pub fn node_info(i: usize) -> marshal_scheduler::service::pb::NodeInfo {
         cpu_milli: 224_000,
         memory_mib: 2_097_152,
         mig: None,
+        mig_layout: None,
     }
 }

@@ -60,6 +60,7 @@ pub fn decision_cluster() -> ClusterSpec {
             cpu_milli: 224_000,
             memory_mib: 2 * 1024 * 1024,
             mig_gpus: None,
+            mig_layout: Vec::new(),
         }],
     }
 }

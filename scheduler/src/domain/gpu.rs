@@ -42,6 +42,48 @@ impl GpuModel {
     pub fn supports_mig(&self) -> bool {
         !self.mig_profiles.is_empty()
     }
+
+    /// The MIG instance `profile` names on this model, as NVML names MIG devices: a
+    /// GPU-instance profile of the catalog (`3g.40gb`), or a compute instance inside one
+    /// (`1c.3g.40gb`: one compute slice, with all of the 3g.40gb's memory and the 3g's
+    /// share of the GPU). `None` for a name this model has no profile for.
+    pub fn mig_instance(&self, profile: &str) -> Option<MigInstanceShape> {
+        let find = |name: &str| {
+            self.mig_profiles
+                .iter()
+                .find(|p| p.name.eq_ignore_ascii_case(name))
+        };
+        let (compute, gpu_instance) = match profile.split_once('.') {
+            Some((c, rest)) if c.ends_with(['c', 'C']) => {
+                let gi = find(rest)?;
+                let c: u8 = c[..c.len() - 1].parse().ok()?;
+                (c, gi)
+            }
+            _ => {
+                let gi = find(profile)?;
+                (gi.compute_slices, gi)
+            }
+        };
+        (1..=gpu_instance.compute_slices)
+            .contains(&compute)
+            .then_some(MigInstanceShape {
+                compute,
+                memory: gpu_instance.memory_slices,
+                gpu_instance_compute: gpu_instance.compute_slices,
+            })
+    }
+}
+
+/// What a MIG instance gives a job, and what it takes of its GPU.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MigInstanceShape {
+    /// Compute slices the job gets (what a MIG demand asks for).
+    pub compute: u8,
+    /// Memory slices the job gets.
+    pub memory: u8,
+    /// Compute slices the instance takes of its GPU: those of its GPU instance, more than
+    /// `compute` for a compute instance smaller than its GPU instance.
+    pub gpu_instance_compute: u8,
 }
 
 /// The GPU models a cluster can hold. At most 64 so that [`GpuModelSet`] is one word.
@@ -257,6 +299,32 @@ mod tests {
             }
         }
         assert!(catalog.get(catalog.id("H100").unwrap()).supports_mig());
+    }
+
+    #[test]
+    fn mig_instances_are_named_by_profile_or_by_compute_instance_within_one() {
+        let catalog = GpuCatalog::default();
+        let a100 = catalog.get(catalog.id("A100-80").unwrap());
+        let shape = |compute, memory, gpu_instance_compute| MigInstanceShape {
+            compute,
+            memory,
+            gpu_instance_compute,
+        };
+        assert_eq!(a100.mig_instance("3g.40gb"), Some(shape(3, 4, 3)));
+        assert_eq!(a100.mig_instance("1c.2g.20gb"), Some(shape(1, 2, 2)));
+        assert_eq!(a100.mig_instance("2c.3g.40gb"), Some(shape(2, 4, 3)));
+        for unknown in [
+            "3g.20gb",
+            "4c.3g.40gb",
+            "0c.3g.40gb",
+            "xc.3g.40gb",
+            "",
+            "c.1g.10gb",
+        ] {
+            assert_eq!(a100.mig_instance(unknown), None, "{unknown}");
+        }
+        let t4 = catalog.get(catalog.id("T4").unwrap());
+        assert_eq!(t4.mig_instance("1g.10gb"), None);
     }
 
     #[test]

@@ -10,13 +10,14 @@ mod workload;
 
 pub use gpu::{
     GpuCatalog, GpuModel, GpuModelId, GpuModelSet, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES,
-    MigProfile,
+    MigInstanceShape, MigProfile,
 };
 pub use job::{Checkpointing, CommPattern, Elastic, GpuDemand, Job, JobId};
-pub use spec::{ClusterSpec, LinkSpec, NodeGroupSpec};
+pub use spec::{ClusterSpec, LinkSpec, MigLayoutSpec, NodeGroupSpec};
 pub use state::{ClusterState, GpuShare, Placement, WORKER_KINDS, WorkerPlacement, worker_kind};
 pub use topology::{
-    Gpu, GpuId, MigMode, Node, NodeId, Rack, RackId, Spine, SpineId, TopoLevel, Topology,
+    Gpu, GpuId, MigInstanceSlot, MigMode, Node, NodeId, Rack, RackId, Spine, SpineId, TopoLevel,
+    Topology,
 };
 pub use workload::{MemPhase, MemPhaseKind, WorkloadCatalog, WorkloadId, WorkloadKind};
 

@@ -67,6 +67,24 @@ pub struct NodeGroupSpec {
     /// GPU cannot both take whole-GPU workers and hold instances.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_gpus: Option<Vec<u16>>,
+    /// The MIG instances an administrator made on GPUs of `mig_gpus` (static MIG): a MIG
+    /// worker there takes one free instance of exactly its size, and no other. A GPU of
+    /// `mig_gpus` without a layout is partitioned by the scheduler as workers come
+    /// (dynamic MIG, counted in compute and memory slices).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_layout: Vec<MigLayoutSpec>,
+}
+
+/// One MIG layout, shared by the GPUs it names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigLayoutSpec {
+    /// Indices of the GPUs partitioned this way (each in `mig_gpus`).
+    pub gpus: Vec<u16>,
+    /// The instances on each of them, by profile as NVML names them: `3g.40gb`, or
+    /// `1c.3g.40gb` for a compute instance inside a GPU instance. `[]`: MIG mode with no
+    /// instance made yet.
+    pub instances: Vec<String>,
 }
 
 impl NodeGroupSpec {
@@ -78,6 +96,46 @@ impl NodeGroupSpec {
             (None, Some(prefix)) => format!("{prefix}-{n}"),
             (None, None) => format!("node-{id}"),
         }
+    }
+}
+
+impl NodeGroupSpec {
+    /// The layout that names GPU `index`, if one does.
+    pub fn mig_layout_of(&self, index: u16) -> Option<&MigLayoutSpec> {
+        self.mig_layout.iter().find(|l| l.gpus.contains(&index))
+    }
+
+    /// Layouts only for GPUs in MIG mode, each GPU in one at most, a MIG GPU holding at
+    /// most 7 instances. Profile names and sizes need the GPU model: `Topology::build`
+    /// checks them.
+    fn check_mig_layout(&self) -> Result<(), String> {
+        let mut seen = Vec::new();
+        for layout in &self.mig_layout {
+            if layout.gpus.is_empty() {
+                return Err("a mig_layout names no GPU".into());
+            }
+            if layout.instances.len() > crate::domain::MIG_COMPUTE_SLICES as usize {
+                return Err(format!(
+                    "mig_layout for GPUs {:?}: {} instances (a GPU holds at most {})",
+                    layout.gpus,
+                    layout.instances.len(),
+                    crate::domain::MIG_COMPUTE_SLICES
+                ));
+            }
+            for &gpu in &layout.gpus {
+                let in_mig_mode = self.mig_gpus.as_ref().is_some_and(|m| m.contains(&gpu));
+                if !in_mig_mode {
+                    return Err(format!(
+                        "mig_layout names GPU {gpu}, which is not in mig_gpus"
+                    ));
+                }
+                if seen.contains(&gpu) {
+                    return Err(format!("mig_layout names GPU {gpu} twice"));
+                }
+                seen.push(gpu);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -178,6 +236,9 @@ impl ClusterSpec {
                         twice[0]
                     ));
                 }
+            }
+            if let Err(why) = g.check_mig_layout() {
+                return invalid(format!("node group {i}: {why}"));
             }
             if g.nvlink_domain > 1 && g.gpus % g.nvlink_domain != 0 {
                 return invalid(format!(
@@ -287,6 +348,39 @@ memory_mib = 2097152
             ClusterSpec::from_toml(DGX).unwrap().node_groups[0].mig_gpus,
             None
         );
+    }
+
+    #[test]
+    fn a_mig_layout_names_gpus_in_mig_mode_once_each() {
+        let ok = format!(
+            "{DGX}mig_gpus = [1, 2, 3]\n\
+             [[nodes.mig_layout]]\ngpus = [1, 3]\ninstances = [\"3g.40gb\", \"1c.2g.20gb\"]\n\
+             [[nodes.mig_layout]]\ngpus = [2]\ninstances = []\n"
+        );
+        let spec = ClusterSpec::from_toml(&ok).unwrap();
+        let group = &spec.node_groups[0];
+        assert_eq!(group.mig_layout.len(), 2);
+        assert_eq!(group.mig_layout_of(3).unwrap().instances.len(), 2);
+        assert!(group.mig_layout_of(2).unwrap().instances.is_empty());
+        assert!(group.mig_layout_of(0).is_none());
+        for (bad, says) in [
+            ("[1, 4]", "GPU 4, which is not in mig_gpus"),
+            ("[1, 1]", "names GPU 1 twice"),
+            ("[]", "names no GPU"),
+        ] {
+            let spec = ok.replace("gpus = [1, 3]", &format!("gpus = {bad}"));
+            let err = ClusterSpec::from_toml(&spec).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        let eight = ok.replace(
+            "instances = []",
+            &format!("instances = [{}]", ["\"1g.10gb\""; 8].join(", ")),
+        );
+        let err = ClusterSpec::from_toml(&eight).unwrap_err().to_string();
+        assert!(err.contains("8 instances (a GPU holds at most 7)"), "{err}");
+        let open = ok.replace("mig_gpus = [1, 2, 3]\n", "");
+        let err = ClusterSpec::from_toml(&open).unwrap_err().to_string();
+        assert!(err.contains("GPU 1, which is not in mig_gpus"), "{err}");
     }
 
     #[test]

@@ -127,6 +127,8 @@ pub struct ClusterState {
     /// Milli of each GPU held by MIG instances: the rest of what is not free is held by
     /// shared (`Milli`) workers, which cannot run beside MIG instances.
     mig_milli: Vec<u16>,
+    /// Whether each fixed MIG instance ([`Topology::mig_instances`]) is held.
+    mig_instance_held: Vec<bool>,
     /// Number of workers holding a share of each GPU (interference is per co-tenant).
     tenants: Vec<u16>,
     node_cpu_free: Vec<u32>,
@@ -160,6 +162,7 @@ impl Clone for ClusterState {
             mig_compute_free: Vec::new(),
             mig_memory_free: Vec::new(),
             mig_milli: Vec::new(),
+            mig_instance_held: Vec::new(),
             tenants: Vec::new(),
             node_cpu_free: Vec::new(),
             node_mem_free: Vec::new(),
@@ -188,6 +191,7 @@ impl Clone for ClusterState {
             mig_compute_free,
             mig_memory_free,
             mig_milli,
+            mig_instance_held,
             tenants,
             node_cpu_free,
             node_mem_free,
@@ -209,6 +213,7 @@ impl Clone for ClusterState {
         self.mig_compute_free.clone_from(mig_compute_free);
         self.mig_memory_free.clone_from(mig_memory_free);
         self.mig_milli.clone_from(mig_milli);
+        self.mig_instance_held.clone_from(mig_instance_held);
         self.tenants.clone_from(tenants);
         self.node_cpu_free.clone_from(node_cpu_free);
         self.node_mem_free.clone_from(node_mem_free);
@@ -261,6 +266,7 @@ impl ClusterState {
             mig_compute_free: mig_slices(MIG_COMPUTE_SLICES),
             mig_memory_free: mig_slices(MIG_MEMORY_SLICES),
             mig_milli: vec![0; g],
+            mig_instance_held: vec![false; topo.mig_instances().len()],
             tenants: vec![0; g],
             node_cpu_free: topo.nodes().iter().map(|n| n.cpu_milli).collect(),
             node_mem_free: topo.nodes().iter().map(|n| n.memory_mib).collect(),
@@ -317,6 +323,9 @@ impl ClusterState {
                 .copy_from_slice(&source.mig_memory_free[gpus.clone()]);
             self.mig_milli[gpus.clone()].copy_from_slice(&source.mig_milli[gpus.clone()]);
             self.tenants[gpus.clone()].copy_from_slice(&source.tenants[gpus]);
+            let instances = node.mig_instances.start as usize..node.mig_instances.end as usize;
+            self.mig_instance_held[instances.clone()]
+                .copy_from_slice(&source.mig_instance_held[instances]);
         }
         self.rack_idle_gpus.clone_from(&source.rack_idle_gpus);
         self.spine_idle_gpus.clone_from(&source.spine_idle_gpus);
@@ -468,6 +477,9 @@ impl ClusterState {
             GpuDemand::Whole(_) => self.free_milli[i] == 1000 && mig.admits(demand),
             GpuDemand::Milli(m) => self.free_milli[i] >= m && mig_untouched && mig.admits(demand),
             GpuDemand::Mig { compute, memory } => {
+                if self.topo.gpu(gpu).mig_layout.is_some() {
+                    return self.free_mig_instance(gpu, compute, memory).is_some();
+                }
                 // Exact, not a rounding tolerance: a 1-milli shared worker must keep a
                 // MIG instance off its GPU as surely as a large one.
                 let no_milli_tenants = self.free_milli[i] + self.mig_milli[i] == 1000;
@@ -476,6 +488,33 @@ impl ClusterState {
                     && no_milli_tenants
             }
         }
+    }
+
+    /// The first of `gpu`'s fixed MIG instances of exactly this size that is
+    /// free (held: that is held), as an index into [`Topology::mig_instances`].
+    fn mig_instance_where(&self, gpu: GpuId, compute: u8, memory: u8, held: bool) -> Option<usize> {
+        let range = self.topo.gpu(gpu).mig_layout.clone()?;
+        let instances = self.topo.mig_instances();
+        range.map(|i| i as usize).find(|&i| {
+            let slot = &instances[i];
+            (slot.compute, slot.memory) == (compute, memory) && self.mig_instance_held[i] == held
+        })
+    }
+
+    fn free_mig_instance(&self, gpu: GpuId, compute: u8, memory: u8) -> Option<usize> {
+        self.mig_instance_where(gpu, compute, memory, false)
+    }
+
+    /// How many of `gpu`'s fixed MIG instances are held; `None` when it has no fixed
+    /// layout.
+    pub fn mig_instances_held(&self, gpu: GpuId) -> Option<usize> {
+        let range = self.topo.gpu(gpu).mig_layout.clone()?;
+        Some(
+            self.mig_instance_held[range.start as usize..range.end as usize]
+                .iter()
+                .filter(|&&h| h)
+                .count(),
+        )
     }
 
     /// Whether one worker of `job` fits on `node`: health, GPU model, CPU, memory and GPUs.
@@ -671,8 +710,8 @@ impl ClusterState {
     fn take(&mut self, share: &GpuShare) {
         let g = share.gpu.0 as usize;
         let info = self.topo.gpu(share.gpu);
-        let node = info.node;
-        if self.free_milli[g] == 1000 && info.mig != MigMode::On {
+        let (node, mig, fixed_layout) = (info.node, info.mig, info.mig_layout.is_some());
+        if self.free_milli[g] == 1000 && mig != MigMode::On {
             self.adjust_idle(node, -1);
         }
         self.free_milli[g] -= share.milli;
@@ -680,6 +719,12 @@ impl ClusterState {
             self.mig_compute_free[g] -= share.mig_compute;
             self.mig_memory_free[g] -= share.mig_memory;
             self.mig_milli[g] += share.milli;
+            if fixed_layout {
+                let i = self
+                    .free_mig_instance(share.gpu, share.mig_compute, share.mig_memory)
+                    .expect("checked by gpu_fits: a free instance of the share's size");
+                self.mig_instance_held[i] = true;
+            }
         }
         self.tenants[g] += 1;
         self.node_free_milli[node.0 as usize] -= share.milli as u32;
@@ -689,7 +734,7 @@ impl ClusterState {
     fn give_back(&mut self, share: &GpuShare) {
         let g = share.gpu.0 as usize;
         let info = self.topo.gpu(share.gpu);
-        let (node, mig) = (info.node, info.mig);
+        let (node, mig, fixed_layout) = (info.node, info.mig, info.mig_layout.is_some());
         self.free_milli[g] += share.milli;
         assert!(
             self.free_milli[g] <= 1000,
@@ -699,6 +744,12 @@ impl ClusterState {
             self.mig_compute_free[g] += share.mig_compute;
             self.mig_memory_free[g] += share.mig_memory;
             self.mig_milli[g] -= share.milli;
+            if fixed_layout {
+                let i = self
+                    .mig_instance_where(share.gpu, share.mig_compute, share.mig_memory, true)
+                    .expect("released a MIG instance that was not held");
+                self.mig_instance_held[i] = false;
+            }
         }
         self.tenants[g] -= 1;
         self.node_free_milli[node.0 as usize] += share.milli as u32;
@@ -768,6 +819,30 @@ impl ClusterState {
                 || self.node_mem_free[n] > topo.node(node).memory_mib
             {
                 return Err(format!("node {n}: more CPU or memory free than exists"));
+            }
+            for &g in &gpus {
+                let Some(instances) = topo.gpu_mig_instances(g) else {
+                    continue;
+                };
+                let first = topo.gpu(g).mig_layout.as_ref().map_or(0, |r| r.start) as usize;
+                let (mut compute, mut memory) = (0u8, 0u8);
+                for (k, slot) in instances.iter().enumerate() {
+                    if self.mig_instance_held[first + k] {
+                        compute += slot.compute;
+                        memory += slot.memory;
+                    }
+                }
+                let i = g.0 as usize;
+                if (compute, memory)
+                    != (
+                        MIG_COMPUTE_SLICES - self.mig_compute_free[i],
+                        MIG_MEMORY_SLICES - self.mig_memory_free[i],
+                    )
+                {
+                    return Err(format!(
+                        "GPU {i}: its held MIG instances disagree with its slice counters"
+                    ));
+                }
             }
             if self.node_up[n] {
                 total_idle += idle as u32;
@@ -999,6 +1074,98 @@ mod tests {
         .unwrap();
         let err = Topology::build(&v100).unwrap_err().to_string();
         assert!(err.contains("a model without MIG"), "{err}");
+    }
+
+    #[test]
+    fn a_fixed_mig_layout_takes_only_its_own_instances() {
+        let toml = |layout: &str| {
+            format!(
+                "name='c'\n[[nodes]]\ncount=2\ngpu_model='A100-80'\ngpus=3\nmig_gpus=[0, 1, 2]\n\
+                 cpu_milli=32000\nmemory_mib=262144\n{layout}"
+            )
+        };
+        let layouts = "[[nodes.mig_layout]]\ngpus=[0]\ninstances=[\"1g.10gb\", \"1g.10gb\", \"1g.10gb\", \
+             \"1g.10gb\", \"1g.10gb\", \"1g.10gb\", \"1g.10gb\"]\n\
+             [[nodes.mig_layout]]\ngpus=[1]\ninstances=[\"3g.40gb\", \"1c.2g.20gb\"]\n";
+        let topo =
+            Arc::new(Topology::build(&ClusterSpec::from_toml(&toml(layouts)).unwrap()).unwrap());
+        assert_eq!(topo.mig_instances().len(), 18);
+        assert_eq!(topo.node(NodeId(1)).mig_instances, 9..18);
+        let mut s = ClusterState::new(topo.clone());
+        let mig = |compute, memory| GpuDemand::Mig { compute, memory };
+        let fitting = |s: &ClusterState, demand| {
+            (0..3)
+                .filter(|&g| s.gpu_fits(GpuId(g), demand))
+                .collect::<Vec<_>>()
+        };
+        // GPU 2 has no layout: the scheduler partitions it, by slices.
+        assert_eq!(fitting(&s, mig(1, 1)), [0, 2]);
+        assert_eq!(fitting(&s, mig(3, 4)), [1, 2]);
+        assert_eq!(fitting(&s, mig(1, 2)), [1, 2]);
+        // GPU 1 has the slices for a 2g.20gb, but no such instance.
+        assert_eq!(fitting(&s, mig(2, 2)), [2]);
+        assert_eq!(
+            topo.mig_workers_on_empty_node(topo.node(NodeId(0)), 1, 1),
+            7 + 7
+        );
+        assert_eq!(
+            topo.mig_workers_on_empty_node(topo.node(NodeId(0)), 2, 2),
+            3
+        );
+        assert_eq!(
+            topo.mig_workers_on_empty_node(topo.node(NodeId(0)), 3, 4),
+            1 + 2
+        );
+
+        let mut job = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        job.gpu = mig(1, 1);
+        let on_gpu0 = Placement {
+            workers: vec![worker(0, &[0], job.gpu)],
+        };
+        let before = s.clone();
+        for held in 1..=7 {
+            s.allocate(&job, &on_gpu0).unwrap();
+            assert_eq!(s.mig_instances_held(GpuId(0)), Some(held));
+        }
+        let err = s.allocate(&job, &on_gpu0).unwrap_err().to_string();
+        assert!(err.contains("GPU 0 lacks capacity"), "{err}");
+        s.check_consistency().unwrap();
+        // A copy refreshed node by node carries the instances held.
+        let mut copy = before.clone();
+        copy.refresh_copy_of(&s);
+        assert_eq!(copy.mig_instances_held(GpuId(0)), Some(7));
+        assert!(!copy.gpu_fits(GpuId(0), job.gpu));
+        s.release(&job, &on_gpu0);
+        assert_eq!(s.mig_instances_held(GpuId(0)), Some(6));
+        assert_eq!(fitting(&s, mig(1, 1)), [0, 2]);
+        job.gpu = mig(1, 2);
+        let on_gpu1 = Placement {
+            workers: vec![worker(0, &[1], job.gpu)],
+        };
+        s.allocate(&job, &on_gpu1).unwrap();
+        assert_eq!(s.mig_instances_held(GpuId(1)), Some(1));
+        assert_eq!(fitting(&s, mig(1, 2)), [2]);
+        assert_eq!(s.mig_instances_held(GpuId(2)), None);
+        s.check_consistency().unwrap();
+
+        for (layout, says) in [
+            (
+                "instances=[\"3g.20gb\"]",
+                "A100-80 has no MIG profile \"3g.20gb\" (it has 1g.10gb, 1g.20gb",
+            ),
+            (
+                "instances=[\"4g.40gb\", \"4g.40gb\"]",
+                "take 8 compute and 8 memory slices; a GPU has 7 and 8",
+            ),
+            (
+                "instances=[\"1c.3g.40gb\", \"3g.40gb\", \"1g.10gb\"]",
+                "take 7 compute and 9 memory slices",
+            ),
+        ] {
+            let spec = toml(&format!("[[nodes.mig_layout]]\ngpus=[1]\n{layout}\n"));
+            let err = Topology::build(&ClusterSpec::from_toml(&spec).unwrap()).unwrap_err();
+            assert!(err.to_string().contains(says), "{layout}: {err}");
+        }
     }
 
     #[test]

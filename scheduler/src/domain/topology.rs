@@ -8,7 +8,10 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{ClusterSpec, DomainError, GpuCatalog, GpuDemand, GpuModelId, LinkSpec};
+use crate::domain::{
+    ClusterSpec, DomainError, GpuCatalog, GpuDemand, GpuModel, GpuModelId, LinkSpec,
+    MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigInstanceShape, NodeGroupSpec,
+};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
@@ -68,6 +71,8 @@ pub struct Node {
     pub mig_on_gpus: u16,
     /// GPUs that can hold MIG instances ([`MigMode::On`] or [`MigMode::Open`]).
     pub mig_capable_gpus: u16,
+    /// The node's fixed MIG instances, in [`Topology::mig_instances`].
+    pub mig_instances: Range<u32>,
 }
 
 impl Node {
@@ -94,6 +99,19 @@ pub struct Gpu {
     pub island: u32,
     pub model: GpuModelId,
     pub mig: MigMode,
+    /// Its fixed MIG instances (static MIG), in [`Topology::mig_instances`]; `None` when
+    /// the scheduler partitions it as MIG workers come (or it takes none).
+    pub mig_layout: Option<Range<u32>>,
+}
+
+/// One MIG instance an administrator made: a MIG worker of exactly its size can take it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigInstanceSlot {
+    pub gpu: GpuId,
+    /// The profile as the inventory names it (`3g.40gb`, `1c.2g.20gb`).
+    pub profile: String,
+    pub compute: u8,
+    pub memory: u8,
 }
 
 /// Whether a GPU is partitioned into MIG instances.
@@ -140,6 +158,7 @@ pub struct Topology {
     /// node (a `Node` is several cache lines' worth of fields apart from its neighbour).
     node_models: Vec<Option<GpuModelId>>,
     gpus: Vec<Gpu>,
+    mig_instances: Vec<MigInstanceSlot>,
     racks: Vec<Rack>,
     spines: Vec<Spine>,
     max_node_cpu_milli: u32,
@@ -156,6 +175,7 @@ impl Topology {
         }
         let mut nodes = Vec::with_capacity(spec.node_count() as usize);
         let mut gpus = Vec::with_capacity(spec.gpu_count() as usize);
+        let mut mig_instances: Vec<MigInstanceSlot> = Vec::new();
         let mut racks: Vec<Rack> = Vec::new();
         let mut spines: Vec<Spine> = Vec::new();
         let mut islands = 0u32;
@@ -183,6 +203,15 @@ impl Topology {
                 Some(on) if on.contains(&index) => MigMode::On,
                 Some(_) => MigMode::Off,
             };
+            let layouts = match model {
+                Some(m) => resolve_mig_layouts(group, catalog.get(m)).map_err(|why| {
+                    DomainError::Invalid(format!(
+                        "cluster {}: node group {group_index}: {why}",
+                        spec.name
+                    ))
+                })?,
+                None => Vec::new(),
+            };
             let mig_on_gpus = (0..group.gpus)
                 .filter(|&i| mig_mode(i) == MigMode::On)
                 .count() as u16;
@@ -209,16 +238,35 @@ impl Topology {
                 racks[rack.0 as usize].nodes.end = id + 1;
                 let name = group.node_name(n, id);
                 let first_gpu = gpus.len() as u32;
+                let first_instance = mig_instances.len() as u32;
                 for index in 0..group.gpus {
                     if index % island_size == 0 {
                         islands += 1;
                     }
+                    let gpu = GpuId(gpus.len() as u32);
+                    let mig_layout =
+                        layouts
+                            .get(index as usize)
+                            .and_then(Option::as_ref)
+                            .map(|layout| {
+                                let start = mig_instances.len() as u32;
+                                mig_instances.extend(layout.iter().map(|(profile, shape)| {
+                                    MigInstanceSlot {
+                                        gpu,
+                                        profile: profile.clone(),
+                                        compute: shape.compute,
+                                        memory: shape.memory,
+                                    }
+                                }));
+                                start..mig_instances.len() as u32
+                            });
                     gpus.push(Gpu {
                         node: NodeId(id),
                         index,
                         island: islands - 1,
                         model: model.expect("validated: GPUs imply a model"),
                         mig: mig_mode(index),
+                        mig_layout,
                     });
                 }
                 nodes.push(Node {
@@ -232,6 +280,7 @@ impl Topology {
                     memory_mib: group.memory_mib,
                     mig_on_gpus,
                     mig_capable_gpus,
+                    mig_instances: first_instance..mig_instances.len() as u32,
                 });
             }
         }
@@ -245,6 +294,7 @@ impl Topology {
             node_models: nodes.iter().map(|n| n.model).collect(),
             nodes,
             gpus,
+            mig_instances,
             racks,
             spines,
         };
@@ -271,6 +321,35 @@ impl Topology {
 
     pub fn gpu(&self, id: GpuId) -> &Gpu {
         &self.gpus[id.0 as usize]
+    }
+
+    /// Every fixed MIG instance, node by node and GPU by GPU.
+    pub fn mig_instances(&self) -> &[MigInstanceSlot] {
+        &self.mig_instances
+    }
+
+    /// The fixed MIG instances of `gpu`; `None` when it has no fixed layout.
+    pub fn gpu_mig_instances(&self, gpu: GpuId) -> Option<&[MigInstanceSlot]> {
+        let r = self.gpu(gpu).mig_layout.as_ref()?;
+        Some(&self.mig_instances[r.start as usize..r.end as usize])
+    }
+
+    /// How many MIG workers of `compute` and `memory` slices `node` holds when empty:
+    /// its fixed instances of that size, and as many as fit on each GPU it partitions
+    /// as workers come.
+    pub fn mig_workers_on_empty_node(&self, node: &Node, compute: u8, memory: u8) -> u64 {
+        let dynamic = (MIG_COMPUTE_SLICES / compute.max(1)).min(MIG_MEMORY_SLICES / memory.max(1));
+        node.gpus
+            .clone()
+            .map(|g| match self.gpu_mig_instances(GpuId(g)) {
+                Some(fixed) => fixed
+                    .iter()
+                    .filter(|i| (i.compute, i.memory) == (compute, memory))
+                    .count() as u64,
+                None if self.gpus[g as usize].mig == MigMode::Off => 0,
+                None => dynamic as u64,
+            })
+            .sum()
     }
 
     pub fn racks(&self) -> &[Rack] {
@@ -401,10 +480,54 @@ impl Topology {
     }
 }
 
+/// Each GPU's fixed MIG layout (by index in the group), its names resolved on `model`
+/// and checked to fit one GPU.
+type ResolvedLayout = Vec<(String, MigInstanceShape)>;
+
+fn resolve_mig_layouts(
+    group: &NodeGroupSpec,
+    model: &GpuModel,
+) -> Result<Vec<Option<ResolvedLayout>>, String> {
+    let mut per_gpu = vec![None; group.gpus as usize];
+    for layout in &group.mig_layout {
+        let mut resolved = Vec::with_capacity(layout.instances.len());
+        for profile in &layout.instances {
+            let shape = model.mig_instance(profile).ok_or_else(|| {
+                format!(
+                    "mig_layout for GPUs {:?}: {} has no MIG profile {profile:?} (it has {})",
+                    layout.gpus,
+                    model.name,
+                    model
+                        .mig_profiles
+                        .iter()
+                        .map(|p| p.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+            resolved.push((profile.clone(), shape));
+        }
+        let compute: u32 = resolved
+            .iter()
+            .map(|(_, s)| s.gpu_instance_compute as u32)
+            .sum();
+        let memory: u32 = resolved.iter().map(|(_, s)| s.memory as u32).sum();
+        if compute > MIG_COMPUTE_SLICES as u32 || memory > MIG_MEMORY_SLICES as u32 {
+            return Err(format!(
+                "mig_layout for GPUs {:?}: {:?} take {compute} compute and {memory} memory slices; a GPU has {MIG_COMPUTE_SLICES} and {MIG_MEMORY_SLICES}",
+                layout.gpus, layout.instances
+            ));
+        }
+        for &gpu in &layout.gpus {
+            per_gpu[gpu as usize] = Some(resolved.clone());
+        }
+    }
+    Ok(per_gpu)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::NodeGroupSpec;
 
     pub(crate) fn two_racks() -> Topology {
         let group = |count, gpus, island| NodeGroupSpec {
@@ -417,6 +540,7 @@ mod tests {
             cpu_milli: 64_000,
             memory_mib: 512 * 1024,
             mig_gpus: None,
+            mig_layout: Vec::new(),
         };
         let spec = ClusterSpec {
             name: "t".into(),

@@ -326,16 +326,21 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
         }
         if job.gpu != GpuDemand::None {
             let Some(model) = node.model else { continue };
-            let usable = match job.gpu {
-                GpuDemand::Mig { .. } => node.mig_capable_gpus,
-                _ => node.non_mig_gpus(),
-            };
-            if !job.gpu_models.allows(model) || usable < per_worker_gpus {
+            if !job.gpu_models.allows(model) {
                 continue;
             }
         }
+        let on_node = workers_on_empty_node(job, topo, node);
+        // A MIG worker needs an instance of its size; the others, enough GPUs.
+        let one_fits = match job.gpu {
+            GpuDemand::Mig { .. } => on_node > 0,
+            _ => node.non_mig_gpus() >= per_worker_gpus,
+        };
+        if !one_fits {
+            continue;
+        }
         nodes_fit += 1;
-        workers_fit = workers_fit.saturating_add(workers_on_empty_node(job, node));
+        workers_fit = workers_fit.saturating_add(on_node);
     }
     if nodes_fit == 0 {
         return Err(format!(
@@ -360,14 +365,12 @@ pub fn can_ever_fit(job: &Job, topo: &Topology) -> Result<(), String> {
 
 /// How many workers of `job` an empty `node` holds by its GPUs, CPU and memory (whether
 /// its GPU model is allowed is the caller's question).
-pub(crate) fn workers_on_empty_node(job: &Job, node: &Node) -> u64 {
+pub(crate) fn workers_on_empty_node(job: &Job, topo: &Topology, node: &Node) -> u64 {
     let by_gpu = match job.gpu {
         GpuDemand::Whole(k) => (node.non_mig_gpus() / k) as u64,
         GpuDemand::None => u64::MAX,
         GpuDemand::Milli(m) => node.non_mig_gpus() as u64 * (1000 / m as u64),
-        GpuDemand::Mig { compute, .. } => {
-            node.mig_capable_gpus as u64 * (crate::domain::MIG_COMPUTE_SLICES / compute) as u64
-        }
+        GpuDemand::Mig { compute, memory } => topo.mig_workers_on_empty_node(node, compute, memory),
     };
     let by_cpu = node
         .cpu_milli
@@ -489,7 +492,7 @@ mod tests {
     fn gpus_in_mig_mode_count_for_mig_jobs_only() {
         let spec = |mig: &str| {
             let text = format!(
-                "name='c'\n[[nodes]]\ncount=2\ngpu_model='A100-80'\ngpus=4\n{mig}\ncpu_milli=64000\nmemory_mib=262144\n"
+                "name='c'\n[[nodes]]\ncount=2\ngpu_model='A100-80'\ngpus=4\ncpu_milli=64000\nmemory_mib=262144\n{mig}\n"
             );
             Topology::build(&ClusterSpec::from_toml(&text).unwrap()).unwrap()
         };
@@ -513,5 +516,22 @@ mod tests {
         assert!(err.contains("ever hold (4)"), "{err}");
         assert!(can_ever_fit(&slice(16), &open).is_ok());
         assert!(can_ever_fit(&slice(1), &none).is_err());
+        // Fixed layouts hold the instances they list, whatever slices are left.
+        let fixed = spec(
+            "mig_gpus=[2, 3]\n[[nodes.mig_layout]]\ngpus=[2, 3]\ninstances=['3g.40gb', '2g.20gb', '1g.10gb', '1g.10gb']",
+        );
+        assert!(can_ever_fit(&slice(4), &fixed).is_ok());
+        let err = can_ever_fit(&slice(5), &fixed).unwrap_err();
+        assert!(err.contains("ever hold (4)"), "{err}");
+        let four_g = Job {
+            gpu: GpuDemand::Mig {
+                compute: 4,
+                memory: 4,
+            },
+            ..slice(1)
+        };
+        let err = can_ever_fit(&four_g, &fixed).unwrap_err();
+        assert!(err.contains("no node can hold one worker"), "{err}");
+        assert!(can_ever_fit(&four_g, &one_each).is_ok());
     }
 }

@@ -167,7 +167,7 @@ pub(crate) fn plan_moves(
         .filter(|&n| {
             let node = topo.node(n);
             node.model.is_some_and(|m| job.gpu_models.allows(m))
-                && workers_on_empty_node(job, node) > 0
+                && workers_on_empty_node(job, topo, node) > 0
         })
         .collect();
     let mut scratch = state.clone();

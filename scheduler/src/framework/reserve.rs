@@ -108,7 +108,7 @@ pub(crate) fn nodes_to_hold(
             if !job.gpu_models.allows(model) || per_worker == 0 {
                 return None;
             }
-            let slots = workers_on_empty_node(job, node);
+            let slots = workers_on_empty_node(job, topo, node);
             (slots > 0).then_some((n, slots))
         })
         .collect();

@@ -390,6 +390,7 @@ mod tests {
                 cpu_milli,
                 memory_mib: 1 << 20,
                 mig: None,
+                mig_layout: None,
             }),
             schedulable: true,
             gpus_used: (0..used.0)
@@ -483,6 +484,38 @@ mod tests {
             let err = snapshot_state(Some(&snapshot(vec![used]))).unwrap_err();
             assert!(err.to_string().contains(field), "{err}");
         }
+        // With the node's instances listed, a MIG demand fits only a free instance of its
+        // size, and a usage of a size it has no free instance of is refused.
+        let with_layout = |used: Vec<pb::GpuUsage>, profiles: &[(&str, u32, u32)]| {
+            let mut snap = snapshot(used);
+            snap.nodes[0].node.as_mut().unwrap().mig_layout = Some(pb::MigLayout {
+                instances: profiles
+                    .iter()
+                    .map(
+                        |&(profile, compute_slices, memory_slices)| pb::MigInstanceInfo {
+                            gpu: 1,
+                            profile: profile.into(),
+                            size: Some(pb::MigProfile {
+                                compute_slices,
+                                memory_slices,
+                            }),
+                        },
+                    )
+                    .collect(),
+            });
+            snapshot_state(Some(&snap))
+        };
+        let layout = [("3g.40gb", 3, 4), ("1c.2g.20gb", 1, 2)];
+        let state = with_layout(vec![slice(1)], &layout).unwrap();
+        let fits = |compute, memory| state.gpu_fits(GpuId(1), GpuDemand::Mig { compute, memory });
+        assert!(!fits(3, 4) && fits(1, 2) && !fits(2, 2));
+        let err = with_layout(vec![slice(1), slice(1)], &layout).unwrap_err();
+        assert!(err.to_string().contains("gpus_used[1]"), "{err}");
+        let err = with_layout(vec![], &[("3g.47gb", 3, 4)]).unwrap_err();
+        assert!(
+            err.to_string().contains("no MIG profile \"3g.47gb\""),
+            "{err}"
+        );
     }
 
     #[test]

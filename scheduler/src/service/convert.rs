@@ -3,7 +3,8 @@
 
 use crate::domain::{
     Checkpointing, ClusterState, CommPattern, GpuCatalog, GpuDemand, GpuModelSet, GpuShare, Job,
-    JobId, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigMode, NodeGroupSpec, Placement, Topology,
+    JobId, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MigLayoutSpec, MigMode, NodeGroupSpec, Placement,
+    Topology,
 };
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
@@ -365,6 +366,18 @@ pub fn node_group(field: &str, info: Option<&pb::NodeInfo>) -> Result<NodeGroupS
             Some(gpus)
         }
     };
+    let mig_layout = match &info.mig_layout {
+        None => Vec::new(),
+        Some(layout) => {
+            let on = mig_gpus.as_deref().ok_or_else(|| {
+                ServiceError::invalid(
+                    &format!("{field}.mig_layout"),
+                    "set without mig (the GPUs in MIG mode)",
+                )
+            })?;
+            mig_layout_spec(&format!("{field}.mig_layout"), layout, on)?
+        }
+    };
     Ok(NodeGroupSpec {
         count: 1,
         name_prefix: None,
@@ -375,7 +388,58 @@ pub fn node_group(field: &str, info: Option<&pb::NodeInfo>) -> Result<NodeGroupS
         cpu_milli: info.cpu_milli,
         memory_mib: info.memory_mib,
         mig_gpus,
+        mig_layout,
     })
+}
+
+/// A node's reported MIG instances as inventory layouts: one per GPU in MIG mode (`on`),
+/// listing its instances (none for a GPU with none). Instances must be on GPUs in MIG
+/// mode, with a profile name and a size that exists.
+fn mig_layout_spec(
+    field: &str,
+    layout: &pb::MigLayout,
+    on: &[u16],
+) -> Result<Vec<MigLayoutSpec>, ServiceError> {
+    if layout.instances.len() > on.len() * MIG_COMPUTE_SLICES as usize {
+        return Err(ServiceError::invalid(
+            &format!("{field}.instances"),
+            format!(
+                "{} instances on {} GPUs in MIG mode (at most {MIG_COMPUTE_SLICES} each)",
+                layout.instances.len(),
+                on.len()
+            ),
+        ));
+    }
+    let mut per_gpu: Vec<MigLayoutSpec> = on
+        .iter()
+        .map(|&g| MigLayoutSpec {
+            gpus: vec![g],
+            instances: Vec::new(),
+        })
+        .collect();
+    for (i, instance) in layout.instances.iter().enumerate() {
+        let at = |what: &str| format!("{field}.instances[{i}].{what}");
+        let slot = on
+            .iter()
+            .position(|&g| g as u32 == instance.gpu)
+            .ok_or_else(|| {
+                ServiceError::invalid(
+                    &at("gpu"),
+                    format!("GPU {} is not in MIG mode", instance.gpu),
+                )
+            })?;
+        if instance.profile.is_empty() {
+            return Err(ServiceError::invalid(&at("profile"), "missing"));
+        }
+        text(&at("profile"), &instance.profile)?;
+        let size = instance
+            .size
+            .as_ref()
+            .ok_or_else(|| ServiceError::invalid(&at("size"), "missing"))?;
+        mig_demand(&at("size"), size)?;
+        per_gpu[slot].instances.push(instance.profile.clone());
+    }
+    Ok(per_gpu)
 }
 
 /// A node's MIG modes as its registration carries them: `None` while the inventory
@@ -391,6 +455,31 @@ pub fn mig_modes(topo: &Topology, node: crate::domain::NodeId) -> Option<pb::Mig
             .map(|g| g.index as u32)
             .collect(),
     })
+}
+
+/// A node's fixed MIG instances as its registration carries them: `None` unless every
+/// GPU of the node is known to be in MIG mode or not and each in MIG mode has a fixed
+/// layout (an inventory that leaves any of it to the scheduler lists no instances).
+pub fn mig_layout(topo: &Topology, node: crate::domain::NodeId) -> Option<pb::MigLayout> {
+    mig_modes(topo, node)?;
+    let mut instances = Vec::new();
+    for g in topo.node(node).gpu_ids() {
+        let gpu = topo.gpu(g);
+        if gpu.mig != MigMode::On {
+            continue;
+        }
+        for slot in topo.gpu_mig_instances(g)? {
+            instances.push(pb::MigInstanceInfo {
+                gpu: gpu.index as u32,
+                profile: slot.profile.clone(),
+                size: Some(pb::MigProfile {
+                    compute_slices: slot.compute as u32,
+                    memory_slices: slot.memory as u32,
+                }),
+            });
+        }
+    }
+    Some(pb::MigLayout { instances })
 }
 
 /// The number of GPUs of `state`'s node `i` and its idle ones, for status replies.

@@ -40,6 +40,7 @@ pub mod model;
 mod ops;
 pub mod pem;
 pub mod records;
+mod registration;
 mod retention;
 pub mod server;
 pub mod shadow;

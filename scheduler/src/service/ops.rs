@@ -2,11 +2,12 @@
 //! agent reports, node registration with reconciliation, drain, cordon, telemetry.
 
 use crate::domain::{JobId, NodeId};
-use crate::service::convert::{job_from_spec, mig_modes, node_counts, node_group};
+use crate::service::convert::{job_from_spec, node_counts, node_group};
 use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::pb;
+use crate::service::registration::check_mig;
 
 /// What a registering agent is told.
 #[derive(Debug)]
@@ -324,23 +325,8 @@ impl Inner {
                 inv.island_size
             )));
         }
-        if let Some(reported) = &group.mig_gpus {
-            let reported: Vec<u32> = reported.iter().map(|&g| g as u32).collect();
-            match mig_modes(&self.topo, n) {
-                None => {
-                    return Err(ServiceError::FailedPrecondition(format!(
-                        "node {name} reports MIG mode on GPUs {reported:?}; the inventory leaves MIG mode open, so the scheduler would partition any of its GPUs and give MIG-mode GPUs to whole-GPU jobs: declare mig_gpus = {reported:?} in its node group"
-                    )));
-                }
-                Some(inventory) if inventory.gpus != reported => {
-                    return Err(ServiceError::FailedPrecondition(format!(
-                        "node {name} reports MIG mode on GPUs {reported:?}; the inventory says {:?}",
-                        inventory.gpus
-                    )));
-                }
-                Some(_) => {}
-            }
-        }
+        let info = req.node.as_ref().expect("node_group checked it is set");
+        check_mig(&self.topo, n, &group, info)?;
         if group.cpu_milli < inv.cpu_milli || group.memory_mib < inv.memory_mib {
             return Err(ServiceError::FailedPrecondition(format!(
                 "node {name} reports {} mCPU / {} MiB, less than the inventory's {} mCPU / {} MiB",
@@ -511,6 +497,7 @@ mod tests {
             let req = pb::RegisterNodeRequest {
                 node: Some(pb::NodeInfo {
                     mig: mig.map(|gpus| pb::MigModes { gpus }),
+                    mig_layout: None,
                     ..node_info(0)
                 }),
                 running: vec![],

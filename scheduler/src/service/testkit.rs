@@ -34,6 +34,7 @@ pub fn node_info(i: usize) -> pb::NodeInfo {
         cpu_milli: 224_000,
         memory_mib: 2_097_152,
         mig: None,
+        mig_layout: None,
     }
 }
 
