@@ -387,6 +387,23 @@ impl ClusterState {
         self.node_free_milli[node.0 as usize]
     }
 
+    /// [`ClusterState::node_free_milli`] counting only GPUs whose MIG mode admits
+    /// `demand` ([`ClusterState::free_milli_for`]): the node's room as the best-fit and
+    /// dot-product scorers weigh it. The counter itself where every GPU qualifies.
+    pub fn node_free_milli_for(&self, node: NodeId, demand: GpuDemand) -> u32 {
+        let n = self.topo.node(node);
+        let every_gpu_admits = match demand {
+            GpuDemand::Mig { .. } => n.mig_capable_gpus == n.gpu_count(),
+            _ => n.mig_on_gpus == 0,
+        };
+        if every_gpu_admits {
+            return self.node_free_milli[node.0 as usize];
+        }
+        n.gpu_ids()
+            .map(|g| self.free_milli_for(g, demand) as u32)
+            .sum()
+    }
+
     /// How many GPU workers of each [`worker_kind`] run on `node`.
     pub fn node_worker_kinds(&self, node: NodeId) -> &[u16; WORKER_KINDS] {
         &self.node_worker_kinds[node.0 as usize]

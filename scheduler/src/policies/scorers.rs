@@ -98,7 +98,7 @@ impl NodeScorer for BestFit {
     fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
         let max = NodeSpecMax::of(state);
         let cpu_left = state.node_cpu_free(node) as f64 - job.cpu_milli as f64;
-        let gpu_left = state.node_free_milli(node) as f64 - job.gpu.milli() as f64;
+        let gpu_left = state.node_free_milli_for(node, job.gpu) as f64 - job.gpu.milli() as f64;
         let raw = 0.5 * cpu_left / max.cpu_milli + 0.5 * gpu_left / max.gpu_milli;
         ((1.0 - raw) * 100.0).trunc()
     }
@@ -114,7 +114,7 @@ impl NodeScorer for DotProduct {
         let max = NodeSpecMax::of(state);
         let node_vec = [
             state.node_cpu_free(node) as f64 / max.cpu_milli,
-            state.node_free_milli(node) as f64 / max.gpu_milli,
+            state.node_free_milli_for(node, job.gpu) as f64 / max.gpu_milli,
         ];
         let pod_vec = [
             job.cpu_milli as f64 / max.cpu_milli,
@@ -136,7 +136,7 @@ impl NodeScorer for GpuClustering {
             return 0.0;
         };
         let max_gpu = NodeSpecMax::of(state).gpu_milli as i64;
-        let left = state.node_free_milli(node) as i64;
+        let left = state.node_free_milli_for(node, job.gpu) as i64;
         let x = (25 * (max_gpu - left)) / max_gpu;
         let kinds = state.node_worker_kinds(node);
         let present = kinds.iter().filter(|&&c| c > 0).count();
@@ -274,8 +274,8 @@ mod tests {
     }
 
     /// Node 0 has GPU 1 in MIG mode; node 1 has GPU 1 taken by a whole-GPU worker. For
-    /// a whole or shared job the two nodes offer the same room (GPU 0), so FGD and
-    /// packing score them alike; a MIG instance has room on node 0 only.
+    /// a whole or shared job the two nodes offer the same room (GPU 0), so FGD, packing,
+    /// best fit and dot product score them alike; a MIG instance has room on node 0 only.
     #[test]
     fn a_gpu_in_the_other_mig_mode_is_not_room_for_a_job() {
         let spec = ClusterSpec::from_toml(
@@ -288,6 +288,14 @@ mod tests {
         let share = task(1000, GpuDemand::Milli(500));
         let fgd = crate::policies::Fgd::from_workload(std::slice::from_ref(&share));
         for job in [share.clone(), task(1000, GpuDemand::Whole(1))] {
+            for scorer in [&BestFit as &dyn NodeScorer, &DotProduct] {
+                assert_eq!(
+                    score(scorer, &job, 0, &s),
+                    score(scorer, &job, 1, &s),
+                    "{scorer:?} {:?}",
+                    job.gpu
+                );
+            }
             assert_eq!(
                 score(&GpuPacking, &job, 0, &s),
                 score(&GpuPacking, &job, 1, &s),
