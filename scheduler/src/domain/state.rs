@@ -390,7 +390,17 @@ impl ClusterState {
     /// [`ClusterState::node_free_milli`] counting only GPUs whose MIG mode admits
     /// `demand` ([`ClusterState::free_milli_for`]): the node's room as the best-fit and
     /// dot-product scorers weigh it. The counter itself where every GPU qualifies.
+    #[inline]
     pub fn node_free_milli_for(&self, node: NodeId, demand: GpuDemand) -> u32 {
+        // The common case, without a node lookup: scorers call this for every node.
+        if !self.topo.any_gpu_in_mig_mode() && !matches!(demand, GpuDemand::Mig { .. }) {
+            return self.node_free_milli[node.0 as usize];
+        }
+        self.node_free_milli_by_mig_mode(node, demand)
+    }
+
+    #[inline(never)]
+    fn node_free_milli_by_mig_mode(&self, node: NodeId, demand: GpuDemand) -> u32 {
         let n = self.topo.node(node);
         let every_gpu_admits = match demand {
             GpuDemand::Mig { .. } => n.mig_capable_gpus == n.gpu_count(),

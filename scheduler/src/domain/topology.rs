@@ -163,6 +163,9 @@ pub struct Topology {
     spines: Vec<Spine>,
     max_node_cpu_milli: u32,
     max_node_gpus: u16,
+    /// Whether any GPU is in MIG mode ([`MigMode::On`]): scorers skip a per-node check
+    /// on the (common) clusters where none is.
+    any_gpu_in_mig_mode: bool,
     level_capacity: [u32; 6],
 }
 
@@ -288,6 +291,7 @@ impl Topology {
             level_capacity: [0; 6],
             max_node_cpu_milli: nodes.iter().map(|n| n.cpu_milli).max().unwrap_or(0),
             max_node_gpus: nodes.iter().map(|n| n.gpu_count()).max().unwrap_or(0),
+            any_gpu_in_mig_mode: nodes.iter().any(|n| n.mig_on_gpus > 0),
             name: spec.name.clone(),
             catalog,
             links: spec.links.clone(),
@@ -368,6 +372,11 @@ impl Topology {
     /// GPUs of the largest node.
     pub fn max_node_gpus(&self) -> u16 {
         self.max_node_gpus
+    }
+
+    /// Whether any GPU of the cluster is in MIG mode.
+    pub fn any_gpu_in_mig_mode(&self) -> bool {
+        self.any_gpu_in_mig_mode
     }
 
     pub fn gpu_count(&self) -> u32 {

@@ -94,13 +94,48 @@ impl NodeScorer for FirstFit {
 #[derive(Debug, Default)]
 pub struct BestFit;
 
-impl NodeScorer for BestFit {
-    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
-        let max = NodeSpecMax::of(state);
+impl BestFit {
+    fn score_with(
+        job: &Job,
+        node: NodeId,
+        state: &ClusterState,
+        max: &NodeSpecMax,
+        free_milli: u32,
+    ) -> f64 {
         let cpu_left = state.node_cpu_free(node) as f64 - job.cpu_milli as f64;
-        let gpu_left = state.node_free_milli_for(node, job.gpu) as f64 - job.gpu.milli() as f64;
+        let gpu_left = free_milli as f64 - job.gpu.milli() as f64;
         let raw = 0.5 * cpu_left / max.cpu_milli + 0.5 * gpu_left / max.gpu_milli;
         ((1.0 - raw) * 100.0).trunc()
+    }
+}
+
+impl NodeScorer for BestFit {
+    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, _: &mut Context) -> f64 {
+        let free = state.node_free_milli_for(node, job.gpu);
+        Self::score_with(job, node, state, &NodeSpecMax::of(state), free)
+    }
+
+    /// The node's whole free capacity where no MIG mode can rule a GPU out, decided
+    /// once per decision: this runs for every feasible node of every decision.
+    fn score_nodes(
+        &self,
+        job: &Job,
+        nodes: &[NodeId],
+        state: &ClusterState,
+        _: &mut Context,
+        scores: &mut Vec<f64>,
+    ) {
+        let max = NodeSpecMax::of(state);
+        let by_mig_mode =
+            state.topology().any_gpu_in_mig_mode() || matches!(job.gpu, GpuDemand::Mig { .. });
+        scores.extend(nodes.iter().map(|&node| {
+            let free = if by_mig_mode {
+                state.node_free_milli_for(node, job.gpu)
+            } else {
+                state.node_free_milli(node)
+            };
+            Self::score_with(job, node, state, &max, free)
+        }));
     }
 }
 
@@ -227,7 +262,19 @@ mod tests {
 
     fn score(scorer: &dyn NodeScorer, job: &Job, node: u32, state: &ClusterState) -> f64 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        scorer.score(job, NodeId(node), state, &mut Context::new(0.0, &mut rng))
+        let one = scorer.score(job, NodeId(node), state, &mut Context::new(0.0, &mut rng));
+        // Scoring in a batch (what placers do) must give the same score.
+        let mut batch = Vec::new();
+        let nodes = [NodeId(node)];
+        scorer.score_nodes(
+            job,
+            &nodes,
+            state,
+            &mut Context::new(0.0, &mut rng),
+            &mut batch,
+        );
+        assert_eq!(batch, [one], "{scorer:?}");
+        one
     }
 
     #[test]
