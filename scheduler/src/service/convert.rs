@@ -375,7 +375,7 @@ pub fn node_group(field: &str, info: Option<&pb::NodeInfo>) -> Result<NodeGroupS
                     "set without mig (the GPUs in MIG mode)",
                 )
             })?;
-            mig_layout_spec(&format!("{field}.mig_layout"), layout, on)?
+            reported_mig_layouts(&format!("{field}.mig_layout"), layout, on)?
         }
     };
     Ok(NodeGroupSpec {
@@ -395,7 +395,7 @@ pub fn node_group(field: &str, info: Option<&pb::NodeInfo>) -> Result<NodeGroupS
 /// A node's reported MIG instances as inventory layouts: one per GPU in MIG mode (`on`),
 /// listing its instances (none for a GPU with none). Instances must be on GPUs in MIG
 /// mode, with a profile name and a size that exists.
-fn mig_layout_spec(
+fn reported_mig_layouts(
     field: &str,
     layout: &pb::MigLayout,
     on: &[u16],
