@@ -178,7 +178,7 @@ fn start_agent_with(
                 Some(&mut tap),
                 Duration::from_millis(100),
                 &stop,
-                &mut SystemClock,
+                &mut SystemClock::new(),
                 None,
             )
             .unwrap();

@@ -231,3 +231,47 @@ fn the_loop_writes_a_nodes_samples_until_stopped() {
     .unwrap();
     assert_eq!(stats.ticks, 0);
 }
+
+#[test]
+fn the_loop_keeps_its_pace_when_the_sink_takes_no_rows_and_counts_what_it_drops() {
+    use marshal_telemetry::faults::{FaultOp, NO_SPACE, inject};
+    let dir = tempfile::tempdir().unwrap();
+    let mut sim = telemetry(
+        vec![job(0, 4, 0.0, 5_000.0)],
+        SimTelemetryOptions::default(),
+    );
+    sim.only_node(&topo().nodes()[0].name.clone()).unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.max_buffered_rows = 8;
+    cfg.channel_capacity = 1;
+    let sink = TelemetrySink::open(cfg).unwrap();
+    let full = inject(dir.path(), FaultOp::Create, NO_SPACE);
+    let stop = AtomicBool::new(false);
+    let mut clock = ManualClock {
+        now_us: SimTelemetryOptions::default().epoch_us,
+    };
+    // The wait for room is real time, bounded by the interval.
+    let stats = run_sampling_loop(
+        &mut sim,
+        None,
+        &sink,
+        Duration::from_millis(20),
+        &stop,
+        &mut clock,
+        Some(20),
+    )
+    .unwrap();
+    assert_eq!((stats.ticks, stats.rows), (20, 80), "every tick sampled");
+    assert!(
+        stats.rows_refused >= 40,
+        "a sink stalled at 8 rows takes a few ticks, then none: {stats:?}"
+    );
+    assert!(sink.stats().stall.is_some());
+    drop(full);
+    let sink_stats = sink.finish().unwrap();
+    assert_eq!(sink_stats.rows_dropped, 0);
+    assert_eq!(sink_stats.rows_written, stats.rows - stats.rows_refused);
+    let (rows, _): (Vec<marshal_telemetry::GpuSample>, _) =
+        read_all(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len() as u64, stats.rows - stats.rows_refused);
+}

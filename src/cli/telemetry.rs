@@ -431,11 +431,12 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
                 &sink,
                 a.interval,
                 &stop,
-                &mut SystemClock,
+                &mut SystemClock::new(),
                 Some(ticks),
             )?;
             let sink_stats = sink.finish()?;
             warn_validation(&sink_stats);
+            warn_refused(&stats);
             println!(
                 "recorded {} GPU samples in {} ticks ({} failed) into {} ({} files)",
                 stats.rows,
@@ -498,11 +499,32 @@ impl Source for Accelerated {
     }
 }
 
-/// Says on stderr what the sink's validation rejected or nulled, if anything (the rules
-/// are the README's "Bad input"): a GPU reporting nonsense must not pass unnoticed.
+/// Says on stderr what the sink's validation rejected or nulled, and what its file
+/// system refused, if anything (the rules are the README's "Bad input"): a GPU
+/// reporting nonsense or a full disk must not pass unnoticed.
 fn warn_validation(stats: &marshal_telemetry::SinkStats) {
     if !stats.validation.is_clean() {
         eprintln!("warning: telemetry validation: {}", stats.validation);
+    }
+    if stats.error_count > 0 {
+        eprintln!(
+            "warning: telemetry sink: {} write errors ({} episodes of refused writes), {} rows lost",
+            stats.error_count, stats.stalls, stats.rows_dropped
+        );
+        for e in &stats.errors {
+            eprintln!("  {e}");
+        }
+    }
+}
+
+/// Says on stderr how many sampled rows the sink could not take in time.
+fn warn_refused(stats: &marshal_agent::LoopStats) {
+    if stats.rows_refused > 0 {
+        eprintln!(
+            "warning: {} sampled rows were dropped: the telemetry sink took none while its \
+             file system refused writes and its memory bound was reached",
+            stats.rows_refused
+        );
     }
 }
 
@@ -510,7 +532,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
     let sink = TelemetrySink::open(a.parquet.sink_config(&a.out))
         .with_context(|| format!("opening {}", a.out.display()))?;
-    let mut clock = SystemClock;
+    let mut clock = SystemClock::new();
     let mut host = None;
     let connected = a.connect.scheduler.is_some();
     // The node as it registers (connected mode only).
@@ -594,6 +616,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         )?;
         let sink_stats = sink.finish()?;
         warn_validation(&sink_stats);
+        warn_refused(&stats);
         eprintln!(
             "agent: stopped after {} ticks, {} rows, {} files",
             stats.ticks, stats.rows, sink_stats.files_committed
@@ -671,6 +694,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let sampled = sampled?;
     let sink_stats = sink.finish()?;
     warn_validation(&sink_stats);
+    warn_refused(&sampled);
     let t = stats.telemetry;
     eprintln!(
         "agent: stopped after {} ticks, {} rows, {} files; {} sessions, {} workers started, \

@@ -36,7 +36,8 @@ pub(crate) struct Backpressure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reserved {
     Yes,
-    /// The queue is full (only from [`Backpressure::try_reserve`]).
+    /// The queue is full (only from [`Backpressure::try_reserve`] and
+    /// [`Backpressure::reserve_until`]).
     Full,
     /// The writer has stopped.
     Closed,
@@ -73,6 +74,16 @@ impl Backpressure {
 
     /// Takes a slot, sleeping while the queue is full.
     pub(crate) fn reserve(&self) -> Reserved {
+        self.reserve_waiting(None)
+    }
+
+    /// Takes a slot, sleeping while the queue is full until `deadline` at most
+    /// ([`Reserved::Full`] then).
+    pub(crate) fn reserve_until(&self, deadline: std::time::Instant) -> Reserved {
+        self.reserve_waiting(Some(deadline))
+    }
+
+    fn reserve_waiting(&self, deadline: Option<std::time::Instant>) -> Reserved {
         match self.try_reserve() {
             Reserved::Full => {}
             done => return done,
@@ -84,10 +95,20 @@ impl Backpressure {
                 Reserved::Full => {}
                 done => return done,
             }
-            guard = self
-                .room
-                .wait(guard)
-                .unwrap_or_else(PoisonError::into_inner);
+            guard = match deadline {
+                None => self
+                    .room
+                    .wait(guard)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(deadline) => {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        return Reserved::Full;
+                    }
+                    let waited = self.room.wait_timeout(guard, deadline - now);
+                    waited.unwrap_or_else(PoisonError::into_inner).0
+                }
+            };
         }
     }
 

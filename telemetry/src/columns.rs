@@ -993,6 +993,9 @@ pub(crate) struct RowGroupBuffer<R: Columnar> {
 struct Bucket<R: Columnar> {
     cols: R::Columns,
     last: Option<i64>,
+    /// Minor key of the last row accepted, kept across row groups: a row that repeats
+    /// it is a duplicate.
+    last_accepted: Option<i64>,
     sorted: bool,
     /// Rows in the previous row group: the next one is sized alike, so builders do not
     /// grow (and copy) row by row in steady state.
@@ -1036,11 +1039,17 @@ impl<R: Columnar> RowGroupBuffer<R> {
             self.buckets.resize_with(b + 1, || Bucket {
                 cols: R::Columns::new(R::INITIAL_ROWS),
                 last: None,
+                last_accepted: None,
                 sorted: true,
                 previous: 0,
             });
         }
         let bucket = &mut self.buckets[b];
+        if minor.is_some() && b < MAX_BUCKETS && bucket.last_accepted == minor {
+            self.report.rows_in += 1;
+            self.report.reject(col::TIMESTAMP, Issue::Duplicate);
+            return false;
+        }
         let before = bucket.cols.len();
         append(&mut bucket.cols, &mut self.report);
         if bucket.cols.len() == before {
@@ -1053,6 +1062,7 @@ impl<R: Columnar> RowGroupBuffer<R> {
                     bucket.sorted = false;
                 }
                 bucket.last = Some(k);
+                bucket.last_accepted = Some(k);
             }
             _ => bucket.sorted = false,
         }

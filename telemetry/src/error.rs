@@ -99,6 +99,18 @@ pub enum TelemetryError {
         /// Why it is closed.
         reason: String,
     },
+
+    /// The file system refuses the sink's writes (a full disk, an unwritable
+    /// directory): rows it accepted wait in memory and are written once it takes them.
+    #[error("telemetry sink for {root}: {rows} rows are not in published files yet: {reason}")]
+    SinkStalled {
+        /// The sink's root directory.
+        root: PathBuf,
+        /// Rows accepted and not yet published.
+        rows: u64,
+        /// The file system's last refusal.
+        reason: String,
+    },
 }
 
 impl TelemetryError {

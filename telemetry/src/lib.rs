@@ -16,7 +16,7 @@
 //! | [`batch`] | the cheap GPU intake: rows with interned strings ([`GpuBatch`], [`GpuBatchBuilder`]) |
 //! | [`validate`] | what happens to NaN, ∞, negative and out-of-range values ([`ValidationReport`]) |
 //! | [`partition`] | Hive-style paths (`kind=/date=/node=`), UTC dates, file names |
-//! | [`writer`] | Parquet encodings per column, crash-safe file creation |
+//! | [`writer`] | Parquet encodings per column, crash-safe file creation (refused writes wait in memory: `patient_file`) |
 //! | [`sink`] | the writer thread: partitioning, rolling, backpressure ([`TelemetrySink`]) |
 //! | [`reader`] | listing, pruning, filtering, streaming ([`Scan`], [`Query`]) |
 //! | [`summary`] | footer-level and per-GPU summaries for `inspect` ([`summarize`]) |
@@ -27,8 +27,9 @@
 //!
 //! * **Nothing in telemetry can take its consumer down.** Broken values are nulled or
 //!   their rows rejected, and counted ([`validate`]); damaged files are reported and
-//!   skipped by every reader ([`ScanReport::errors`]); write errors are counted and the
-//!   sink carries on ([`SinkStats::errors`]); a machine without NVML gets
+//!   skipped by every reader ([`ScanReport::errors`]); writes the file system refuses
+//!   (a full disk) wait in memory and are retried, so no accepted row is lost, and are
+//!   counted ([`SinkStats::errors`], [`SinkStats::stall`]); a machine without NVML gets
 //!   [`TelemetryError::NvmlUnavailable`], not a crash.
 //! * **A reader never sees half a file.** Files are written under hidden `.tmp` names and
 //!   published by fsync + rename; `compact` keeps its inputs until the merged file is in
@@ -56,11 +57,14 @@ pub mod convert;
 mod delta;
 mod dict_column;
 pub mod error;
+#[doc(hidden)]
+pub mod faults;
 mod int_column;
 mod list_column;
 pub mod mig;
 pub mod nvml;
 pub mod partition;
+mod patient_file;
 pub mod reader;
 pub mod replay;
 mod rle;

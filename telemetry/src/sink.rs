@@ -39,15 +39,27 @@
 //! * **Crash safety.** Files are written under hidden `.tmp` names and published by
 //!   fsync + rename (see [`crate::writer`]). After a crash, only `.tmp` files can be
 //!   incomplete, and readers ignore them.
-//! * **Errors do not stop the sink.** An I/O error while writing a file discards that file
-//!   (its rows are counted in [`SinkStats::rows_dropped`] and the error is kept in
-//!   [`SinkStats::errors`]); the next rows start a new file. A telemetry hiccup must not
+//! * **A full disk loses no row the sink accepted.** When the file system refuses a write
+//!   (no space, a quota, a directory that cannot be written), the refused bytes wait in
+//!   memory in order (module `patient_file`), as do rows whose file cannot be created
+//!   and finished files whose `fsync` or rename failed, and the sink retries with a
+//!   backoff (50 ms doubling to 2 s); the first refusal of each episode is logged and
+//!   kept in [`SinkStats::errors`], and [`SinkStats::stall`] says why it is waiting.
+//!   Memory stays bounded: while stalled with `max_buffered_rows` rows buffered or
+//!   `max_backlog_bytes` bytes waiting, the writer takes no new messages, so `send`
+//!   blocks and `try_send` / `send_timeout` hand rows back (those rows were never
+//!   accepted; the producer counts them). `flush` returns [`TelemetryError::SinkStalled`]
+//!   rather than waiting for the disk. At shutdown the sink keeps trying for
+//!   `shutdown_grace`, then gives up: the rows still unwritten are counted in
+//!   [`SinkStats::rows_dropped`] with an error that says so. Only an encoding error
+//!   (a bug, not the disk) discards a file's rows at once. A telemetry hiccup must not
 //!   take an agent down.
 //! * **Single writer per partition.** Sequence numbers are chosen by scanning the partition
 //!   directory when it is first used; two sinks must not write the same node's partitions.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -63,7 +75,12 @@ use crate::error::{Result, TelemetryError};
 use crate::partition::{Date, PART_PREFIX, Partition, part_name, seq_of};
 use crate::schema::{GpuSample, META_PARTITION, NodeSample, StepProfile, TelemetryKind};
 use crate::validate::ValidationReport;
-use crate::writer::{AtomicParquetFile, WriteOptions, writer_properties};
+use crate::writer::{AtomicParquetFile, CommitError, Unpublished, WriteOptions, writer_properties};
+
+#[cfg(test)]
+mod full_disk_tests;
+mod stall;
+use stall::Stall;
 
 /// Sink settings. [`SinkConfig::new`] gives defaults suited to a node agent.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +102,13 @@ pub struct SinkConfig {
     pub max_open_files: usize,
     /// Batches the queue holds before `send` blocks. Default 64.
     pub channel_capacity: usize,
+    /// While the file system refuses writes, the encoded bytes kept in memory for it
+    /// before the sink stops taking rows. Default 64 MiB (at a few bytes per row,
+    /// millions of rows).
+    pub max_backlog_bytes: usize,
+    /// How long shutdown keeps retrying writes the file system refuses before it gives
+    /// the rows up (counted and reported). Default 10 s.
+    pub shutdown_grace: Duration,
 }
 
 impl SinkConfig {
@@ -99,6 +123,8 @@ impl SinkConfig {
             max_buffered_rows: 512 * 1024,
             max_open_files: 64,
             channel_capacity: 64,
+            max_backlog_bytes: 64 << 20,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 
@@ -110,8 +136,8 @@ impl SinkConfig {
         if self.max_buffered_rows == 0 || self.max_open_files == 0 {
             return bad("max_buffered_rows and max_open_files must be positive");
         }
-        if self.channel_capacity == 0 {
-            return bad("channel_capacity must be positive");
+        if self.channel_capacity == 0 || self.max_backlog_bytes == 0 {
+            return bad("channel_capacity and max_backlog_bytes must be positive");
         }
         Ok(())
     }
@@ -137,7 +163,8 @@ pub struct SinkStats {
     pub rows_received: u64,
     /// Rows in published files.
     pub rows_written: u64,
-    /// Rows lost to write errors.
+    /// Rows lost: to an encoding error, or still unwritten when shutdown gave up on a
+    /// file system that kept refusing them.
     pub rows_dropped: u64,
     /// Values nulled and rows rejected by validation.
     pub validation: ValidationReport,
@@ -154,6 +181,12 @@ pub struct SinkStats {
     pub error_count: u64,
     /// The first write errors, as text (at most [`SinkStats::MAX_LISTED`]).
     pub errors: Vec<String>,
+    /// While the file system refuses writes: its last refusal. `None` when writing.
+    pub stall: Option<String>,
+    /// Episodes of refused writes so far (each counted once in `error_count`).
+    pub stalls: u64,
+    /// Encoded bytes waiting in memory for the file system.
+    pub backlog_bytes: u64,
 }
 
 impl SinkStats {
@@ -187,7 +220,8 @@ impl std::error::Error for TrySendError {}
 
 enum Msg {
     Rows(Records),
-    Flush(SyncSender<()>),
+    /// Answered with the rows still waiting for the file system, if any, and why.
+    Flush(SyncSender<Option<(u64, String)>>),
 }
 
 /// Handle to the sink's writer thread. Dropping it finishes every open file (blocking).
@@ -198,6 +232,9 @@ pub struct TelemetrySink {
     gate: Arc<Backpressure>,
     handle: Option<JoinHandle<()>>,
     stats: Arc<Mutex<SinkStats>>,
+    /// Set by shutdown: a writer that stopped taking messages (stalled, memory full)
+    /// takes them again, to finish.
+    closing: Arc<AtomicBool>,
 }
 
 impl TelemetrySink {
@@ -228,8 +265,10 @@ impl TelemetrySink {
         let stats = Arc::new(Mutex::new(SinkStats::default()));
         let root = config.root.clone();
         let span_us = config.max_file_span.as_micros().min(i64::MAX as u128) as i64;
+        let closing = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             files: HashMap::default(),
+            closing: closing.clone(),
             ctx: Ctx {
                 cfg: config,
                 props,
@@ -238,6 +277,8 @@ impl TelemetrySink {
                 tick: 0,
                 span_us,
                 stats: stats.clone(),
+                stall: None,
+                unpublished: Vec::new(),
             },
         };
         let handle = std::thread::Builder::new()
@@ -255,6 +296,7 @@ impl TelemetrySink {
             gate: backpressure,
             handle: Some(handle),
             stats,
+            closing,
         })
     }
 
@@ -296,14 +338,36 @@ impl TelemetrySink {
 
     /// Queues rows without blocking; gives them back if the queue is full.
     pub fn try_send(&self, rows: impl Into<Records>) -> std::result::Result<(), TrySendError> {
-        let rows = rows.into();
+        self.send_until(rows.into(), None)
+    }
+
+    /// Queues rows, waiting at most `timeout` while the queue is full; gives them back
+    /// if it is still full then (a sampler that must keep its pace drops them and
+    /// counts them: the sink never accepted them).
+    pub fn send_timeout(
+        &self,
+        rows: impl Into<Records>,
+        timeout: Duration,
+    ) -> std::result::Result<(), TrySendError> {
+        self.send_until(rows.into(), Some(Instant::now() + timeout))
+    }
+
+    fn send_until(
+        &self,
+        rows: Records,
+        deadline: Option<Instant>,
+    ) -> std::result::Result<(), TrySendError> {
         if rows.is_empty() {
             return Ok(());
         }
         let Some(tx) = self.tx.as_ref() else {
             return Err(TrySendError::Closed(rows));
         };
-        match self.gate.try_reserve() {
+        let reserved = match deadline {
+            None => self.gate.try_reserve(),
+            Some(deadline) => self.gate.reserve_until(deadline),
+        };
+        match reserved {
             Reserved::Yes => {}
             Reserved::Full => return Err(TrySendError::Full(rows)),
             Reserved::Closed => return Err(TrySendError::Closed(rows)),
@@ -318,13 +382,21 @@ impl TelemetrySink {
     }
 
     /// Finishes every open file (publishing what was sent before this call) and waits
-    /// until that is done. The sink stays usable.
+    /// until that is done. The sink stays usable. While the file system refuses writes,
+    /// this returns [`TelemetryError::SinkStalled`] (the rows wait in memory and are
+    /// published once it takes them) instead of waiting for the disk.
     pub fn flush(&self) -> Result<()> {
         let (ack_tx, ack_rx) = mpsc::sync_channel(1);
         self.queue(Msg::Flush(ack_tx))?;
-        ack_rx
-            .recv()
-            .map_err(|_| self.closed("the writer thread stopped during flush"))
+        match ack_rx.recv() {
+            Ok(None) => Ok(()),
+            Ok(Some((rows, reason))) => Err(TelemetryError::SinkStalled {
+                root: self.root.clone(),
+                rows,
+                reason,
+            }),
+            Err(_) => Err(self.closed("the writer thread stopped during flush")),
+        }
     }
 
     /// A snapshot of the statistics.
@@ -339,6 +411,7 @@ impl TelemetrySink {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        self.closing.store(true, Ordering::SeqCst);
         drop(self.tx.take());
         if let Some(h) = self.handle.take() {
             h.join()
@@ -440,6 +513,10 @@ struct Ctx {
     /// `cfg.max_file_span` in microseconds.
     span_us: i64,
     stats: Arc<Mutex<SinkStats>>,
+    /// Set while the file system refuses writes ([`stall`]).
+    stall: Option<Stall>,
+    /// Finished files whose last bytes, `fsync` or rename the file system refused.
+    unpublished: Vec<Unpublished>,
 }
 
 impl Ctx {
@@ -451,6 +528,19 @@ impl Ctx {
         if s.errors.len() < SinkStats::MAX_LISTED {
             s.errors.push(e.to_string());
         }
+    }
+
+    /// Counts a published file.
+    fn committed(&mut self, path: PathBuf, rows: u64) {
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let mut s = lock(&self.stats);
+        s.rows_written += rows;
+        s.files_committed += 1;
+        s.bytes_committed += bytes;
+        if s.files.len() >= SinkStats::MAX_LISTED {
+            s.files.remove(0);
+        }
+        s.files.push(CommittedFile { path, rows, bytes });
     }
 
     /// The next unused sequence number in `dir`.
@@ -483,6 +573,8 @@ struct OpenFile {
     /// When the current file received its first row.
     opened_at: Option<Instant>,
     last_used: u64,
+    /// Its file could not be created: the retry ([`stall`]) tries again.
+    blocked: bool,
 }
 
 impl OpenFile {
@@ -537,12 +629,14 @@ impl OpenFile {
         if n == 0 {
             return;
         }
+        // A partition whose file could not be created tries again only in the retry
+        // (`stall`): its rows wait in the buffer.
+        if self.file.is_none() && (self.blocked || !self.open_file(ctx)) {
+            return;
+        }
         ctx.buffered -= n;
+        let file = self.file.as_mut().expect("opened above");
         let result = self.buffer.take_batches().and_then(|batches| {
-            if self.file.is_none() {
-                self.file = Some(self.create_file(ctx)?);
-            }
-            let file = self.file.as_mut().expect("just created");
             file.reserve(n);
             for batch in &batches {
                 file.write(batch)?;
@@ -550,6 +644,8 @@ impl OpenFile {
             file.end_row_group()
         });
         if let Err(e) = result {
+            // Not the disk (its refusals are kept, see `patient_file`): the encoder
+            // failed, and the file cannot be trusted.
             let written = self.file.as_ref().map_or(0, |f| f.rows());
             if let Some(f) = self.file.take() {
                 f.abort();
@@ -559,12 +655,31 @@ impl OpenFile {
             self.reset();
             return;
         }
+        if let Some(refused) = file.take_refusal() {
+            ctx.refused(refused);
+        }
         if self
             .file
             .as_ref()
             .is_some_and(|f| f.bytes() >= ctx.cfg.max_file_bytes)
         {
             self.close(ctx);
+        }
+    }
+
+    /// Creates the partition's next file; on failure the stall is noted and the rows
+    /// stay buffered.
+    fn open_file(&mut self, ctx: &mut Ctx) -> bool {
+        match self.create_file(ctx) {
+            Ok(f) => {
+                self.file = Some(f);
+                true
+            }
+            Err(e) => {
+                self.blocked = true;
+                ctx.refused(e);
+                false
+            }
         }
     }
 
@@ -601,27 +716,31 @@ impl OpenFile {
         ))
     }
 
-    /// Writes the buffer out and publishes the file.
+    /// Writes the buffer out and publishes the file. A file the file system refuses
+    /// waits in [`Ctx::unpublished`]; rows that have no file yet (it cannot be created)
+    /// stay buffered, and the partition stays open.
     fn close(&mut self, ctx: &mut Ctx) {
         self.write_row_group(ctx);
+        if self.buffer.len() > 0 {
+            return;
+        }
         if let Some(file) = self.file.take() {
             let rows = file.rows();
-            match file.commit() {
-                Ok(path) => {
-                    let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                    let mut s = lock(&ctx.stats);
-                    s.rows_written += rows;
-                    s.files_committed += 1;
-                    s.bytes_committed += bytes;
-                    if s.files.len() >= SinkStats::MAX_LISTED {
-                        s.files.remove(0);
-                    }
-                    s.files.push(CommittedFile { path, rows, bytes });
+            match file.commit_or_wait() {
+                Ok(path) => ctx.committed(path, rows),
+                Err(CommitError::Refused(file, e)) => {
+                    ctx.unpublished.push(file);
+                    ctx.refused(e);
                 }
-                Err(e) => ctx.error(e, rows),
+                Err(CommitError::Failed(e)) => ctx.error(e, rows),
             }
         }
         self.reset();
+    }
+
+    /// Rows accepted for this partition and not yet in a published file.
+    fn rows_pending(&self) -> u64 {
+        self.buffer.len() as u64 + self.file.as_ref().map_or(0, |f| f.rows())
     }
 
     fn reset(&mut self) {
@@ -630,13 +749,14 @@ impl OpenFile {
     }
 }
 
-struct Worker {
+pub(crate) struct Worker {
     /// FxHash (`rustc-hash`): looked up once per run of rows of one partition, and the
     /// keys are this sink's own partitions, so SipHash's protection against chosen
     /// collisions buys nothing here and cost about 1 % of the writer's instructions per
     /// row (callgrind, benchmark).
     files: HashMap<Key, OpenFile, rustc_hash::FxBuildHasher>,
     ctx: Ctx,
+    closing: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -652,7 +772,18 @@ impl Worker {
                 self.close_old(now);
                 next_age_check = now + tick;
             }
-            let msg = rx.recv_timeout(tick);
+            let mut wait = tick;
+            self.retry_stalled(now, false);
+            if let Some(next_try) = self.ctx.stall.as_ref().map(Stall::next_try) {
+                wait = wait.min(next_try.saturating_duration_since(now));
+                if self.paused() {
+                    // Taking more rows would outgrow the memory bounds: the queue
+                    // fills and producers wait (or get their rows back).
+                    std::thread::sleep(wait.max(Duration::from_millis(1)));
+                    continue;
+                }
+            }
+            let msg = rx.recv_timeout(wait);
             if msg.is_ok() {
                 gate.0.taken();
             }
@@ -672,14 +803,16 @@ impl Worker {
                     self.enforce_memory();
                 }
                 Ok(Msg::Flush(ack)) => {
+                    self.retry_stalled(Instant::now(), true);
                     self.close_all();
-                    let _ = ack.send(());
+                    let _ = ack.send(self.waiting());
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
         self.close_all();
+        self.finish_stalled();
         lock(&self.ctx.stats).writer_cpu = thread_cpu_time().saturating_sub(cpu_at_start);
     }
 
@@ -706,6 +839,7 @@ impl Worker {
                 first_ts: None,
                 opened_at: None,
                 last_used: 0,
+                blocked: false,
             }
         });
         f.last_used = ctx.tick;
@@ -779,24 +913,24 @@ impl Worker {
         drop(rows);
     }
 
-    /// Finishes the least recently used file while too many are open.
+    /// Finishes the least recently used file while too many are open. A file whose
+    /// rows cannot be written yet (the file system refuses) stays open, over the limit.
     fn make_room(&mut self) {
         while self.files.len() >= self.ctx.cfg.max_open_files {
-            let Some(key) = self
-                .files
-                .iter()
-                .min_by_key(|(_, f)| f.last_used)
-                .map(|(k, _)| k.clone())
-            else {
+            let Some((key, f)) = self.files.iter_mut().min_by_key(|(_, f)| f.last_used) else {
                 return;
             };
-            if let Some(mut f) = self.files.remove(&key) {
-                f.close(&mut self.ctx);
+            f.close(&mut self.ctx);
+            if !f.is_empty() {
+                return;
             }
+            let key = key.clone();
+            self.files.remove(&key);
         }
     }
 
-    /// Writes out the fullest buffers while too many rows are buffered.
+    /// Writes out the fullest buffers while too many rows are buffered (while the file
+    /// system refuses writes, buffers without a file stay: [`Worker::paused`]).
     fn enforce_memory(&mut self) {
         while self.ctx.buffered > self.ctx.cfg.max_buffered_rows {
             let Some(f) = self
@@ -807,7 +941,11 @@ impl Worker {
             else {
                 return;
             };
+            let before = self.ctx.buffered;
             f.write_row_group(&mut self.ctx);
+            if self.ctx.buffered == before {
+                return;
+            }
         }
     }
 
@@ -824,10 +962,12 @@ impl Worker {
         self.files.retain(|_, f| !f.is_empty());
     }
 
+    /// Closes every file; partitions whose rows cannot be written yet stay open.
     fn close_all(&mut self) {
-        for (_, mut f) in self.files.drain() {
+        for f in self.files.values_mut() {
             f.close(&mut self.ctx);
         }
+        self.files.retain(|_, f| !f.is_empty());
     }
 }
 
@@ -843,7 +983,6 @@ fn thread_cpu_time() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     fn sample(ts: i64) -> GpuSample {
         GpuSample {

@@ -5,6 +5,12 @@
 //! * **Identity or time is broken → the row is rejected.** A negative timestamp, an empty
 //!   cluster / node / GPU UUID / job id, or a non-finite or non-positive step time cannot be
 //!   attributed or ordered, so the row is dropped and counted.
+//! * **A row repeats the one before → it is rejected.** A GPU row (or a host row) with
+//!   the same timestamp as the row accepted before it for the same GPU (or node) in the
+//!   same file is a duplicate sample (a source retried, a replay overlapped), counted
+//!   under `timestamp` / `duplicate`. Only the previous row of the open file is compared
+//!   (one comparison per row), so a repeat of an older timestamp, or of the last row of
+//!   a file already published, is kept.
 //! * **A measured value is broken → that value is nulled.** NaN, ±∞, a negative value, or a
 //!   value outside its physical range (a percentage above 100, more memory used than
 //!   installed, a temperature above 200 °C) becomes null; the rest of the row is kept.
@@ -26,6 +32,8 @@ pub enum Issue {
     OutOfRange,
     /// A required identity string (cluster, node, uuid, job) was empty.
     Empty,
+    /// The same GPU (or node) and timestamp as the row accepted before it.
+    Duplicate,
 }
 
 impl std::fmt::Display for Issue {
@@ -35,6 +43,7 @@ impl std::fmt::Display for Issue {
             Issue::Negative => "negative",
             Issue::OutOfRange => "out of range",
             Issue::Empty => "empty",
+            Issue::Duplicate => "duplicate",
         })
     }
 }

@@ -56,9 +56,11 @@ use crate::bool_column::BoolColumn;
 use crate::chunk::ColumnChunkEncoder;
 use crate::dict_column::DictColumn;
 use crate::error::{Result, TelemetryError};
+use crate::faults::{self, FaultOp};
 use crate::int_column::IntColumn;
 use crate::list_column::ListColumn;
 use crate::partition::tmp_name;
+use crate::patient_file::PatientFile;
 use crate::schema::{
     META_KIND, META_SCHEMA_VERSION, META_ZSTD_LEVEL, SCHEMA_VERSION, TelemetryKind, col,
 };
@@ -229,7 +231,7 @@ enum FieldEncoder {
 pub(crate) struct AtomicParquetFile {
     final_path: PathBuf,
     tmp_path: PathBuf,
-    writer: SerializedFileWriter<BufWriter<File>>,
+    writer: SerializedFileWriter<BufWriter<PatientFile>>,
     schema: SchemaRef,
     factory: ArrowRowGroupWriterFactory,
     fields: Vec<FieldEncoder>,
@@ -284,7 +286,8 @@ impl AtomicParquetFile {
         schema: SchemaRef,
         mut props: WriterProperties,
     ) -> Result<Self> {
-        std::fs::create_dir_all(dir)
+        faults::check(dir, FaultOp::Create)
+            .and_then(|()| std::fs::create_dir_all(dir))
             .map_err(|e| TelemetryError::io("creating directory", dir, e))?;
         let final_path = dir.join(name);
         let tmp_path = dir.join(tmp_name(name));
@@ -322,11 +325,15 @@ impl AtomicParquetFile {
             leaf += count;
         }
 
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp_path)
+        let file = faults::check(&tmp_path, FaultOp::Create)
+            .and_then(|()| {
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp_path)
+            })
             .map_err(|e| TelemetryError::io("creating", &tmp_path, e))?;
+        let file = PatientFile::new(file, tmp_path.clone());
         let writer = SerializedFileWriter::new(
             BufWriter::with_capacity(1 << 20, file),
             parquet_schema.root_schema_ptr(),
@@ -523,38 +530,63 @@ impl AtomicParquetFile {
             .append_key_value_metadata(KeyValue::new(key.to_string(), value));
     }
 
-    /// Writes the footer, `fsync`s, and renames the file into place. Refuses to replace
-    /// an existing file.
-    pub(crate) fn commit(mut self) -> Result<PathBuf> {
-        let result = self.finish_inner();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&self.tmp_path);
-        }
-        result?;
-        Ok(self.final_path)
+    /// Bytes written but refused by the file system, waiting in memory.
+    pub(crate) fn backlog_bytes(&self) -> usize {
+        self.writer.inner().get_ref().backlog_len()
     }
 
-    fn finish_inner(&mut self) -> Result<()> {
-        self.end_row_group()?;
-        self.writer
-            .finish()
-            .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))?;
+    /// Why the file system refused a write since the last call, if it did. The bytes
+    /// wait in memory ([`crate::patient_file`]); [`AtomicParquetFile::retry`] writes them.
+    pub(crate) fn take_refusal(&mut self) -> Option<TelemetryError> {
+        let why = self.writer.inner_mut().get_mut().take_refusal()?;
+        Some(TelemetryError::io("writing", &self.tmp_path, why))
+    }
+
+    /// Writes the bytes the file system refused before.
+    pub(crate) fn retry(&mut self) -> Result<()> {
         let buf = self.writer.inner_mut();
         buf.flush()
-            .map_err(|e| TelemetryError::io("flushing", &self.tmp_path, e))?;
-        buf.get_ref()
-            .sync_all()
-            .map_err(|e| TelemetryError::io("syncing", &self.tmp_path, e))?;
-        if self.final_path.exists() {
-            return Err(TelemetryError::io(
-                "publishing (target exists)",
-                &self.final_path,
-                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-            ));
+            .and_then(|()| buf.get_mut().drain())
+            .map_err(|e| TelemetryError::io("writing", &self.tmp_path, e))
+    }
+
+    /// Writes the footer, `fsync`s, and renames the file into place. Refuses to replace
+    /// an existing file. A file the file system refuses is removed and the error
+    /// returned; the sink, which must not lose its rows, uses
+    /// [`AtomicParquetFile::commit_or_wait`].
+    pub(crate) fn commit(self) -> Result<PathBuf> {
+        match self.commit_or_wait() {
+            Ok(path) => Ok(path),
+            Err(CommitError::Failed(e)) => Err(e),
+            Err(CommitError::Refused(file, e)) => {
+                file.abandon();
+                Err(e)
+            }
         }
-        std::fs::rename(&self.tmp_path, &self.final_path)
-            .map_err(|e| TelemetryError::io("renaming into place", &self.final_path, e))?;
-        sync_dir(self.final_path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// [`AtomicParquetFile::commit`], except that when the file system refuses a step
+    /// (the last bytes, the `fsync`, the rename), the finished file comes back, with
+    /// every byte it holds, for [`Unpublished::publish`] to try again.
+    pub(crate) fn commit_or_wait(mut self) -> std::result::Result<PathBuf, CommitError> {
+        let finished = self.end_row_group().and_then(|()| {
+            self.writer
+                .finish()
+                .map(drop)
+                .map_err(|e| TelemetryError::parquet(&self.tmp_path, e))
+        });
+        if let Err(e) = finished {
+            let _ = std::fs::remove_file(&self.tmp_path);
+            return Err(CommitError::Failed(e));
+        }
+        Unpublished(Box::new(Finished {
+            writer: self.writer,
+            tmp_path: self.tmp_path,
+            final_path: self.final_path,
+            rows: self.rows,
+            renamed: false,
+        }))
+        .publish()
     }
 
     /// Discards the file.
@@ -565,9 +597,102 @@ impl AtomicParquetFile {
     }
 }
 
+/// Why [`AtomicParquetFile::commit_or_wait`] did not publish the file.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// The file system refused a step; the file waits to be published.
+    Refused(Unpublished, TelemetryError),
+    /// The file could not be finished (or its name is taken): it was removed.
+    Failed(TelemetryError),
+}
+
+/// A finished file that is not in place yet: the file system refused its last bytes,
+/// its `fsync`, its rename or the directory's `fsync`.
+// Boxed: the writer is large, and the value travels in `CommitError`.
+pub(crate) struct Unpublished(Box<Finished>);
+
+struct Finished {
+    writer: SerializedFileWriter<BufWriter<PatientFile>>,
+    tmp_path: PathBuf,
+    final_path: PathBuf,
+    rows: u64,
+    /// The rename is done; only the directory's `fsync` is left.
+    renamed: bool,
+}
+
+impl std::fmt::Debug for Unpublished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unpublished")
+            .field("final_path", &self.0.final_path)
+            .field("rows", &self.0.rows)
+            .field("renamed", &self.0.renamed)
+            .finish()
+    }
+}
+
+impl Unpublished {
+    /// Rows in the file.
+    pub(crate) fn rows(&self) -> u64 {
+        self.0.rows
+    }
+
+    /// Bytes waiting in memory.
+    pub(crate) fn backlog_bytes(&self) -> usize {
+        self.0.writer.inner().get_ref().backlog_len()
+    }
+
+    /// Takes the remaining steps: the bytes, `fsync`, rename, the directory's `fsync`.
+    pub(crate) fn publish(mut self) -> std::result::Result<PathBuf, CommitError> {
+        if !self.0.renamed {
+            let buf = self.0.writer.inner_mut();
+            let written = buf.flush().and_then(|()| buf.get_mut().drain());
+            if let Err(e) = written {
+                let e = TelemetryError::io("writing", &self.0.tmp_path, e);
+                return Err(CommitError::Refused(self, e));
+            }
+            if let Err(e) = buf.get_ref().sync() {
+                let e = TelemetryError::io("syncing", &self.0.tmp_path, e);
+                return Err(CommitError::Refused(self, e));
+            }
+            if self.0.final_path.exists() {
+                let _ = std::fs::remove_file(&self.0.tmp_path);
+                return Err(CommitError::Failed(TelemetryError::io(
+                    "publishing (target exists)",
+                    &self.0.final_path,
+                    std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                )));
+            }
+            let renamed = faults::check(&self.0.final_path, FaultOp::Rename)
+                .and_then(|()| std::fs::rename(&self.0.tmp_path, &self.0.final_path));
+            if let Err(e) = renamed {
+                let e = TelemetryError::io("renaming into place", &self.0.final_path, e);
+                return Err(CommitError::Refused(self, e));
+            }
+            self.0.renamed = true;
+        }
+        match sync_dir(self.0.final_path.parent().unwrap_or(Path::new("."))) {
+            Ok(()) => Ok(self.0.final_path),
+            Err(e) => Err(CommitError::Refused(self, e)),
+        }
+    }
+
+    /// Gives up: removes the file if it is not in place yet. Returns its path if it is
+    /// (renamed, only the directory's `fsync` failed: readers see it).
+    pub(crate) fn abandon(self) -> Option<PathBuf> {
+        if self.0.renamed {
+            return Some(self.0.final_path);
+        }
+        let tmp = self.0.tmp_path.clone();
+        drop(self);
+        let _ = std::fs::remove_file(tmp);
+        None
+    }
+}
+
 /// `fsync`s a directory so a rename in it is durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
+    faults::check(dir, FaultOp::Sync)
+        .and_then(|()| File::open(dir))
         .and_then(|d| d.sync_all())
         .map_err(|e| TelemetryError::io("syncing directory", dir, e))
 }

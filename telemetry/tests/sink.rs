@@ -251,7 +251,7 @@ fn open_file_and_buffer_limits_keep_every_row() {
 }
 
 #[test]
-fn write_errors_are_counted_not_fatal() {
+fn a_partition_that_cannot_be_written_holds_its_rows_and_not_the_others() {
     let dir = tempfile::tempdir().unwrap();
     // A regular file where the partition directory for node "x" must go.
     std::fs::create_dir_all(dir.path().join("kind=gpu/date=2025-03-14")).unwrap();
@@ -260,14 +260,30 @@ fn write_errors_are_counted_not_fatal() {
         b"not a dir",
     )
     .unwrap();
-    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    let mut cfg = SinkConfig::new(dir.path());
+    cfg.shutdown_grace = Duration::from_millis(100);
+    let sink = TelemetrySink::open(cfg).unwrap();
     sink.send(gpu_series(&["x", "y"], 1, DAY0_US, 3)).unwrap();
-    sink.flush().unwrap();
+    // Node x's rows wait (the obstacle might be removed); node y's are published.
+    match sink.flush() {
+        Err(TelemetryError::SinkStalled { rows, reason, .. }) => {
+            assert_eq!(rows, 3);
+            assert!(reason.contains("node=x"), "{reason}");
+        }
+        other => panic!("expected SinkStalled, got {other:?}"),
+    }
+    assert_eq!(sink.stats().rows_written, 3);
     sink.send(gpu_series(&["y"], 1, DAY0_US + 10 * SEC, 3))
         .unwrap();
+    // Still there at shutdown: after the grace, x's rows are given up, counted.
     let stats = sink.finish().unwrap();
-    assert_eq!(stats.error_count, 1, "{:?}", stats.errors);
+    assert_eq!(stats.error_count, 2, "{:?}", stats.errors);
     assert!(stats.errors[0].contains("node=x"), "{:?}", stats.errors);
+    assert!(
+        stats.errors[1].contains("3 rows") && stats.errors[1].contains("gave up"),
+        "{:?}",
+        stats.errors
+    );
     assert_eq!(stats.rows_dropped, 3);
     assert_eq!(stats.rows_written, 6);
     assert_eq!(stats.rows_received, stats.rows_written + stats.rows_dropped);
@@ -536,4 +552,31 @@ fn zstd_level_zero_or_beyond_zstd_is_refused() {
         let e = TelemetrySink::open(cfg).err().unwrap().to_string();
         assert!(e.contains(&format!("zstd level {level}")), "{e}");
     }
+}
+
+#[test]
+fn a_sample_repeating_the_one_before_is_rejected_as_a_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(SinkConfig::new(dir.path())).unwrap();
+    let series = gpu_series(&["n1"], 2, DAY0_US, 3);
+    sink.send(series.clone()).unwrap();
+    // The same tick again, row by row (a retried source): each repeats its GPU's last.
+    let last_tick: Vec<GpuSample> = series[series.len() - 2..].to_vec();
+    sink.send(last_tick.clone()).unwrap();
+    sink.flush().unwrap();
+    // The previous row is looked for in the open file only: after a flush, the same
+    // tick starts a new file and is kept.
+    sink.send(last_tick).unwrap();
+    // Host rows: the node's previous timestamp.
+    sink.send(vec![node_sample("n1", DAY0_US), node_sample("n1", DAY0_US)])
+        .unwrap();
+    // An older timestamp again is out of order, not a duplicate of the last: kept.
+    sink.send(vec![series[0].clone()]).unwrap();
+    let stats = sink.finish().unwrap();
+    let v = &stats.validation;
+    assert_eq!(v.rejected_count("timestamp", Issue::Duplicate), 3, "{v}");
+    assert_eq!(v.rows_rejected, 3);
+    assert_eq!(stats.rows_written, 6 + 2 + 1 + 1);
+    let (rows, _) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert_eq!(rows.len(), 9);
 }
