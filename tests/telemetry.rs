@@ -108,6 +108,41 @@ fn record_inspect_and_compact_a_simulated_replay() {
 }
 
 #[test]
+fn recording_into_a_directory_with_telemetry_needs_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tel");
+    let out_s = out.to_str().unwrap();
+    record_itp(out_s, "0.1", "60s", &[]);
+    let files = files_under(&out, ".parquet").len();
+    // Again into the same directory: every sample would be read twice.
+    fails_with(
+        &[
+            "telemetry",
+            "record",
+            "--source",
+            "sim",
+            "--trace",
+            "itp-195job",
+            "--hours",
+            "0.1",
+            "--interval",
+            "60s",
+            "--out",
+            out_s,
+        ],
+        "already holds telemetry",
+    );
+    assert_eq!(
+        files_under(&out, ".parquet").len(),
+        files,
+        "nothing written"
+    );
+    let text = record_itp(out_s, "0.1", "60s", &["--append"]);
+    assert!(text.contains("recorded"), "{text}");
+    assert!(files_under(&out, ".parquet").len() > files);
+}
+
+#[test]
 fn bad_arguments_are_clear_errors() {
     fails_with(
         &["telemetry", "inspect", "/nonexistent/telemetry"],

@@ -108,6 +108,11 @@ struct RecordArgs {
     /// Output directory (created).
     #[arg(long)]
     out: PathBuf,
+    /// Add to a directory that already holds telemetry (another node's or another time's
+    /// recording). Without it such a directory is refused: a second recording of the
+    /// same run would sit beside the first and every reader would count its rows twice.
+    #[arg(long)]
+    append: bool,
     /// Sampling interval (`500ms`, `1s`, `10s`, `1m`).
     #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_interval)]
     interval: Duration,
@@ -384,7 +389,31 @@ fn simulated(a: &SimSourceArgs, epoch_us: i64) -> anyhow::Result<SimulatedTeleme
     )?)
 }
 
+/// The first `kind=…` entry of `dir`, if it holds telemetry.
+fn existing_telemetry(dir: &std::path::Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("kind="))
+        })
+        .min()
+}
+
 fn record(a: RecordArgs) -> anyhow::Result<()> {
+    if !a.append
+        && let Some(found) = existing_telemetry(&a.out)
+    {
+        bail!(
+            "{} already holds telemetry ({}): a second recording would sit beside it and \
+             readers would see both; choose an empty directory, or pass --append to add to it",
+            a.out.display(),
+            found.display()
+        );
+    }
     let sink = TelemetrySink::open(a.parquet.sink_config(&a.out))
         .with_context(|| format!("opening {}", a.out.display()))?;
     match a.source {
