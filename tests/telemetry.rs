@@ -28,8 +28,13 @@ fn files_under(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Records the simulated telemetry of `itp-195job` into `out`.
-fn record_itp(out: &str, hours: &str, interval: &str, extra: &[&str]) -> String {
+/// `marshal telemetry record` of the simulated telemetry of `itp-195job` into `out`.
+fn record_itp_args<'a>(
+    out: &'a str,
+    hours: &'a str,
+    interval: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![
         "telemetry",
         "record",
@@ -45,7 +50,12 @@ fn record_itp(out: &str, hours: &str, interval: &str, extra: &[&str]) -> String 
         out,
     ];
     args.extend_from_slice(extra);
-    ok(&args)
+    args
+}
+
+/// Records the simulated telemetry of `itp-195job` into `out`.
+fn record_itp(out: &str, hours: &str, interval: &str, extra: &[&str]) -> String {
+    ok(&record_itp_args(out, hours, interval, extra))
 }
 
 #[test]
@@ -116,20 +126,7 @@ fn recording_into_a_directory_with_telemetry_needs_append() {
     let files = files_under(&out, ".parquet").len();
     // Again into the same directory: every sample would be read twice.
     fails_with(
-        &[
-            "telemetry",
-            "record",
-            "--source",
-            "sim",
-            "--trace",
-            "itp-195job",
-            "--hours",
-            "0.1",
-            "--interval",
-            "60s",
-            "--out",
-            out_s,
-        ],
+        &record_itp_args(out_s, "0.1", "60s", &[]),
         "already holds telemetry",
     );
     assert_eq!(
