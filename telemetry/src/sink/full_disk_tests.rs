@@ -249,3 +249,32 @@ fn shutdown_gives_up_after_its_grace_and_counts_the_rows() {
         expected_timestamps(0, 100)
     );
 }
+
+#[test]
+fn a_sink_paused_at_its_bound_still_shuts_down_and_counts_what_it_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.max_buffered_rows = 10;
+    cfg.channel_capacity = 2;
+    cfg.shutdown_grace = Duration::from_millis(100);
+    let sink = TelemetrySink::open(cfg).unwrap();
+    let _denied = inject(dir.path(), FaultOp::Create, NO_SPACE);
+    let mut accepted = 0;
+    while sink
+        .send_timeout(rows(accepted, 10), Duration::from_millis(20))
+        .is_ok()
+    {
+        accepted += 10;
+        assert!(accepted < 10_000, "the sink never paused");
+    }
+    // Paused with its queue full: shutdown takes the queued rows in, retries for its
+    // grace and gives up, counting every row it accepted.
+    let started = Instant::now();
+    let stats = sink.finish().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(stats.rows_received, accepted as u64);
+    assert_eq!(
+        (stats.rows_written, stats.rows_dropped),
+        (0, accepted as u64)
+    );
+}
