@@ -749,7 +749,7 @@ impl OpenFile {
     }
 }
 
-pub(crate) struct Worker {
+struct Worker {
     /// FxHash (`rustc-hash`): looked up once per run of rows of one partition, and the
     /// keys are this sink's own partitions, so SipHash's protection against chosen
     /// collisions buys nothing here and cost about 1 % of the writer's instructions per
