@@ -16,7 +16,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::faults::{self, FaultOp};
 
@@ -57,7 +57,7 @@ impl PatientFile {
             if done == self.backlog.len() {
                 break Ok(());
             }
-            match self.write_to_disk(done) {
+            match write_to_disk(&mut self.file, &self.path, &self.backlog[done..]) {
                 Ok(0) => break Err(io::Error::from(io::ErrorKind::WriteZero)),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -73,20 +73,18 @@ impl PatientFile {
         faults::check(&self.path, FaultOp::Sync)?;
         self.file.sync_all()
     }
+}
 
-    /// One write of `backlog[from..]`.
-    fn write_to_disk(&mut self, from: usize) -> io::Result<usize> {
-        faults::check(&self.path, FaultOp::Write)?;
-        self.file.write(&self.backlog[from..])
-    }
+/// One write of `bytes` (which a test may refuse).
+fn write_to_disk(file: &mut File, path: &Path, bytes: &[u8]) -> io::Result<usize> {
+    faults::check(path, FaultOp::Write)?;
+    file.write(bytes)
 }
 
 impl Write for PatientFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if self.backlog.is_empty() {
-            let written =
-                faults::check(&self.path, FaultOp::Write).and_then(|()| self.file.write(buf));
-            match written {
+            match write_to_disk(&mut self.file, &self.path, buf) {
                 Ok(n) => return Ok(n),
                 // The caller (`write_all`) retries an interrupted write.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => return Err(e),
