@@ -17,18 +17,19 @@ fn fixture(name: &str) -> String {
 }
 
 /// Trains a tiny policy (small cluster, bundled fixtures, few steps) into `out`.
-fn train(out: &Path, seed: &str) {
+fn train(out: &Path, seed: &str, extra: &[&str]) {
     let cluster = fixture("small-cluster.toml");
     let openb = format!("{}@{cluster}:inflation", fixture("openb-300.csv"));
     let philly = format!("{}@{cluster}:replay", fixture("philly-150.csv"));
     let out_s = out.display().to_string();
-    let stdout = stdout_of(&[
+    let traces = format!("{openb},{philly}");
+    let mut args = vec![
         "train",
         "policy",
         "--traces",
-        &format!("{openb},{philly}"),
+        &traces,
         "--valid-traces",
-        &format!("{openb},{philly}"),
+        &traces,
         "--out",
         &out_s,
         "--seed",
@@ -45,7 +46,9 @@ fn train(out: &Path, seed: &str) {
         "1",
         "--hidden",
         "8",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let stdout = stdout_of(&args);
     assert!(stdout.contains("trained in"), "{stdout}");
 }
 
@@ -88,8 +91,8 @@ fn eval_json(model: &Path, extra: &[&str]) -> (Vec<Value>, String) {
 fn training_writes_a_checked_artifact_with_curves_and_is_reproducible() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    train(&a, "7");
-    train(&b, "7");
+    train(&a, "7", &[]);
+    train(&b, "7", &[]);
     for f in [
         "weights.bpk",
         "config.json",
@@ -122,6 +125,31 @@ fn training_writes_a_checked_artifact_with_curves_and_is_reproducible() {
     assert!((0.0..=1.0).contains(&rate));
     assert!(runs[0]["mean"].get("fallback_rate").is_none());
     assert!(learned["unallocated_gpus_at_100"].as_f64().is_some());
+}
+
+#[test]
+fn the_snapshot_and_gate_can_be_chosen_on_several_validation_seeds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    train(&out, "7", &["--valid-seeds-per-trace", "2"]);
+    let training: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("training.json")).unwrap()).unwrap();
+    assert_eq!(training["valid_seeds"], serde_json::json!([2007, 2008]));
+    let episodes: Vec<&str> = training["validation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["episode"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        episodes.len(),
+        4,
+        "two traces, two seeds each: {episodes:?}"
+    );
+    assert!(
+        episodes.iter().any(|e| e.ends_with("seed 2008")),
+        "{episodes:?}"
+    );
 }
 
 #[test]
@@ -160,7 +188,7 @@ fn a_missing_corrupt_or_mismatched_model_is_reported_and_the_fallback_decides() 
 fn a_gate_is_chosen_per_fallback_and_a_model_is_promoted_only_if_it_wins() {
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("a");
-    train(&a, "5");
+    train(&a, "5", &[]);
     let a_s = a.display().to_string();
     // The tiny model was gated for FGD: with best fit nobody chose a threshold, so it
     // says so and every decision falls back.

@@ -82,6 +82,10 @@ pub struct TrainPolicyArgs {
     /// Seeds per training trace (episodes use seeds 1000 + seed …, never an evaluation seed).
     #[arg(long, default_value_t = 2)]
     seeds_per_trace: u64,
+    /// Seeds per validation trace (seeds 2000 + seed …): the snapshot and the gate are
+    /// chosen on all of them, so more seeds make the choice less a matter of one seed's luck.
+    #[arg(long, default_value_t = 1)]
+    valid_seeds_per_trace: u64,
     #[arg(long, default_value_t = 8)]
     bc_epochs: usize,
     /// Expert-iteration rounds on the inflation episodes (rollout labels; 0: none).
@@ -198,12 +202,14 @@ fn data_hash(specs: &[EpisodeSpec]) -> String {
 }
 
 pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
-    if a.seeds_per_trace == 0 {
-        bail!("--seeds-per-trace must be at least 1");
+    if a.seeds_per_trace == 0 || a.valid_seeds_per_trace == 0 {
+        bail!("--seeds-per-trace and --valid-seeds-per-trace must be at least 1");
     }
     let started = Instant::now();
     let train_seeds: Vec<u64> = (0..a.seeds_per_trace).map(|k| 1000 + a.seed + k).collect();
-    let valid_seeds = [2000 + a.seed];
+    let valid_seeds: Vec<u64> = (0..a.valid_seeds_per_trace)
+        .map(|k| 2000 + a.seed + k)
+        .collect();
     let train: Vec<EpisodeSpec> = a
         .traces
         .iter()
