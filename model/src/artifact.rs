@@ -9,6 +9,8 @@
 //!                            calibration, weights checksum
 //! <dir>/linear_residual.json LinearResidual, when the predictor has one (optional:
 //!                            without it the calibration's linear weight must be 0)
+//! <dir>/folds/<k>/           the fold networks, each an artifact of this layout (without
+//!                            folds of its own), one per `calibration.fold_ratios` list
 //! ```
 //!
 //! [`load`] trusts nothing: every file must exist and parse, the schema version and feature
@@ -54,6 +56,8 @@ pub const NORMALIZATION_FILE: &str = "normalization.json";
 pub const META_FILE: &str = "meta.json";
 /// Linear residual file name (optional).
 pub const LINEAR_RESIDUAL_FILE: &str = "linear_residual.json";
+/// Directory of the fold networks (optional), `folds/0`, `folds/1`, …
+pub const FOLDS_DIR: &str = "folds";
 
 /// What the caller knows about a model that the model itself does not.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -165,6 +169,14 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
         // A directory reused for a new version must not keep the old one's residual.
         None if linear.exists() => fs::remove_file(&linear).map_err(io_err(&linear))?,
         None => {}
+    }
+    // A directory reused for a new version must not keep the old one's folds.
+    let folds = dir.join(FOLDS_DIR);
+    if folds.exists() {
+        fs::remove_dir_all(&folds).map_err(io_err(&folds))?;
+    }
+    for (k, fold) in predictor.fold_networks().iter().enumerate() {
+        save(&folds.join(k.to_string()), fold, info)?;
     }
     write_json(&dir.join(META_FILE), &meta)?;
     Ok(meta)
@@ -396,5 +408,35 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
             path: dir.join(META_FILE),
             reason: e.to_string(),
         })?;
+    let folds = (0..meta.calibration.fold_ratios.len())
+        .map(|k| load_fold(&dir.join(FOLDS_DIR).join(k.to_string()), &meta))
+        .collect::<Result<Vec<_>>>()?;
+    let predictor = predictor.with_loaded_folds(folds)?;
     Ok(LoadedArtifact { predictor, meta })
+}
+
+/// One fold network of the artifact whose metadata is `parent`: a whole artifact of its
+/// own, checked as one, without folds of its own, with a linear residual when the
+/// parent's novel linear weight needs one.
+fn load_fold(dir: &Path, parent: &ArtifactMeta) -> Result<TrainedPredictor> {
+    let fold = load(dir)?;
+    let problem = if !fold.meta.calibration.fold_ratios.is_empty() {
+        Some("a fold network keeps fold networks of its own".to_string())
+    } else if parent.calibration.novel_linear_weight > 0.0
+        && fold.predictor.linear_residual().is_none()
+    {
+        Some(format!(
+            "no {LINEAR_RESIDUAL_FILE}, but the novel linear weight is {}",
+            parent.calibration.novel_linear_weight
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(reason) => Err(ModelError::CorruptFile {
+            path: dir.join(META_FILE),
+            reason,
+        }),
+        None => Ok(fold.predictor),
+    }
 }

@@ -133,6 +133,13 @@ pub struct Calibration {
     /// ([`Extrapolation`]; absent in older artifacts: no widening).
     #[serde(default)]
     pub extrapolation: Extrapolation,
+    /// Normalised residuals of each fold network on the shape classes it was trained
+    /// without, at the novel weights, sorted: one list per fold network kept in the
+    /// artifact (`folds/<k>/`). Not empty: novel shapes within the trained range get the
+    /// CV+ interval of [`crate::cross_conformal`] instead of `novel_multiplier`. Absent in
+    /// older artifacts (and empty): `novel_multiplier` as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fold_ratios: Vec<Vec<f32>>,
 }
 
 /// What [`Calibration::for_graph`] gives one graph.
@@ -142,6 +149,9 @@ pub struct GraphCalibration {
     pub weights: (f32, f32),
     /// The σ multiplier.
     pub multiplier: f32,
+    /// Whether the fold networks' CV+ interval serves it (a novel shape within the trained
+    /// range, and fold networks kept).
+    pub cross_conformal: bool,
 }
 
 fn full_weight() -> f32 {
@@ -166,6 +176,7 @@ impl Calibration {
             novel_residual_weight: 1.0,
             novel_linear_weight: 0.0,
             extrapolation: Extrapolation::default(),
+            fold_ratios: Vec::new(),
         }
     }
 
@@ -212,6 +223,7 @@ impl Calibration {
                 .unwrap_or_else(|| self.residual_weights(shape)),
             multiplier: (self.multiplier(shape) * self.extrapolation.factor_at(d))
                 .min(MAX_MULTIPLIER),
+            cross_conformal: d == 0.0 && !self.fold_ratios.is_empty() && self.is_novel(shape),
         }
     }
 
@@ -304,6 +316,20 @@ impl Calibration {
             ));
         }
         self.extrapolation.validate()?;
+        for (k, ratios) in self.fold_ratios.iter().enumerate() {
+            if ratios.is_empty() {
+                return Err(ModelError::invalid(
+                    format!("calibration.fold_ratios[{k}]"),
+                    "a fold network without residuals",
+                ));
+            }
+            if let Some(r) = ratios.iter().find(|r| !(r.is_finite() && **r >= 0.0)) {
+                return Err(ModelError::invalid(
+                    format!("calibration.fold_ratios[{k}]"),
+                    format!("residuals must be finite and ≥ 0, found {r}"),
+                ));
+            }
+        }
         if self.training_shapes.is_empty() {
             return Err(ModelError::invalid(
                 "calibration.training_shapes",
@@ -717,6 +743,25 @@ mod tests {
         let mut c = good.clone();
         c.training_shapes = vec![(2, 1), (1, 0)];
         assert!(c.validate().is_err());
+        let mut c = good.clone();
+        c.fold_ratios = vec![vec![0.5, 1.0], vec![]];
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("fold_ratios[1]")
+        );
+        c.fold_ratios = vec![vec![0.5, -1.0]];
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("fold_ratios[0]")
+        );
+        c.fold_ratios = vec![vec![0.5, f32::NAN]];
+        assert!(c.validate().is_err());
+        c.fold_ratios = vec![vec![0.5, 1.0]];
+        assert!(c.validate().is_ok());
         let mut c = good;
         c.coverage = 1.5;
         assert!(c.validate().is_err());

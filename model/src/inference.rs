@@ -58,6 +58,10 @@ pub struct TrainedPredictor {
     calibration: Calibration,
     /// Stacked with the network on novel shapes ([`Calibration::novel_linear_weight`]).
     linear: Option<LinearResidual>,
+    /// Networks trained with shape classes held out, serving novel shapes with the CV+
+    /// interval ([`Self::with_fold_networks`]); their residuals are
+    /// [`Calibration::fold_ratios`].
+    folds: Vec<TrainedPredictor>,
     device: Device,
 }
 
@@ -81,6 +85,7 @@ impl TrainedPredictor {
             summary,
             calibration,
             linear: None,
+            folds: Vec::new(),
             device,
         })
     }
@@ -152,6 +157,12 @@ impl TrainedPredictor {
     /// shapes ([`Calibration::novel_residual_weight`], [`Calibration::novel_linear_weight`]);
     /// an error outside [0, 1], or for a linear weight above 0 without a linear residual.
     pub fn with_novel_weights(mut self, network: f32, linear: f32) -> Result<Self> {
+        if !self.folds.is_empty() && (network, linear) != self.novel_weights() {
+            return Err(ModelError::invalid(
+                "calibration.novel_residual_weight",
+                "the fold networks' residuals were measured at other weights: set the weights first",
+            ));
+        }
         self.calibration.novel_residual_weight = network;
         self.calibration.novel_linear_weight = linear;
         self.check_linear()?;
@@ -171,6 +182,68 @@ impl TrainedPredictor {
     /// The linear residual, if any.
     pub fn linear_residual(&self) -> Option<&LinearResidual> {
         self.linear.as_ref()
+    }
+
+    /// Keeps networks trained with shape classes held out, each with its normalised
+    /// residuals `|ln y − μ_w| / (1.645·σ·m)` on those classes (`μ_w` its mean at this
+    /// predictor's novel weights, `m` its seen multiplier): novel shapes within the
+    /// trained range then get their CV+ interval ([`crate::cross_conformal`]). Replaces
+    /// any fold networks kept before; none clears them. An error for a fold without
+    /// residuals, a non-finite or negative residual, a fold that keeps folds of its own,
+    /// or (with a linear weight above 0) a fold without a linear residual.
+    pub fn with_fold_networks(mut self, folds: Vec<(TrainedPredictor, Vec<f32>)>) -> Result<Self> {
+        let v = self.calibration.novel_linear_weight;
+        let mut ratios = Vec::with_capacity(folds.len());
+        self.folds.clear();
+        for (k, (fold, mut r)) in folds.into_iter().enumerate() {
+            if !fold.folds.is_empty() {
+                return Err(ModelError::invalid(
+                    format!("fold network {k}"),
+                    "keeps fold networks of its own",
+                ));
+            }
+            if v > 0.0 && fold.linear.is_none() {
+                return Err(ModelError::invalid(
+                    format!("fold network {k}"),
+                    format!("no linear residual, but the novel linear weight is {v}"),
+                ));
+            }
+            r.sort_by(f32::total_cmp);
+            ratios.push(r);
+            self.folds.push(fold);
+        }
+        self.calibration.fold_ratios = ratios;
+        self.calibration.validate()?;
+        Ok(self)
+    }
+
+    fn novel_weights(&self) -> (f32, f32) {
+        (
+            self.calibration.novel_residual_weight,
+            self.calibration.novel_linear_weight,
+        )
+    }
+
+    /// The fold networks kept ([`Self::with_fold_networks`]).
+    pub fn fold_networks(&self) -> &[TrainedPredictor] {
+        &self.folds
+    }
+
+    /// Attaches fold networks loaded from an artifact whose calibration already holds
+    /// their residuals; an error when the counts differ.
+    pub(crate) fn with_loaded_folds(mut self, folds: Vec<TrainedPredictor>) -> Result<Self> {
+        if folds.len() != self.calibration.fold_ratios.len() {
+            return Err(ModelError::invalid(
+                "calibration.fold_ratios",
+                format!(
+                    "{} residual lists for {} fold networks",
+                    self.calibration.fold_ratios.len(),
+                    folds.len()
+                ),
+            ));
+        }
+        self.folds = folds;
+        Ok(self)
     }
 
     pub(crate) fn check_linear(&self) -> Result<()> {
@@ -261,7 +334,7 @@ impl TrainedPredictor {
             .enumerate()
             .map(|(i, g)| {
                 let raw = self.plain.forward(g, &self.normalization, &mut scratch);
-                self.prediction(raw, g, i)
+                self.prediction(raw, g, i, &mut scratch)
             })
             .collect()
     }
@@ -271,6 +344,8 @@ impl TrainedPredictor {
     /// tested against.
     pub fn predict_on_device(&self, batch: &[PlacementGraph]) -> Result<Vec<Prediction>> {
         validate(batch)?;
+        // The fold networks of a novel shape run on the CPU path.
+        let mut scratch = Scratch::default();
         let mut out = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(PREDICT_CHUNK) {
             let refs: Vec<&PlacementGraph> = chunk.iter().collect();
@@ -289,7 +364,7 @@ impl TrainedPredictor {
                     peak_mem,
                     util: util[i],
                 };
-                out.push(self.prediction(raw, g, out.len())?);
+                out.push(self.prediction(raw, g, out.len(), &mut scratch)?);
             }
         }
         Ok(out)
@@ -320,22 +395,62 @@ impl TrainedPredictor {
         (mu, (0.5 * raw.step_log_var).exp() * log_std)
     }
 
+    /// The median and CV+ bounds of `ln step time` from the fold networks on `g` (a novel
+    /// shape within the trained range), with the main network's mean `mu` at `weights`;
+    /// `None` when they cannot give finite bounds (the σ multiplier serves then).
+    fn cross_conformal(
+        &self,
+        g: &PlacementGraph,
+        mu: f32,
+        weights: (f32, f32),
+        scratch: &mut Scratch,
+    ) -> Option<(f32, f32, f32)> {
+        let folds: Vec<(f32, f32)> = self
+            .folds
+            .iter()
+            .map(|f| {
+                let raw = f.plain.forward(g, &f.normalization, scratch);
+                let (mu_k, sigma_k) = f.log_normal(&raw, g, weights);
+                (mu_k, sigma_k * Z95 * f.calibration.seen_multiplier)
+            })
+            .collect();
+        let (lower, upper) = crate::cross_conformal::cv_plus_bounds(
+            &folds,
+            &self.calibration.fold_ratios,
+            self.calibration.coverage,
+        )?;
+        let mean = (mu + folds.iter().map(|(m, _)| m).sum::<f32>()) / (folds.len() + 1) as f32;
+        mean.is_finite()
+            .then(|| (mean.clamp(lower, upper), lower, upper))
+    }
+
     /// Raw units from standardised outputs; an error when anything is not finite.
-    fn prediction(&self, raw: RawOutput, g: &PlacementGraph, index: usize) -> Result<Prediction> {
+    fn prediction(
+        &self,
+        raw: RawOutput,
+        g: &PlacementGraph,
+        index: usize,
+        scratch: &mut Scratch,
+    ) -> Result<Prediction> {
         let norm = &self.normalization;
         let calibration = self.calibration.for_graph(g);
         let (mu, sigma) = self.log_normal(&raw, g, calibration.weights);
         let sigma = sigma * calibration.multiplier;
+        let (mu, lower, upper) = calibration
+            .cross_conformal
+            .then(|| self.cross_conformal(g, mu, calibration.weights, scratch))
+            .flatten()
+            .unwrap_or((mu, mu - Z95 * sigma, mu + Z95 * sigma));
         let mut peak_mem_gib = [0.0; MEM_PHASES];
         for (p, slot) in peak_mem_gib.iter_mut().enumerate() {
             *slot = norm.peak_mem.invert(p, raw.peak_mem[p]).max(0.0);
         }
         let prediction = Prediction {
             step_time_s: mu.exp(),
-            step_time_p05: (mu - Z95 * sigma).exp(),
+            step_time_p05: lower.exp(),
             // A valid but very wide calibration (far beyond the trained range) must read
             // as "no idea", an interval up to the largest float, not as a failed prediction.
-            step_time_p95: (mu + Z95 * sigma).min(LARGEST_LN).exp(),
+            step_time_p95: upper.min(LARGEST_LN).exp(),
             peak_mem_gib,
             gpu_util_pct: norm.gpu_util.invert(0, raw.util).clamp(0.0, 100.0),
         };

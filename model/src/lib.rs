@@ -40,6 +40,12 @@
 //!   network's residual and of a ridge regression's residual on a graph summary, the
 //!   weights chosen on networks trained with shape classes held out. Trained shapes keep
 //!   the network.
+//! - **Novel shapes get the folds' own interval** ([`TrainedPredictor::with_fold_networks`]):
+//!   the networks trained with shape classes held out are kept in the artifact, and on a
+//!   novel shape within the trained range the interval is their cross-validation+ (CV+)
+//!   interval and the median the mean of theirs and the main network's, because scaling
+//!   the main network's σ by the folds' misses assumed it misses as they do, which on
+//!   measured data it did not (module `cross_conformal`).
 //! - **Normalisation is part of the model.** Mean/std per feature and per target are fitted on
 //!   the training set and saved next to the weights; raw units go in, raw units come out.
 //! - **Determinism.** Weights are initialised from a ChaCha8 stream seeded by
@@ -60,6 +66,7 @@ pub mod artifact;
 mod batch;
 pub mod calibration;
 mod config;
+mod cross_conformal;
 mod dense;
 pub mod device;
 mod error;

@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use marshal_model::artifact::{self, LINEAR_RESIDUAL_FILE, META_FILE, WEIGHTS_FILE};
+use marshal_model::artifact::{self, FOLDS_DIR, LINEAR_RESIDUAL_FILE, META_FILE, WEIGHTS_FILE};
 use marshal_model::{
     ARTIFACT_SCHEMA_VERSION, ArtifactInfo, DEFAULT_RIDGE, LinearResidual, ModelError,
     PlacementGraph, PredictorConfig, TrainedPredictor, fit, synthetic,
@@ -337,6 +337,102 @@ fn a_linear_residual_round_trips_and_its_absence_or_damage_is_named() {
     assert!(!dir.path().join(LINEAR_RESIDUAL_FILE).exists());
     let loaded = artifact::load(dir.path()).unwrap();
     assert!(loaded.predictor.linear_residual().is_none());
+    assert_eq!(
+        loaded.predictor.predict(&graphs).unwrap(),
+        plain.predict(&graphs).unwrap()
+    );
+}
+
+/// A predictor keeping two fold networks (trained on halves of the training side).
+fn saved_with_folds() -> (tempfile::TempDir, TrainedPredictor, Vec<PlacementGraph>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (predictor, graphs) = trained();
+    let data = synthetic::dataset(48, 9, 0.05);
+    let fold = |train: &[(PlacementGraph, marshal_model::Targets)], seed| {
+        let config = PredictorConfig::new()
+            .with_hidden_size(8)
+            .with_edge_hidden_size(4)
+            .with_max_epochs(2)
+            .with_seed(seed);
+        fit(train, &data[32..], &config, &mut |_| {})
+            .unwrap()
+            .calibrate(&data[32..])
+            .unwrap()
+    };
+    let predictor = predictor
+        .with_fold_networks(vec![
+            (
+                fold(&data[..16], 4),
+                (1..=12).map(|i| i as f32 / 4.0).collect(),
+            ),
+            (fold(&data[16..32], 5), vec![0.7; 12]),
+        ])
+        .unwrap();
+    artifact::save(dir.path(), &predictor, &info()).unwrap();
+    (dir, predictor, graphs)
+}
+
+#[test]
+fn fold_networks_round_trip_and_a_missing_or_damaged_fold_is_named() {
+    let (dir, predictor, graphs) = saved_with_folds();
+    assert!(
+        dir.path()
+            .join(FOLDS_DIR)
+            .join("1")
+            .join(WEIGHTS_FILE)
+            .exists()
+    );
+    let loaded = artifact::load(dir.path()).unwrap();
+    assert_eq!(loaded.predictor.fold_networks().len(), 2);
+    assert_eq!(
+        loaded.meta.calibration.fold_ratios,
+        predictor.calibration().fold_ratios
+    );
+    assert_eq!(
+        loaded.predictor.predict(&graphs).unwrap(),
+        predictor.predict(&graphs).unwrap()
+    );
+
+    // A fold's weights damaged: refused, naming that fold's file.
+    let weights = dir.path().join(FOLDS_DIR).join("1").join(WEIGHTS_FILE);
+    let bytes = fs::read(&weights).unwrap();
+    fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    match artifact::load(dir.path()) {
+        Err(ModelError::CorruptFile { path, .. }) => assert_eq!(path, weights),
+        other => panic!("expected a truncated fold refused, got {other:?}"),
+    }
+    // A fold missing: refused, naming its metadata.
+    fs::remove_dir_all(dir.path().join(FOLDS_DIR).join("1")).unwrap();
+    match artifact::load(dir.path()) {
+        Err(ModelError::MissingFile { path }) => {
+            assert!(
+                path.ends_with(Path::new(FOLDS_DIR).join("1").join(META_FILE)),
+                "{path:?}"
+            )
+        }
+        other => panic!("expected a missing fold refused, got {other:?}"),
+    }
+    // Residual lists that are not residuals: refused by the calibration's check.
+    let (dir, _, _) = saved_with_folds();
+    edit_meta(dir.path(), |m| {
+        m["calibration"]["fold_ratios"][0][3] = (-1.0).into()
+    });
+    match artifact::load(dir.path()) {
+        Err(ModelError::CorruptFile { path, reason }) => {
+            assert!(path.ends_with(META_FILE));
+            assert!(reason.contains("fold_ratios[0]"), "{reason}");
+        }
+        other => panic!("expected negative residuals refused, got {other:?}"),
+    }
+
+    // Saved over by a predictor without folds: no stale fold directory, and the artifact
+    // loads as one without folds (an older artifact's `meta.json` has no `fold_ratios`).
+    let (dir, _, _) = saved_with_folds();
+    let (plain, graphs) = trained();
+    artifact::save(dir.path(), &plain, &info()).unwrap();
+    assert!(!dir.path().join(FOLDS_DIR).exists());
+    let loaded = artifact::load(dir.path()).unwrap();
+    assert!(loaded.predictor.fold_networks().is_empty());
     assert_eq!(
         loaded.predictor.predict(&graphs).unwrap(),
         plain.predict(&graphs).unwrap()

@@ -462,3 +462,119 @@ fn the_interval_widens_with_the_doublings_beyond_the_trained_range() {
     );
     assert!(predictor.with_extrapolation(Some((1.5, 0.0)), &[]).is_err());
 }
+
+/// Networks trained with shape classes held out, kept with their residuals, serve a
+/// novel shape within the trained range: the median is the mean of their and the main
+/// network's `ln` step times, the interval their CV+ interval, each residual read against
+/// the scale of the fold it came from, on both inference paths. Seen shapes, and novel
+/// shapes when the residuals are too few for a finite rank, keep the main network's
+/// prediction.
+#[test]
+fn fold_networks_give_novel_shapes_their_cv_plus_interval() {
+    let data = synthetic::dataset(60, 9, 0.05);
+    let calibrated = |train: &[(PlacementGraph, Targets)], seed: u64| {
+        fit(
+            train,
+            &data[40..],
+            &small_config().with_seed(seed),
+            &mut |_| {},
+        )
+        .unwrap()
+        .calibrate(&data[40..])
+        .unwrap()
+    };
+    let main = calibrated(&data[..40], 7);
+    let c = main.calibration().clone();
+    let probes = synthetic::dataset(300, 21, 0.05);
+    let seen = probes
+        .iter()
+        .map(|(g, _)| g.clone())
+        .find(|g| !c.is_novel(g.shape_class()))
+        .unwrap();
+    let novel = probes
+        .iter()
+        .map(|(g, _)| g.clone())
+        .find(|g| c.is_novel(g.shape_class()) && c.extrapolation.distance(g) == 0.0)
+        .expect("a novel shape within the trained range");
+    let folds = [calibrated(&data[..20], 5), calibrated(&data[20..40], 6)];
+    // Fold A's residuals small, fold B's large: 40 in all, rank ⌈41·0.9⌉ = 37.
+    let ratios = [
+        (1..=20).map(|i| i as f32 / 20.0).collect::<Vec<_>>(),
+        (1..=20).map(|i| i as f32 / 5.0).collect::<Vec<_>>(),
+    ];
+    let served = main
+        .clone()
+        .with_fold_networks(folds.iter().cloned().zip(ratios.iter().cloned()).collect())
+        .unwrap();
+    assert_eq!(served.fold_networks().len(), 2);
+    assert_eq!(served.calibration().fold_ratios, ratios.to_vec());
+
+    let alone = main.predict(&[seen.clone(), novel.clone()]).unwrap();
+    // Each fold's mean and scale `σ·1.645·m_seen` at the novel graph, read back from its
+    // own prediction (its interval there is `μ ± 1.645·σ·m(shape)`; no widening).
+    let (mut mus, mut scales) = (Vec::new(), Vec::new());
+    for f in &folds {
+        let p = f.predict(std::slice::from_ref(&novel)).unwrap()[0];
+        let fc = f.calibration();
+        assert_eq!(fc.extrapolation.factor(&novel), 1.0);
+        let mu = p.step_time_s.ln();
+        mus.push(mu);
+        scales.push(
+            (p.step_time_p95.ln() - mu) / fc.multiplier(novel.shape_class()) * fc.seen_multiplier,
+        );
+    }
+    let kth = |sign: f32| {
+        let mut v: Vec<f32> = (0..2)
+            .flat_map(|k| ratios[k].iter().map(move |r| (k, *r)))
+            .map(|(k, r)| sign * mus[k] + r * scales[k])
+            .collect();
+        v.sort_by(f32::total_cmp);
+        v[36]
+    };
+    let (lower, upper) = (-kth(-1.0), kth(1.0));
+    let mean = (alone[1].step_time_s.ln() + mus[0] + mus[1]) / 3.0;
+    for p in both_paths(&served, &[seen.clone(), novel.clone()]) {
+        // A seen shape keeps the main network.
+        assert_close(p[0].step_time_s, alone[0].step_time_s);
+        assert_close(p[0].step_time_p95, alone[0].step_time_p95);
+        assert_close(p[1].step_time_p05.ln(), lower);
+        assert_close(p[1].step_time_p95.ln(), upper);
+        assert_close(p[1].step_time_s.ln(), mean.clamp(lower, upper));
+        assert_ne!(p[1].step_time_p95, alone[1].step_time_p95);
+    }
+
+    // Eight residuals cannot vouch for a finite bound: the σ multiplier serves.
+    let few = main
+        .clone()
+        .with_fold_networks(vec![(folds[0].clone(), vec![0.5; 8])])
+        .unwrap();
+    assert_eq!(
+        few.predict(std::slice::from_ref(&novel)).unwrap()[0],
+        alone[1]
+    );
+    // Bad folds are refused; the residuals were measured at the novel weights, which
+    // then cannot change.
+    assert!(
+        main.clone()
+            .with_fold_networks(vec![(folds[0].clone(), vec![])])
+            .is_err()
+    );
+    assert!(
+        main.clone()
+            .with_fold_networks(vec![(folds[0].clone(), vec![f32::NAN; 10])])
+            .is_err()
+    );
+    assert!(
+        main.clone()
+            .with_fold_networks(vec![(served.clone(), vec![0.5; 10])])
+            .is_err()
+    );
+    assert!(served.clone().with_novel_weights(0.5, 0.0).is_err());
+    assert!(served.with_novel_weights(1.0, 0.0).is_ok());
+    assert!(
+        main.with_fold_networks(vec![])
+            .unwrap()
+            .fold_networks()
+            .is_empty()
+    );
+}

@@ -93,7 +93,10 @@ pub(super) struct TrainingCost {
 /// residual on novel shapes (`marshal_model::choose_novel_weights`); the residuals, taken
 /// at those weights, are then pooled and their finite-sample conformal quantile, times the main
 /// network's seen multiplier, is the novel multiplier (with the small-sample rules of
-/// `marshal_model::calibration`). Every training side, the main run's and each
+/// `marshal_model::calibration`). The auxiliary networks are then kept with their
+/// residuals (`TrainedPredictor::with_fold_networks`): a novel shape within the trained
+/// range is served by their CV+ interval and the mean of their and the main network's
+/// medians, and the novel multiplier serves where CV+ cannot (too few residuals). Every training side, the main run's and each
 /// auxiliary run's, gets its prior's constants from `prior` on that side alone; the
 /// returned context is the main run's.
 ///
@@ -137,6 +140,7 @@ pub(super) fn train_calibrated(
         .with_patience(config.patience.min(AUX_PATIENCE));
     let folds = calibration_folds(&split.train, CALIBRATION_FOLDS, config.seed);
     let (mut pooled, mut used) = (Vec::new(), 0);
+    let mut fold_networks = Vec::new();
     for (f, held) in folds.iter().enumerate() {
         let inner = split_unseen_placements(&split.train, held, config.seed, 0.0);
         if held.is_empty() || inner.train.is_empty() || inner.test.is_empty() {
@@ -173,8 +177,9 @@ pub(super) fn train_calibrated(
             aux.held_out_log_steps(&novel)?
                 .into_iter()
                 .filter(|h| h.novel && h.mu.is_finite() && h.sigma.is_finite())
-                .map(|h| (h, half_width)),
+                .map(|h| (h, half_width, fold_networks.len())),
         );
+        fold_networks.push(aux.clone());
         used += 1;
         let classes: Vec<String> = held.iter().map(|(s, n)| format!("{n}@{s}")).collect();
         eprintln!(
@@ -191,16 +196,25 @@ pub(super) fn train_calibrated(
     // calibration stands (novel residuals from its validation jobs, if any, and the
     // network's full residual).
     let predictor = if used > 0 {
-        let held_out: Vec<_> = pooled.iter().map(|(h, _)| *h).collect();
+        let held_out: Vec<_> = pooled.iter().map(|(h, _, _)| *h).collect();
         let (w, v) = marshal_model::choose_novel_weights(&held_out);
-        let ratios: Vec<f32> = pooled
-            .iter()
-            .map(|(h, half_width)| (h.truth - h.weighted_mu(w, v)).abs() / (h.sigma * half_width))
-            .filter(|r| r.is_finite())
+        let mut per_fold = vec![Vec::new(); fold_networks.len()];
+        for (h, half_width, k) in &pooled {
+            let r = (h.truth - h.weighted_mu(w, v)).abs() / (h.sigma * half_width);
+            if r.is_finite() {
+                per_fold[*k].push(r);
+            }
+        }
+        let ratios: Vec<f32> = per_fold.iter().flatten().copied().collect();
+        let kept: Vec<_> = fold_networks
+            .into_iter()
+            .zip(per_fold)
+            .filter(|(_, r)| !r.is_empty())
             .collect();
         predictor
             .with_novel_weights(w, v)?
             .with_novel_ratios(&ratios, used)?
+            .with_fold_networks(kept)?
     } else {
         predictor
     };
@@ -306,7 +320,14 @@ pub(super) fn novel_summary(c: &marshal_model::Calibration) -> String {
         c.novel_rule.label(),
         c.novel_residual_weight,
         c.novel_linear_weight
-    ) + &format!(
+    ) + &if c.fold_ratios.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; within the trained range, novel shapes get the CV+ interval of {} fold networks",
+            c.fold_ratios.len()
+        )
+    } + &format!(
         "; beyond {} machines / {} GPUs: σ × (1 + {:.2} per doubling; {} extrapolation residuals), weights {}",
         c.extrapolation.trained_nodes,
         c.extrapolation.trained_gpus,
