@@ -409,34 +409,18 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
             reason: e.to_string(),
         })?;
     let folds = (0..meta.calibration.fold_ratios.len())
-        .map(|k| load_fold(&dir.join(FOLDS_DIR).join(k.to_string()), &meta))
+        .map(|k| {
+            let dir = dir.join(FOLDS_DIR).join(k.to_string());
+            let fold = load(&dir)?.predictor;
+            predictor
+                .check_fold(k, &fold)
+                .map_err(|e| ModelError::CorruptFile {
+                    path: dir.join(META_FILE),
+                    reason: e.to_string(),
+                })?;
+            Ok(fold)
+        })
         .collect::<Result<Vec<_>>>()?;
     let predictor = predictor.with_loaded_folds(folds)?;
     Ok(LoadedArtifact { predictor, meta })
-}
-
-/// One fold network of the artifact whose metadata is `parent`: a whole artifact of its
-/// own, checked as one, without folds of its own, with a linear residual when the
-/// parent's novel linear weight needs one.
-fn load_fold(dir: &Path, parent: &ArtifactMeta) -> Result<TrainedPredictor> {
-    let fold = load(dir)?;
-    let problem = if !fold.meta.calibration.fold_ratios.is_empty() {
-        Some("a fold network keeps fold networks of its own".to_string())
-    } else if parent.calibration.novel_linear_weight > 0.0
-        && fold.predictor.linear_residual().is_none()
-    {
-        Some(format!(
-            "no {LINEAR_RESIDUAL_FILE}, but the novel linear weight is {}",
-            parent.calibration.novel_linear_weight
-        ))
-    } else {
-        None
-    };
-    match problem {
-        Some(reason) => Err(ModelError::CorruptFile {
-            path: dir.join(META_FILE),
-            reason,
-        }),
-        None => Ok(fold.predictor),
-    }
 }

@@ -192,22 +192,10 @@ impl TrainedPredictor {
     /// residuals, a non-finite or negative residual, a fold that keeps folds of its own,
     /// or (with a linear weight above 0) a fold without a linear residual.
     pub fn with_fold_networks(mut self, folds: Vec<(TrainedPredictor, Vec<f32>)>) -> Result<Self> {
-        let v = self.calibration.novel_linear_weight;
         let mut ratios = Vec::with_capacity(folds.len());
         self.folds.clear();
         for (k, (fold, mut r)) in folds.into_iter().enumerate() {
-            if !fold.folds.is_empty() {
-                return Err(ModelError::invalid(
-                    format!("fold network {k}"),
-                    "keeps fold networks of its own",
-                ));
-            }
-            if v > 0.0 && fold.linear.is_none() {
-                return Err(ModelError::invalid(
-                    format!("fold network {k}"),
-                    format!("no linear residual, but the novel linear weight is {v}"),
-                ));
-            }
+            self.check_fold(k, &fold)?;
             r.sort_by(f32::total_cmp);
             ratios.push(r);
             self.folds.push(fold);
@@ -215,6 +203,25 @@ impl TrainedPredictor {
         self.calibration.fold_ratios = ratios;
         self.calibration.validate()?;
         Ok(self)
+    }
+
+    /// Whether `fold` can serve as fold network `k` of this predictor: no folds of its
+    /// own, and a linear residual when the novel linear weight is above 0.
+    pub(crate) fn check_fold(&self, k: usize, fold: &TrainedPredictor) -> Result<()> {
+        let v = self.calibration.novel_linear_weight;
+        if !fold.folds.is_empty() {
+            return Err(ModelError::invalid(
+                format!("fold network {k}"),
+                "keeps fold networks of its own",
+            ));
+        }
+        if v > 0.0 && fold.linear.is_none() {
+            return Err(ModelError::invalid(
+                format!("fold network {k}"),
+                format!("no linear residual, but the novel linear weight is {v}"),
+            ));
+        }
+        Ok(())
     }
 
     fn novel_weights(&self) -> (f32, f32) {
@@ -230,7 +237,8 @@ impl TrainedPredictor {
     }
 
     /// Attaches fold networks loaded from an artifact whose calibration already holds
-    /// their residuals; an error when the counts differ.
+    /// their residuals, each already passed by [`Self::check_fold`]; an error when the
+    /// counts differ.
     pub(crate) fn with_loaded_folds(mut self, folds: Vec<TrainedPredictor>) -> Result<Self> {
         if folds.len() != self.calibration.fold_ratios.len() {
             return Err(ModelError::invalid(

@@ -96,8 +96,8 @@ pub(super) struct TrainingCost {
 /// `marshal_model::calibration`). The auxiliary networks are then kept with their
 /// residuals (`TrainedPredictor::with_fold_networks`): a novel shape within the trained
 /// range is served by their CV+ interval and the mean of their and the main network's
-/// medians, and the novel multiplier serves where CV+ cannot (too few residuals). Every training side, the main run's and each
-/// auxiliary run's, gets its prior's constants from `prior` on that side alone; the
+/// medians, and the novel multiplier serves where CV+ cannot (too few residuals). Every
+/// training side, the main run's and each auxiliary run's, gets its prior's constants from `prior` on that side alone; the
 /// returned context is the main run's.
 ///
 /// Why normalise by each fold's own seen multiplier rather than pool raw `|z|`: the σ
@@ -179,7 +179,6 @@ pub(super) fn train_calibrated(
                 .filter(|h| h.novel && h.mu.is_finite() && h.sigma.is_finite())
                 .map(|h| (h, half_width, fold_networks.len())),
         );
-        fold_networks.push(aux.clone());
         used += 1;
         let classes: Vec<String> = held.iter().map(|(s, n)| format!("{n}@{s}")).collect();
         eprintln!(
@@ -191,6 +190,7 @@ pub(super) fn train_calibrated(
             aux.calibration().seen_multiplier,
             fold_started.elapsed().as_secs_f64()
         );
+        fold_networks.push(aux);
     }
     // Without any usable fold (no level with two classes), the main network's own
     // calibration stands (novel residuals from its validation jobs, if any, and the
