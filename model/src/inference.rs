@@ -10,7 +10,7 @@ use crate::error::{ModelError, Result};
 use crate::features::{MEM_PHASES, PRIOR_JOB_SLOT, PlacementGraph, Targets};
 use crate::network::PredictorNetwork;
 use crate::normalize::Normalization;
-use crate::residual::LinearResidual;
+use crate::residual::{LinearResidual, Summarised};
 use crate::serving::{PlainNetwork, RawOutput, Scratch};
 use crate::train::{TrainingSummary, to_vec};
 
@@ -118,7 +118,7 @@ impl TrainedPredictor {
             .map(|(g, t)| {
                 let raw = self.plain.forward(g, &self.normalization, &mut scratch);
                 let weights = self.calibration.for_graph(g).weights;
-                let (mu, sigma) = self.log_normal(&raw, g, weights);
+                let (mu, sigma) = self.log_normal(&raw, &Summarised::new(g), weights);
                 let z = (t.step_time_s.ln() - mu) / sigma;
                 (z, self.calibration.is_novel(g.shape_class()))
             })
@@ -249,6 +249,11 @@ impl TrainedPredictor {
                     folds.len()
                 ),
             ));
+        }
+        // CV+ walks each list from its largest residual ([`crate::cross_conformal`]); a
+        // list is a multiset, so sorting a hand-edited file's loses nothing.
+        for ratios in &mut self.calibration.fold_ratios {
+            ratios.sort_by(f32::total_cmp);
         }
         self.folds = folds;
         Ok(self)
@@ -381,14 +386,14 @@ impl TrainedPredictor {
     /// Mean and standard deviation of `ln(step time)` before the interval's calibration,
     /// with the network's residual and the linear one weighted by `(w, v)`, the weights
     /// [`Calibration::for_graph`] gives `g`.
-    fn log_normal(&self, raw: &RawOutput, g: &PlacementGraph, (w, v): (f32, f32)) -> (f32, f32) {
+    fn log_normal(&self, raw: &RawOutput, g: &Summarised, (w, v): (f32, f32)) -> (f32, f32) {
         let (mu, sigma) = self.unweighted_log_normal(raw);
         if w == 1.0 && v == 0.0 {
             return (mu, sigma);
         }
-        let prior = g.job.values[PRIOR_JOB_SLOT];
+        let prior = g.graph.job.values[PRIOR_JOB_SLOT];
         let linear = match &self.linear {
-            Some(l) if v != 0.0 => v * l.predict(g),
+            Some(l) if v != 0.0 => v * l.predict_summarised(g),
             _ => 0.0,
         };
         (prior + w * (mu - prior) + linear, sigma)
@@ -408,7 +413,7 @@ impl TrainedPredictor {
     /// `None` when they cannot give finite bounds (the σ multiplier serves then).
     fn cross_conformal(
         &self,
-        g: &PlacementGraph,
+        g: &Summarised,
         mu: f32,
         weights: (f32, f32),
         scratch: &mut Scratch,
@@ -417,7 +422,7 @@ impl TrainedPredictor {
             .folds
             .iter()
             .map(|f| {
-                let raw = f.plain.forward(g, &f.normalization, scratch);
+                let raw = f.plain.forward(g.graph, &f.normalization, scratch);
                 let (mu_k, sigma_k) = f.log_normal(&raw, g, weights);
                 (mu_k, sigma_k * Z95 * f.calibration.seen_multiplier)
             })
@@ -442,11 +447,12 @@ impl TrainedPredictor {
     ) -> Result<Prediction> {
         let norm = &self.normalization;
         let calibration = self.calibration.for_graph(g);
-        let (mu, sigma) = self.log_normal(&raw, g, calibration.weights);
+        let summarised = Summarised::new(g);
+        let (mu, sigma) = self.log_normal(&raw, &summarised, calibration.weights);
         let sigma = sigma * calibration.multiplier;
         let (mu, lower, upper) = calibration
             .cross_conformal
-            .then(|| self.cross_conformal(g, mu, calibration.weights, scratch))
+            .then(|| self.cross_conformal(&summarised, mu, calibration.weights, scratch))
             .flatten()
             .unwrap_or((mu, mu - Z95 * sigma, mu + Z95 * sigma));
         let mut peak_mem_gib = [0.0; MEM_PHASES];

@@ -13,6 +13,8 @@
 //! so a gang larger than any trained reads as the largest trained one here and whatever
 //! lies beyond is the prior's to explain.
 
+use std::cell::OnceCell;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -108,7 +110,16 @@ impl LinearResidual {
 
     /// The predicted residual `ln y − ln prior` for `g`.
     pub fn predict(&self, g: &PlacementGraph) -> f32 {
-        let z = standardised(&self.features, &summary(g));
+        self.predict_summary(&summary(g))
+    }
+
+    /// [`Self::predict`] from a summary several networks share.
+    pub(crate) fn predict_summarised(&self, g: &Summarised) -> f32 {
+        self.predict_summary(g.summary())
+    }
+
+    fn predict_summary(&self, summary: &[f32; SUMMARY_FEATURES]) -> f32 {
+        let z = standardised(&self.features, summary);
         (self.bias + z.iter().zip(&self.weights).map(|(z, w)| z * w).sum::<f64>()) as f32
     }
 
@@ -129,6 +140,26 @@ impl LinearResidual {
             ));
         }
         Ok(())
+    }
+}
+
+/// A graph with its summary computed on first use, so that the networks serving one graph
+/// (the main one and its fold networks) take its node count and link statistics once.
+pub(crate) struct Summarised<'a> {
+    pub(crate) graph: &'a PlacementGraph,
+    summary: OnceCell<[f32; SUMMARY_FEATURES]>,
+}
+
+impl<'a> Summarised<'a> {
+    pub(crate) fn new(graph: &'a PlacementGraph) -> Self {
+        Self {
+            graph,
+            summary: OnceCell::new(),
+        }
+    }
+
+    fn summary(&self) -> &[f32; SUMMARY_FEATURES] {
+        self.summary.get_or_init(|| summary(self.graph))
     }
 }
 

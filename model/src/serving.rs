@@ -22,6 +22,9 @@ use crate::normalize::Normalization;
 /// No link between two GPUs.
 const NO_LINK: u32 = u32::MAX;
 
+/// Link kinds looked up by comparison; a graph with more is indexed by a hash map.
+const SCANNED_KINDS: usize = 16;
+
 /// Raw outputs for one graph, in standardised units (as [`crate::network::NetworkOutput`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct RawOutput {
@@ -155,8 +158,12 @@ impl PlainNetwork {
                     let k = *kind as usize;
                     let from_e = &s.from_e[k * hd..(k + 1) * hd];
                     let from_j = &s.from_j[j * hd..(j + 1) * hd];
-                    for d in 0..hd {
-                        agg[d] += (from_e[d] + from_i[d] + from_j[d]).max(0.0);
+                    // Zipped slices, so the loop compiles without bounds checks, to
+                    // vector instructions.
+                    for (a, ((e, fi), fj)) in
+                        agg.iter_mut().zip(from_e.iter().zip(from_i).zip(from_j))
+                    {
+                        *a += (e + fi + fj).max(0.0);
                     }
                 }
                 let scale = s.degree[i];
@@ -229,7 +236,24 @@ impl PlainNetwork {
         for (a, c, link) in &g.links {
             let key = link.values.map(f32::to_bits);
             let next = s.kind_values.len() as u32;
-            let kind = *s.kinds.entry(key).or_insert(next);
+            // A placement's links come in a handful of kinds: comparing with each is
+            // cheaper than hashing, until a graph with many kinds makes it quadratic.
+            let kind = if s.kind_values.len() < SCANNED_KINDS {
+                s.kind_values
+                    .iter()
+                    .position(|k| *k == key)
+                    .map_or(next, |k| k as u32)
+            } else {
+                if s.kinds.is_empty() {
+                    s.kinds.extend(
+                        s.kind_values
+                            .iter()
+                            .enumerate()
+                            .map(|(k, v)| (*v, k as u32)),
+                    );
+                }
+                *s.kinds.entry(key).or_insert(next)
+            };
             if kind == next {
                 s.kind_values.push(key);
             }

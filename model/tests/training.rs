@@ -208,14 +208,31 @@ fn prediction_ignores_padding_and_gpu_order_and_rejects_bad_graphs() {
 }
 
 /// The plain-Rust serving path and the burn network compute the same function, also on
-/// graphs with missing links, repeated links and mixed sizes in one batch.
+/// graphs with missing links, repeated links, a distinct kind for every link and mixed
+/// sizes in one batch.
 #[test]
 fn serving_path_matches_the_tensor_network() {
     let data = synthetic::dataset(60, 9, 0.05);
     let predictor = fit(&data[..40], &data[40..], &small_config(), &mut |_| {}).unwrap();
     let mut graphs: Vec<PlacementGraph> = data.iter().map(|(g, _)| g.clone()).collect();
+    let mut most_kinds = 0;
     for (i, g) in graphs.iter_mut().enumerate() {
-        match i % 3 {
+        match i % 4 {
+            // Every link its own bandwidth: beyond the kinds the serving path looks up by
+            // comparison, it indexes them by hash.
+            3 => {
+                for (j, l) in g.links.iter_mut().enumerate() {
+                    l.2.values[4] += 0.01 * j as f32;
+                }
+                let mut kinds: Vec<[u32; 6]> = g
+                    .links
+                    .iter()
+                    .map(|l| l.2.values.map(f32::to_bits))
+                    .collect();
+                kinds.sort_unstable();
+                kinds.dedup();
+                most_kinds = most_kinds.max(kinds.len());
+            }
             // Drop every other link: GPUs with no link keep degree 0.
             0 => g.links = g.links.iter().copied().step_by(2).collect(),
             // A repeated pair: the later features win on both paths.
@@ -235,6 +252,10 @@ fn serving_path_matches_the_tensor_network() {
             }
         }
     }
+    assert!(
+        most_kinds > 16,
+        "a graph with many link kinds: {most_kinds}"
+    );
     let plain = predictor.predict(&graphs).unwrap();
     let tensor = predictor.predict_on_device(&graphs).unwrap();
     assert_eq!(plain.len(), tensor.len());
