@@ -107,6 +107,7 @@ mod itp;
 mod jobs;
 mod links;
 mod lucid;
+mod measurement_noise;
 mod occupancy;
 mod openb;
 mod outcomes;
@@ -151,6 +152,7 @@ pub use lucid::{
     LucidJob, LucidPair, LucidProfiles, LucidSingle, load_lucid_profiles, parse_lucid_colocation,
     parse_lucid_single,
 };
+pub use measurement_noise::{NoiseEstimate, RepeatNoise, neighbour_noise, repeat_noise};
 pub use occupancy::{OccupancyPoint, OccupancySeries, OccupancyUnit, parse_occupancy};
 pub use openb::{RecordedRun, parse_openb_nodes, parse_openb_pods, parse_openb_recorded};
 pub use outcomes::parse_incumbent_outcomes;

@@ -6,7 +6,7 @@
 use marshal_datasets::{
     GenAiMetric, LucidJob, SIA_GPU_TYPES, gavel_throughputs, load_gavel_throughputs,
     load_genai_series, load_lucid_profiles, load_sia_placement_profiles,
-    load_sia_scalability_profiles, pollux_placement_profiles,
+    load_sia_scalability_profiles, neighbour_noise, pollux_placement_profiles, repeat_noise,
 };
 
 mod common;
@@ -239,4 +239,34 @@ fn genai_series_from_the_traces_dir() {
     assert_eq!(memory.pods.len(), 144);
     let m = memory.pod(POD).unwrap().summary().unwrap();
     assert_eq!((m.samples, m.max), (1441, 45_659_193_344.0));
+}
+
+/// Sia's `dgx` and `dgx-ext` files measure the same testbed: the rows they share are
+/// either copies or repeats, and the repeats differ by a few per cent, less than the
+/// roughness between neighbouring batch sizes (which a repeat does not see).
+#[test]
+fn sia_dgx_repeats_give_a_noise_estimate() {
+    let Some((t, _)) = from_traces_dir("sia profiles", load_sia_placement_profiles()) else {
+        return;
+    };
+    let of = |gpu: &str| -> Vec<_> {
+        t.profiles()
+            .iter()
+            .filter(|p| p.gpu_type == gpu && p.model != "gpt_pmp")
+            .cloned()
+            .collect()
+    };
+    let (dgx, ext) = (of("dgx"), of("dgx-ext"));
+    let repeats = repeat_noise(&dgx, &ext);
+    let e = repeats.estimate.unwrap();
+    assert!(repeats.copies > 500 && e.residuals > 1000, "{repeats:?}");
+    assert!((0.005..0.05).contains(&e.mean_abs_error), "{e:?}");
+    let smooth = neighbour_noise(&dgx).unwrap();
+    assert!(
+        smooth.mean_abs_error > e.mean_abs_error,
+        "{smooth:?} vs {e:?}"
+    );
+    // The same pairs the other way round give the same estimate.
+    let back = repeat_noise(&ext, &dgx).estimate.unwrap();
+    assert!((back.mean_abs_error / e.mean_abs_error - 1.0).abs() < 0.05);
 }

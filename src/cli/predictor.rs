@@ -378,12 +378,15 @@ fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static 
     let (profiles, gpu, cluster, source) = match set.sia() {
         None => {
             let (p, _) = marshal_datasets::pollux_placement_profiles()?;
+            print_measurement_noise(p.profiles(), None);
             (p.profiles().to_vec(), "T4", "pollux-64", "Pollux, AWS g4dn")
         }
         Some((suffix, gpu, cluster)) => {
             let (p, _) =
                 marshal_datasets::load_sia_placement_profiles().context(SIA_FROM_TRACES)?;
+            let repeats = sia_only(p.profiles(), &format!("{suffix}-ext"));
             let p = sia_only(p.profiles(), suffix);
+            print_measurement_noise(&p, Some((&format!("{suffix}-ext"), &repeats)));
             (p, gpu, cluster, "Sia")
         }
     };
@@ -399,6 +402,53 @@ fn measured_set(set: MeasuredSet) -> anyhow::Result<(Vec<StepExample>, &'static 
         profiles.len()
     );
     Ok((examples, cluster))
+}
+
+/// Prints how noisy the measurements the examples come from are
+/// ([`marshal_datasets::neighbour_noise`], and [`marshal_datasets::repeat_noise`]
+/// against a second recording of the same testbed when there is one): about the MAPE a
+/// predictor that knew the truth would score. Only uniform layouts, as in the examples.
+fn print_measurement_noise(
+    profiles: &[marshal_datasets::StepTimeProfile],
+    repeats: Option<(&str, &[marshal_datasets::StepTimeProfile])>,
+) {
+    let uniform = |ps: &[marshal_datasets::StepTimeProfile]| -> Vec<_> {
+        ps.iter()
+            .filter(|p| {
+                p.placement
+                    .as_deref()
+                    .is_some_and(|l| l.chars().all(|c| l.starts_with(c)))
+            })
+            .cloned()
+            .collect()
+    };
+    let ours = uniform(profiles);
+    let show = |e: marshal_datasets::NoiseEstimate, what: &str| {
+        format!(
+            "{:.1} % (median-based {:.1} %) over {} {what}",
+            e.mean_abs_error * 100.0,
+            e.median_based_error * 100.0,
+            e.residuals
+        )
+    };
+    let mut line = match marshal_datasets::neighbour_noise(&ours) {
+        Some(e) => format!(
+            "measurement noise, mean |error| of one step time: {} by neighbouring batch sizes",
+            show(e, "interior points")
+        ),
+        None => "measurement noise: no series with three batch sizes".to_string(),
+    };
+    if let Some((name, other)) = repeats {
+        let r = marshal_datasets::repeat_noise(&ours, &uniform(other));
+        if let Some(e) = r.estimate {
+            line += &format!(
+                "; {} by repeats in `{name}` ({} exact copies left out)",
+                show(e, "differing pairs"),
+                r.copies
+            );
+        }
+    }
+    println!("{line}; a predictor that knew the truth would score about that MAPE");
 }
 
 /// The profiles of Sia's GPU type `suffix`, without `gpt_pmp`: its pipeline and model
