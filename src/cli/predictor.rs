@@ -648,7 +648,7 @@ fn eval_measured(
     for r in &rows {
         let best = r.lookup.min(r.linear);
         println!(
-            "| {}: {} | {} / {} | {:.1} % | {:.0} % | {:.1} % | {:.1} % | {:.1} % | {:.1} % | {:+.0} % |",
+            "| {}: {} | {} / {} | {:.1} % | {:.0} % | {:.1} % | {:.1} % | {:.1} % | {:.1} % | {:+.1} % |",
             r.group,
             r.label,
             r.train,

@@ -48,4 +48,4 @@ pub use measured::{
     leave_one_class_out, leave_one_model_out, measured_examples, measured_kind, test_on_other_set,
 };
 pub use split::{Split, split_by_job, split_holding_out, split_unseen_placements};
-pub use sync::SyncFit;
+pub use sync::{SyncBasis, SyncFit, SyncUnit};

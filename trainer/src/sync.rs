@@ -33,6 +33,12 @@
 //! its family no line at the locality, there is no fit, and the prior falls back to the
 //! share form.
 //!
+//! Within one node the line may instead grow by a cost per GPU, `a + b·(K − 2)`,
+//! where the GPUs of a node contend for something they share (Sia's Azure V100 servers
+//! add about 0.1 s per GPU to a BERT step, from 2 GPUs to 8); the basis is chosen with
+//! the unit, on held-out GPU counts. Only within a node: there `K` is bounded by the
+//! node's GPUs, so a per-GPU line cannot run away as it did across nodes (below).
+//!
 //! How the form was chosen (the README has the numbers): a first form, linear in `K`
 //! as Pollux's throughput model is, plus a term for the GPUs sharing a node's network
 //! card, fitted the Pollux leave-one-shape-out folds best but overshot badly on Pollux's
@@ -72,17 +78,40 @@ pub enum SyncUnit {
     ShareOfCompute,
 }
 
-/// `coef · [1, log2(K / 2)]` over its first `coef.len()` terms, in `unit`.
+/// How a line grows with the gang's `K` GPUs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SyncBasis {
+    /// `log2(K / 2)`: a tree all-reduce's depth.
+    TreeDepth,
+    /// `K − 2`: a cost per GPU, as where the GPUs of a node contend for one host link
+    /// or CPU (Sia's Azure V100 servers: +0.1 s per GPU for BERT up to 8 on one node).
+    /// Offered within a node only, where `K` is bounded by the node's GPUs, so a line
+    /// fitted on a few GPUs cannot run away on many.
+    PerGpu,
+}
+
+impl SyncBasis {
+    fn terms(self, gpus: f64) -> [f64; TERMS] {
+        let grows = match self {
+            SyncBasis::TreeDepth => (gpus.max(1.0) / 2.0).log2(),
+            SyncBasis::PerGpu => gpus - 2.0,
+        };
+        [1.0, grows]
+    }
+}
+
+/// `coef · basis.terms(K)` over its first `coef.len()` terms, in `unit`.
 #[derive(Clone, Debug, PartialEq)]
 struct SyncLine {
     unit: SyncUnit,
+    basis: SyncBasis,
     coef: Vec<f64>,
 }
 
-/// One multi-GPU measurement: its terms, its step time and its kind's compute time.
+/// One multi-GPU measurement: its GPU count, its step time and its kind's compute time.
 #[derive(Clone, Copy)]
 struct Point {
-    x: [f64; TERMS],
+    gpus: f64,
     step: f64,
     compute: f64,
 }
@@ -90,8 +119,12 @@ struct Point {
 /// Terms of a line.
 const TERMS: usize = 2;
 
-fn terms(e: &StepExample) -> [f64; TERMS] {
-    [1.0, (f64::from(e.num_gpus.max(1)) / 2.0).log2()]
+/// The bases a line may take within one node and across nodes.
+const WITHIN_NODE: &[SyncBasis] = &[SyncBasis::TreeDepth, SyncBasis::PerGpu];
+const ACROSS_NODES: &[SyncBasis] = &[SyncBasis::TreeDepth];
+
+fn gpus(e: &StepExample) -> f64 {
+    f64::from(e.num_gpus.max(1))
 }
 
 impl SyncUnit {
@@ -113,19 +146,19 @@ impl SyncUnit {
 impl SyncLine {
     /// Least squares over the first `max_terms` terms, dropped to as many as there are
     /// distinct term vectors; `None` without a point or with a singular system.
-    fn fit(points: &[Point], unit: SyncUnit, max_terms: usize) -> Option<Self> {
-        let distinct: BTreeSet<[u64; TERMS]> =
-            points.iter().map(|p| p.x.map(f64::to_bits)).collect();
+    fn fit(points: &[Point], unit: SyncUnit, basis: SyncBasis, max_terms: usize) -> Option<Self> {
+        let distinct: BTreeSet<u64> = points.iter().map(|p| p.gpus.to_bits()).collect();
         let mut n = max_terms.min(distinct.len());
         while n > 0 {
             let mut a = Array2::<f64>::zeros((n, n));
             let mut b = Array1::<f64>::zeros(n);
             for p in points {
                 let y = unit.target(p);
+                let x = basis.terms(p.gpus);
                 for i in 0..n {
-                    b[i] += p.x[i] * y;
+                    b[i] += x[i] * y;
                     for j in 0..n {
-                        a[[i, j]] += p.x[i] * p.x[j];
+                        a[[i, j]] += x[i] * x[j];
                     }
                 }
             }
@@ -140,6 +173,7 @@ impl SyncLine {
             {
                 return Some(SyncLine {
                     unit,
+                    basis,
                     coef: coef.to_vec(),
                 });
             }
@@ -148,20 +182,19 @@ impl SyncLine {
         None
     }
 
-    /// The line in whichever unit predicts held-out GPU counts better (module docs).
-    fn fit_choosing_unit(points: &[Point], max_terms: usize) -> Option<Self> {
-        let counts: BTreeSet<u64> = points.iter().map(|p| p.x[1].to_bits()).collect();
-        let units = [SyncUnit::Seconds, SyncUnit::ShareOfCompute];
-        let unit = if counts.len() < 2 {
-            SyncUnit::Seconds
-        } else {
-            let error = |unit: SyncUnit| {
+    /// The line in whichever unit and basis (of `bases`) predicts held-out GPU counts
+    /// better (module docs); the first of `bases` in seconds on a tie.
+    fn fit_choosing(points: &[Point], bases: &[SyncBasis], max_terms: usize) -> Option<Self> {
+        let counts: BTreeSet<u64> = points.iter().map(|p| p.gpus.to_bits()).collect();
+        let mut best = (SyncUnit::Seconds, *bases.first()?);
+        if counts.len() >= 2 {
+            let error = |unit: SyncUnit, basis: SyncBasis| {
                 let mut total = 0.0;
                 let mut n = 0usize;
                 for &held in &counts {
                     let (test, train): (Vec<Point>, Vec<Point>) =
-                        points.iter().partition(|p| p.x[1].to_bits() == held);
-                    let Some(line) = SyncLine::fit(&train, unit, max_terms) else {
+                        points.iter().partition(|p| p.gpus.to_bits() == held);
+                    let Some(line) = SyncLine::fit(&train, unit, basis, max_terms) else {
                         return f64::INFINITY;
                     };
                     for p in &test {
@@ -171,24 +204,28 @@ impl SyncLine {
                 }
                 total / n.max(1) as f64
             };
-            let errors = units.map(error);
-            if errors[1] < errors[0] {
-                units[1]
-            } else {
-                units[0]
+            let mut least = f64::INFINITY;
+            for &basis in bases {
+                for unit in [SyncUnit::Seconds, SyncUnit::ShareOfCompute] {
+                    let e = error(unit, basis);
+                    if e < least {
+                        (least, best) = (e, (unit, basis));
+                    }
+                }
             }
-        };
-        SyncLine::fit(points, unit, max_terms)
+        }
+        SyncLine::fit(points, best.0, best.1, max_terms)
     }
 
-    /// The line's synchronisation at `x`, in its unit, at least 0.
-    fn sync(&self, x: &[f64; TERMS]) -> f64 {
+    /// The line's synchronisation on `gpus` GPUs, in its unit, at least 0.
+    fn sync(&self, gpus: f64) -> f64 {
+        let x = self.basis.terms(gpus);
         let sync = self.coef.iter().zip(x).map(|(c, x)| c * x).sum::<f64>();
         if sync.is_finite() { sync.max(0.0) } else { 0.0 }
     }
 
     fn step(&self, p: &Point) -> f64 {
-        self.unit.step(p.compute, self.sync(&p.x))
+        self.unit.step(p.compute, self.sync(p.gpus))
     }
 }
 
@@ -221,7 +258,7 @@ impl SyncFit {
             let p = points.entry((family(e), e.gpu_type.clone())).or_default();
             let side = if e.nodes <= 1 { &mut p.0 } else { &mut p.1 };
             side.push(Point {
-                x: terms(e),
+                gpus: gpus(e),
                 step: e.step_time_s,
                 compute: c,
             });
@@ -230,8 +267,8 @@ impl SyncFit {
             .into_iter()
             .map(|(key, (within, across))| {
                 let family = FamilySync {
-                    within_node: SyncLine::fit_choosing_unit(&within, TERMS),
-                    across_nodes: SyncLine::fit_choosing_unit(&across, TERMS),
+                    within_node: SyncLine::fit_choosing(&within, WITHIN_NODE, TERMS),
+                    across_nodes: SyncLine::fit_choosing(&across, ACROSS_NODES, TERMS),
                 };
                 (key, family)
             })
@@ -260,7 +297,7 @@ impl SyncFit {
             let Some(line) = self.line(&family(e), e) else {
                 continue;
             };
-            let sync = line.sync(&terms(e));
+            let sync = line.sync(gpus(e));
             let compute = match line.unit {
                 SyncUnit::Seconds => e.step_time_s - sync,
                 SyncUnit::ShareOfCompute => e.step_time_s / (1.0 + sync),
@@ -287,6 +324,11 @@ impl SyncFit {
         Some(self.line(family, e)?.unit)
     }
 
+    /// The basis of the line that covers `e`, if any.
+    pub fn basis(&self, family: &str, e: &StepExample) -> Option<SyncBasis> {
+        Some(self.line(family, e)?.basis)
+    }
+
     fn line(&self, family: &str, e: &StepExample) -> Option<&SyncLine> {
         let lines = self.lines.get(&(family.to_string(), e.gpu_type.clone()))?;
         if e.nodes <= 1 {
@@ -306,7 +348,7 @@ impl SyncFit {
         }
         let line = self.line(family, e)?;
         let step = line.step(&Point {
-            x: terms(e),
+            gpus: gpus(e),
             step: 0.0,
             compute,
         });
@@ -377,6 +419,45 @@ mod tests {
         let mut other_gpu = unseen.clone();
         other_gpu.gpu_type = "A100-40".into();
         assert_eq!(fit.step_s("bert", &other_gpu), None);
+    }
+
+    #[test]
+    fn a_cost_per_gpu_within_a_node_is_fitted_per_gpu_and_stays_a_tree_across() {
+        // Within a node the step grows by 0.1 s per GPU (Azure's V100 servers); across
+        // nodes it follows a tree. Held out: 5 GPUs on one node.
+        let mut train = Vec::new();
+        for (kind, compute) in [("bert/b8", 0.3), ("bert/b16", 0.6)] {
+            train.push(placed(kind, 1, 1, compute));
+            for g in [2, 3, 4, 6, 7, 8] {
+                train.push(placed(kind, 1, g, compute + 0.05 + 0.1 * f64::from(g - 2)));
+            }
+            for (n, g) in [(2, 1), (2, 2), (4, 1), (2, 4)] {
+                train.push(placed(kind, n, g, compute + 0.3 + 0.2 * depth(n * g)));
+            }
+        }
+        let fit = SyncFit::fit(&train, fam);
+        let five = placed("bert/b8", 1, 5, 0.0);
+        assert_eq!(fit.basis("bert", &five), Some(SyncBasis::PerGpu));
+        assert_eq!(fit.unit("bert", &five), Some(SyncUnit::Seconds));
+        let (_, step) = fit.step_s("bert", &five).unwrap();
+        assert!((step - (0.3 + 0.05 + 0.3)).abs() < 1e-6, "{step}");
+        let wide = placed("bert/b8", 8, 4, 0.0);
+        assert_eq!(fit.basis("bert", &wide), Some(SyncBasis::TreeDepth));
+        let (_, step) = fit.step_s("bert", &wide).unwrap();
+        assert!((step - (0.3 + 0.3 + 0.2 * 4.0)).abs() < 1e-6, "{step}");
+        // A tree within the node stays a tree.
+        let mut tree = Vec::new();
+        for (kind, compute) in [("ncf/b8", 0.3), ("ncf/b16", 0.6)] {
+            tree.push(placed(kind, 1, 1, compute));
+            for g in [2, 3, 4, 6, 8] {
+                tree.push(placed(kind, 1, g, compute + 0.05 + 0.1 * depth(g)));
+            }
+        }
+        let fit = SyncFit::fit(&tree, fam);
+        assert_eq!(
+            fit.basis("ncf", &placed("ncf/b8", 1, 5, 0.0)),
+            Some(SyncBasis::TreeDepth)
+        );
     }
 
     #[test]
