@@ -104,16 +104,8 @@ pub fn repeat_noise(first: &[StepTimeProfile], second: &[StepTimeProfile]) -> Re
 }
 
 fn estimate(mut scaled: Vec<f64>) -> Option<NoiseEstimate> {
-    if scaled.is_empty() {
-        return None;
-    }
-    scaled.sort_by(f64::total_cmp);
     let n = scaled.len();
-    let median = if n % 2 == 1 {
-        scaled[n / 2]
-    } else {
-        (scaled[n / 2 - 1] + scaled[n / 2]) / 2.0
-    };
+    let median = marshal_scheduler::sim::percentile(&mut scaled, 0.5)?;
     Some(NoiseEstimate {
         residuals: n,
         mean_abs_error: scaled.iter().sum::<f64>() / n as f64,
