@@ -20,7 +20,9 @@
 #   OUT=DIR bash scripts/gpu-check.sh collect   # waits for the runs (call again if needed)
 # `start` leaves the two `marshal train predictor` runs (wgpu and one CPU thread, side by
 # side) in their own sessions so they outlive the command; `collect` waits up to WAIT_S
-# seconds (default 560) for both and copies every log into $OUT either way.
+# seconds (default 560) for both and copies every log into $OUT either way. The machine
+# goes back about 30 s after a call ends, taking the detached runs with it: `collect` must
+# follow `start` at once (on 2026-11-24 it did not, and found a fresh machine).
 set -u
 OUT=${OUT:?set OUT to a directory for the logs}
 PHASE=${1:-start}
