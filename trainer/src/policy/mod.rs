@@ -34,7 +34,8 @@ pub use gate::{
     GateChoice, ValidationRef, fallback_references, regate, select_gate, validation_scores,
 };
 pub use rollout::{
-    Labelled, RolloutOptions, best_of, label_run, roll_out, rollout_failures, rollout_labels,
+    Labelled, RolloutOptions, best_of, label_run, resample, roll_out, rollout_failures,
+    rollout_labels,
 };
 
 use std::collections::BTreeMap;

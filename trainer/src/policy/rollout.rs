@@ -237,8 +237,8 @@ pub fn label_run(
 }
 
 /// `task` followed by `len` tasks drawn uniformly from `jobs` (fresh ids, so that they
-/// never collide with the episode's).
-fn resample(task: &Job, jobs: &[Job], len: usize, rng: &mut ChaCha8Rng) -> Vec<Job> {
+/// never collide with the episode's): one draw of what may arrive after `task`.
+pub fn resample(task: &Job, jobs: &[Job], len: usize, rng: &mut ChaCha8Rng) -> Vec<Job> {
     let mut out = Vec::with_capacity(len + 1);
     out.push(task.clone());
     if jobs.is_empty() {
