@@ -153,6 +153,42 @@ fn the_snapshot_and_gate_can_be_chosen_on_several_validation_seeds() {
 }
 
 #[test]
+fn a_policy_trained_on_wide_candidates_records_and_serves_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("w");
+    train(&out, "7", &["--candidates", "wide"]);
+    let meta = std::fs::read_to_string(out.join("meta.json")).unwrap();
+    assert!(meta.contains("\"candidates\": \"wide\""), "{meta}");
+    let model = marshal_scheduler::policies::learned::LearnedModel::load(&out);
+    assert!(model.scorer.is_ok());
+    assert_eq!(model.candidates, marshal_model::policy::CandidateSet::Wide);
+    let (runs, stderr) = eval_json(&out, &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(
+        runs[1]["mean"]["unallocated_gpus_at_100"]
+            .as_f64()
+            .is_some()
+    );
+    // An unknown set is refused before any training, naming the choices.
+    let bad = marshal(&[
+        "train",
+        "policy",
+        "--traces",
+        "openb-default",
+        "--valid-traces",
+        "openb-default",
+        "--out",
+        &tmp.path().join("x").display().to_string(),
+        "--candidates",
+        "all",
+    ]);
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("`ranked` or `wide`"), "{stderr}");
+    assert!(!tmp.path().join("x").exists());
+}
+
+#[test]
 fn a_missing_corrupt_or_mismatched_model_is_reported_and_the_fallback_decides() {
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("none");

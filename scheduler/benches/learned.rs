@@ -8,8 +8,10 @@
 //! placement, FGD and best-fit scores of every feasible node, the candidates, the
 //! featuriser, the network and the gate. It uses the shipped model
 //! (`models/policy-default`); without one it times an untrained network of the default
-//! size with the gate open, so the full path is always measured. After the criterion
-//! group, p50/p99 of the same decisions timed one by one are printed (target: p99 < 1 ms).
+//! size with the gate open, so the full path is always measured. `decision/learned` ranks
+//! the model's own candidate set, `decision/learned-wide` the same network over the wide
+//! set (the classes of place of every feasible node on top). After the criterion group,
+//! p50/p99 of the same decisions timed one by one are printed (target: p99 < 1 ms).
 
 use std::hint::black_box;
 use std::path::Path;
@@ -18,7 +20,8 @@ use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use marshal_model::policy::{
-    CANDIDATE_FEATURES, DecisionFeatures, FeatureStats, JOB_FEATURES, PolicyConfig, PolicyScorer,
+    CANDIDATE_FEATURES, CandidateSet, DecisionFeatures, FeatureStats, JOB_FEATURES, PolicyConfig,
+    PolicyScorer,
 };
 use marshal_scheduler::domain::{ClusterState, Job};
 use marshal_scheduler::framework::{Context, Policy};
@@ -29,9 +32,10 @@ use marshal_scheduler::sim::percentile;
 mod decision;
 use decision::{DecisionSetup, PENDING_JOBS, POLICY_STREAM, SEED, rng};
 
-fn learned(pending: &[Job]) -> (Policy, &'static str) {
+fn learned(pending: &[Job], set: Option<CandidateSet>) -> (Policy, &'static str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/policy-default");
     let model = LearnedModel::load(&dir);
+    let set = set.unwrap_or(model.candidates);
     let (scorer, gate, what) = match model.scorer {
         Ok(s) => (s, model.gate, "shipped model"),
         Err(_) => {
@@ -54,7 +58,7 @@ fn learned(pending: &[Job]) -> (Policy, &'static str) {
         }
     };
     let (policy, _) = learned_policy("topo-pack", pending, |fallback| {
-        LearnedPlacer::new(fallback, pending, Ok(scorer), gate)
+        LearnedPlacer::new(fallback, pending, Ok(scorer), gate).with_candidates(set)
     })
     .expect("topo-pack exists");
     (policy, what)
@@ -65,23 +69,32 @@ fn bench(c: &mut Criterion) {
         state: base,
         pending,
     } = DecisionSetup::new();
-    let (policy, what) = learned(&pending);
-    let mut state = base.clone();
-    let mut prng = rng(POLICY_STREAM);
-    let mut next = 0usize;
-    c.bench_function("decision/learned", |b| {
-        let mut ctx = Context::new(0.0, &mut prng);
-        b.iter(|| {
-            let job = &pending[next % PENDING_JOBS];
-            next += 1;
-            policy.placer.place(black_box(job), &mut state, &mut ctx)
-        });
-    });
     let args: Vec<String> = std::env::args().collect();
     let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
-    if !measuring {
-        return;
+    for (name, set) in [
+        ("decision/learned", None),
+        ("decision/learned-wide", Some(CandidateSet::Wide)),
+    ] {
+        let (policy, what) = learned(&pending, set);
+        let mut state = base.clone();
+        let mut prng = rng(POLICY_STREAM);
+        let mut next = 0usize;
+        c.bench_function(name, |b| {
+            let mut ctx = Context::new(0.0, &mut prng);
+            b.iter(|| {
+                let job = &pending[next % PENDING_JOBS];
+                next += 1;
+                policy.placer.place(black_box(job), &mut state, &mut ctx)
+            });
+        });
+        if measuring {
+            time_one_by_one(name, what, &policy, &base, &pending);
+        }
     }
+}
+
+/// p50/p99 of the pending jobs' decisions, each timed alone, after a cold pass.
+fn time_one_by_one(name: &str, what: &str, policy: &Policy, base: &ClusterState, pending: &[Job]) {
     let mut state = base.clone();
     let mut prng = rng(POLICY_STREAM);
     let mut ctx = Context::new(0.0, &mut prng);
@@ -99,7 +112,7 @@ fn bench(c: &mut Criterion) {
     let mut warm = time(&mut state, &mut ctx);
     let p = |v: &mut [f64], q: f64| percentile(v, q).unwrap_or(f64::NAN);
     eprintln!(
-        "learned ({what}), {PENDING_JOBS} decisions timed alone on one thread: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs, cold p99 {:.1} µs",
+        "{name} ({what}), {PENDING_JOBS} decisions timed alone on one thread: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs, cold p99 {:.1} µs",
         p(&mut warm, 0.5),
         p(&mut warm, 0.99),
         p(&mut warm, 1.0),

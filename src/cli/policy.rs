@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use marshal_model::policy::{PolicyMeta, save_policy};
+use marshal_model::policy::{CandidateSet, PolicyMeta, save_policy};
 use marshal_scheduler::domain::Job;
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::learned::{self, GateStats};
@@ -77,6 +77,11 @@ pub struct TrainPolicyArgs {
     /// Output directory of the artifact (created).
     #[arg(long)]
     out: PathBuf,
+    /// The candidates the network learns to rank: `ranked` (the fallback's choice, FGD's
+    /// and best fit's best nodes) or `wide` (those, then one node of every further class
+    /// of place for one-worker jobs, up to 16 candidates). Recorded in the artifact.
+    #[arg(long, default_value = "ranked")]
+    candidates: CandidateSet,
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Seeds per training trace (episodes use seeds 1000 + seed …, never an evaluation seed).
@@ -239,6 +244,7 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
         rl_iterations: a.episodes,
         episodes_per_iteration: a.episodes_per_iteration,
         eval_every: a.eval_every,
+        candidates: a.candidates,
         ..TrainOptions::default()
     };
     let bar = progress_bar();
@@ -255,6 +261,7 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
     meta.training_data_hash = data_hash(&train);
     meta.eval_scores = validation_scores(&trained.validation);
     meta.training = training_summary(&opts, &trained, seconds);
+    meta.candidates = a.candidates;
     save_policy(
         &a.out,
         &trained.network,

@@ -15,6 +15,11 @@
 //! a schema bump: the field is optional, so an artifact without it loads and means what
 //! it always meant (its one threshold serves the fallbacks it was trained with), and an
 //! older build ignores the field.
+//!
+//! So was `candidates`, the candidate set the network was trained to rank: absent means
+//! [`CandidateSet::Ranked`], the only set before it, and an older build, which ignores the
+//! field, would serve a `wide` model with ranked candidates only (a subset of what it was
+//! trained on, so still a valid ranking, not a different meaning).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -70,6 +75,52 @@ pub struct PolicyMeta {
     /// gate`), by heuristic name. Takes precedence over `margin_threshold`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub gates: BTreeMap<String, FallbackGate>,
+    /// Which candidate placements the network was trained to rank; the scheduler serves it
+    /// with the same set.
+    #[serde(default, skip_serializing_if = "CandidateSet::is_ranked")]
+    pub candidates: CandidateSet,
+}
+
+/// The candidate placements the scheduler generates for the network to rank (module
+/// `policies::learned::candidates` of the scheduler says how).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CandidateSet {
+    /// The fallback's choice, then the best few nodes by FGD and by best fit (one
+    /// worker), or the tightest-domain, best-fit and packing gangs (several workers).
+    #[default]
+    Ranked,
+    /// `Ranked`, then, for a one-worker job, the first node of each further class of place
+    /// it could go (GPU model, free capacity, idle GPUs, …) until every candidate slot is
+    /// used: places far down FGD's and best fit's rankings.
+    Wide,
+}
+
+impl CandidateSet {
+    pub fn is_ranked(&self) -> bool {
+        *self == CandidateSet::Ranked
+    }
+
+    /// The set's name in `meta.json` and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            CandidateSet::Ranked => "ranked",
+            CandidateSet::Wide => "wide",
+        }
+    }
+}
+
+impl std::str::FromStr for CandidateSet {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "ranked" => Ok(CandidateSet::Ranked),
+            "wide" => Ok(CandidateSet::Wide),
+            other => Err(format!(
+                "unknown candidate set {other:?}: expected `ranked` or `wide`"
+            )),
+        }
+    }
 }
 
 /// A margin threshold chosen on validation episodes for one fallback heuristic.
@@ -138,6 +189,7 @@ impl PolicyMeta {
             training: BTreeMap::new(),
             weights_fnv1a64: String::new(),
             gates: BTreeMap::new(),
+            candidates: CandidateSet::Ranked,
         }
     }
 
@@ -507,6 +559,58 @@ mod tests {
         assert!(meta.gates.is_empty());
         assert_eq!(meta.margin_threshold_for("topo-pack"), Some(0.2));
         assert_eq!(meta.margin_threshold_for("tiresias"), None);
+    }
+
+    #[test]
+    fn the_candidate_set_is_recorded_kept_and_absent_means_ranked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        let text = fs::read_to_string(dir.join(META_FILE)).unwrap();
+        // An artifact of the ranked set is written as before the field existed.
+        assert!(!text.contains("\"candidates\""), "{text}");
+        assert_eq!(
+            load_policy(&dir).unwrap().meta.candidates,
+            CandidateSet::Ranked
+        );
+        let mut meta = load_policy(&dir).unwrap().meta;
+        meta.candidates = CandidateSet::Wide;
+        replace_file(
+            &dir.join(META_FILE),
+            serde_json::to_string_pretty(&meta).unwrap().as_bytes(),
+        )
+        .unwrap();
+        let text = fs::read_to_string(dir.join(META_FILE)).unwrap();
+        assert!(text.contains("\"candidates\": \"wide\""), "{text}");
+        assert_eq!(
+            load_policy(&dir).unwrap().meta.candidates,
+            CandidateSet::Wide
+        );
+        // A later per-fallback gate keeps it.
+        let gate = FallbackGate {
+            margin_threshold: 0.3,
+            tolerance: 0.01,
+            episodes: Vec::new(),
+            scores: BTreeMap::new(),
+        };
+        write_fallback_gate(&dir, "tiresias", gate).unwrap();
+        assert_eq!(
+            load_policy(&dir).unwrap().meta.candidates,
+            CandidateSet::Wide
+        );
+        // A set this build does not know is a corrupt meta.json, named as such.
+        let unknown = text.replace("\"wide\"", "\"widest\"");
+        fs::write(dir.join(META_FILE), unknown).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(err.contains("meta.json") && err.contains("widest"), "{err}");
+        assert_eq!("wide".parse(), Ok(CandidateSet::Wide));
+        assert_eq!("ranked".parse(), Ok(CandidateSet::Ranked));
+        assert!(
+            "all"
+                .parse::<CandidateSet>()
+                .unwrap_err()
+                .contains("`ranked` or `wide`")
+        );
     }
 
     #[test]

@@ -34,8 +34,8 @@ mod signing;
 mod train;
 
 pub use artifact::{
-    FallbackGate, POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta, artifact_fingerprint,
-    load_policy, replace_file, save_policy, write_fallback_gate,
+    CandidateSet, FallbackGate, POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta,
+    artifact_fingerprint, load_policy, replace_file, save_policy, write_fallback_gate,
 };
 pub use config::PolicyConfig;
 pub use digest::artifact_sha256;

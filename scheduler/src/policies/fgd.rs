@@ -18,7 +18,9 @@ use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
 
-use crate::domain::{ClusterState, GpuDemand, GpuModelId, GpuModelSet, GpuShare, Job, NodeId};
+use crate::domain::{
+    ClusterState, GpuDemand, GpuId, GpuModelId, GpuModelSet, GpuShare, Job, NodeId,
+};
 use crate::framework::{Context, NodeScorer, pick_gpus_best_fit};
 use crate::policies::scorers::per_gpu_milli;
 
@@ -269,6 +271,59 @@ impl Fgd {
         s
     }
 
+    /// FGD's score of putting the shared task `job` on each GPU of `node` that fits it,
+    /// in GPU order (the node's score is the best of them).
+    fn share_scores(&self, job: &Job, node: NodeId, state: &ClusterState) -> Vec<(GpuId, i64)> {
+        let topo_node = state.topology().node(node);
+        let lefts = Self::node_lefts(state, node, job);
+        let cpu_left = state.node_cpu_free(node);
+        let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
+        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
+        let mut after = lefts.clone();
+        let mut scores = Vec::new();
+        for (i, gpu) in topo_node.gpu_ids().enumerate() {
+            if !state.gpu_fits(gpu, job.gpu) {
+                continue;
+            }
+            after[i] -= job.gpu.milli() as u16;
+            let s = self.delta_score(
+                before,
+                self.fragmentation(topo_node.model, cpu_after, &after),
+            );
+            after[i] = lefts[i];
+            scores.push((gpu, s));
+        }
+        scores
+    }
+
+    /// FGD's score of the shared task `job` on `gpu` of `node` in particular (`None` if it
+    /// does not fit there or `gpu` is not on `node`): the node's score when `gpu` is FGD's own pick, lower when
+    /// another GPU would fragment less.
+    pub fn share_score(
+        &self,
+        job: &Job,
+        node: NodeId,
+        gpu: GpuId,
+        state: &ClusterState,
+    ) -> Option<f64> {
+        let topo_node = state.topology().node(node);
+        if !(job.gpu.is_shared() && topo_node.gpus.contains(&gpu.0) && state.gpu_fits(gpu, job.gpu))
+        {
+            return None;
+        }
+        let lefts = Self::node_lefts(state, node, job);
+        let i = (gpu.0 - topo_node.gpus.start) as usize;
+        let cpu_left = state.node_cpu_free(node);
+        let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
+        let mut after = lefts;
+        after[i] -= job.gpu.milli() as u16;
+        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
+        Some(self.delta_score(
+            before,
+            self.fragmentation(topo_node.model, cpu_after, &after),
+        ) as f64)
+    }
+
     /// Each GPU's free milli as `job` can use it (none of a GPU in the other MIG mode).
     fn node_lefts(state: &ClusterState, node: NodeId, job: &Job) -> Vec<u16> {
         state
@@ -339,33 +394,13 @@ impl NodeScorer for Fgd {
         if !job.gpu.is_shared() {
             return pick_gpus_best_fit(job, node, state);
         }
-        let topo_node = state.topology().node(node);
-        let lefts = Self::node_lefts(state, node, job);
-        let cpu_left = state.node_cpu_free(node);
-        let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
-        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
-        let mut best: Option<(i64, usize)> = None;
-        let mut after = lefts.clone();
-        for (i, gpu) in topo_node.gpu_ids().enumerate() {
-            if !state.gpu_fits(gpu, job.gpu) {
-                continue;
-            }
-            after[i] -= job.gpu.milli() as u16;
-            let s = self.delta_score(
-                before,
-                self.fragmentation(topo_node.model, cpu_after, &after),
-            );
-            after[i] = lefts[i];
+        let mut best: Option<(i64, GpuId)> = None;
+        for (gpu, s) in self.share_scores(job, node, state) {
             if best.is_none_or(|(b, _)| s > b) {
-                best = Some((s, i));
+                best = Some((s, gpu));
             }
         }
-        best.map(|(_, i)| {
-            vec![GpuShare::for_demand(
-                crate::domain::GpuId(topo_node.gpus.start + i as u32),
-                job.gpu,
-            )]
-        })
+        best.map(|(_, gpu)| vec![GpuShare::for_demand(gpu, job.gpu)])
     }
 }
 
@@ -422,5 +457,51 @@ mod tests {
         );
         // With a second GPU, the sliver is avoided by using it instead.
         assert_eq!(fgd.score_state(&job, m, 64_000, &[700, 1000]), 50);
+    }
+
+    #[test]
+    fn a_share_scores_on_its_own_gpu_and_the_node_takes_the_best() {
+        use crate::domain::{ClusterSpec, Placement, Topology, WorkerPlacement};
+        let spec = ClusterSpec::from_toml(
+            "name='c'\n[[nodes]]\ncount=1\ngpu_model='T4'\ngpus=4\ncpu_milli=64000\nmemory_mib=262144\n",
+        )
+        .unwrap();
+        let topo = std::sync::Arc::new(Topology::build(&spec).unwrap());
+        let mut state = ClusterState::new(topo);
+        // Free capacity 1000, 500, 300, 200 on GPUs 0..4.
+        for (id, (gpu, used)) in [(1, 500), (2, 700), (3, 800)].into_iter().enumerate() {
+            let mut j = task(1000, GpuDemand::Milli(used));
+            j.id = JobId(id as u32 + 1);
+            let p = Placement {
+                workers: vec![WorkerPlacement {
+                    node: NodeId(0),
+                    gpus: vec![GpuShare::for_demand(GpuId(gpu), j.gpu)],
+                }],
+            };
+            state.allocate(&j, &p).unwrap();
+        }
+        let fgd = Fgd::from_workload(&[task(1000, GpuDemand::Milli(500))]);
+        let job = task(1000, GpuDemand::Milli(300));
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+        let ctx = &mut Context::new(0.0, &mut rng);
+        let node = fgd.score(&job, NodeId(0), &state, ctx);
+        let own = |g| fgd.share_score(&job, NodeId(0), GpuId(g), &state);
+        // 300 fits exactly on GPU 2: FGD's pick, with the node's score; the others lower.
+        let pick = fgd.pick_gpus(&job, NodeId(0), &state, ctx).unwrap();
+        assert_eq!(pick[0].gpu, GpuId(2));
+        assert_eq!(own(2), Some(node));
+        assert!(own(0).unwrap() < node && own(1).unwrap() < node);
+        // No room on GPU 3, no such GPU on the node, and whole GPUs have no share score.
+        assert_eq!(own(3), None);
+        assert_eq!(own(9), None);
+        assert_eq!(
+            fgd.share_score(
+                &task(1000, GpuDemand::Whole(1)),
+                NodeId(0),
+                GpuId(0),
+                &state
+            ),
+            None
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use marshal_model::policy::{PolicyScorer, Sample};
+use marshal_model::policy::{CandidateSet, PolicyScorer, Sample};
 use marshal_scheduler::domain::{Job, Topology};
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::learned::{
@@ -84,6 +84,8 @@ pub enum Driver {
         scorer: Option<Arc<PolicyScorer>>,
         act: Act,
         gate: Gate,
+        /// The candidate set the network ranks (and imitation records).
+        candidates: CandidateSet,
     },
 }
 
@@ -136,11 +138,17 @@ pub fn run_episode(spec: &EpisodeSpec, index: usize, driver: &Driver) -> Result<
                 alloc_before_call,
             })
         }
-        Driver::Learned { scorer, act, gate } => {
+        Driver::Learned {
+            scorer,
+            act,
+            gate,
+            candidates,
+        } => {
             let recorder = Arc::new(Mutex::new(Vec::new()));
             let model = scorer.clone().ok_or_else(|| "no model yet".to_string());
             let (policy, stats) = learned_policy(&spec.fallback, jobs, |fallback| {
-                let p = LearnedPlacer::new(fallback, jobs, model, *gate);
+                let p =
+                    LearnedPlacer::new(fallback, jobs, model, *gate).with_candidates(*candidates);
                 if *act == Act::Greedy {
                     p
                 } else {

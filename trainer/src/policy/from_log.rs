@@ -227,6 +227,9 @@ pub fn retrain_from_log(
     // weights; `marshal train gate` chooses them again for the new ones.
     let mut meta = PolicyMeta::new(old.margin_threshold, old.distance_limit);
     meta.fallback = old.fallback;
+    // The logged decisions' candidates came from the serving model's set; the retrained
+    // network ranks that set too.
+    meta.candidates = old.candidates;
     meta.training_data_hash = format!(
         "decision-log:{}+init:{}",
         log_hash(&samples),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use marshal_model::policy::{
-    FallbackGate, PolicyMeta, PolicyScorer, load_policy, write_fallback_gate,
+    CandidateSet, FallbackGate, PolicyMeta, PolicyScorer, load_policy, write_fallback_gate,
 };
 use marshal_scheduler::policies::learned::{Act, CLOSED_MARGIN, Gate};
 
@@ -56,6 +56,7 @@ pub(super) fn validate(
     valid: &[ValidationRef],
     scorer: &Arc<PolicyScorer>,
     gate: Gate,
+    candidates: CandidateSet,
 ) -> Result<ValidationRun, String> {
     valid
         .iter()
@@ -67,6 +68,7 @@ pub(super) fn validate(
                     scorer: Some(scorer.clone()),
                     act: Act::Greedy,
                     gate,
+                    candidates,
                 },
             )?;
             Ok((r.fallback.score, o.score, o.counts.fallback_rate()))
@@ -91,6 +93,7 @@ pub struct GateChoice {
 pub fn select_gate(
     valid: &[ValidationRef],
     scorer: &Arc<PolicyScorer>,
+    candidates: CandidateSet,
     distance_limit: f32,
     margins: &[f32],
     tolerance: f64,
@@ -106,6 +109,7 @@ pub fn select_gate(
             margin_threshold: 0.0,
             distance_limit,
         },
+        candidates,
     )?;
     let mut chosen: Option<(f64, Gate, ValidationRun)> = None;
     for (k, &m) in margins.iter().enumerate() {
@@ -113,7 +117,7 @@ pub fn select_gate(
             margin_threshold: m,
             distance_limit,
         };
-        let rows = validate(valid, scorer, gate)?;
+        let rows = validate(valid, scorer, gate, candidates)?;
         let worst = rows
             .iter()
             .map(|(fb, ours, _)| gain(*fb, *ours))
@@ -141,7 +145,7 @@ pub fn select_gate(
                 margin_threshold: CLOSED_MARGIN,
                 distance_limit,
             };
-            let rows = validate(valid, scorer, gate)?;
+            let rows = validate(valid, scorer, gate, candidates)?;
             (gate, rows)
         }
     };
@@ -210,6 +214,7 @@ pub fn regate(
     let choice = select_gate(
         &refs,
         &scorer,
+        artifact.meta.candidates,
         artifact.meta.distance_limit,
         margins,
         tolerance,

@@ -44,8 +44,8 @@ use std::sync::Arc;
 use gate::validate;
 
 use marshal_model::policy::{
-    DecisionFeatures, FeatureStats, PolicyConfig, PolicyLearner, PolicyNetwork, PolicyScorer,
-    Sample,
+    CandidateSet, DecisionFeatures, FeatureStats, PolicyConfig, PolicyLearner, PolicyNetwork,
+    PolicyScorer, Sample,
 };
 use marshal_scheduler::policies::learned::{Act, Gate};
 use rand::SeedableRng;
@@ -80,6 +80,9 @@ pub struct TrainOptions {
     pub tolerance: f64,
     /// The distance limit is this multiple of the training decisions' 99.9th percentile.
     pub distance_factor: f32,
+    /// The candidates the network learns to rank (recorded in the artifact, which the
+    /// scheduler then serves with the same set).
+    pub candidates: CandidateSet,
 }
 
 impl Default for TrainOptions {
@@ -99,6 +102,7 @@ impl Default for TrainOptions {
             margins: vec![0.0, 0.1, 0.2, 0.4, 0.6, 0.8],
             tolerance: 0.01,
             distance_factor: 2.0,
+            candidates: CandidateSet::Ranked,
         }
     }
 }
@@ -195,6 +199,7 @@ pub fn train_policy(
         scorer: None,
         act: Act::Imitate,
         gate: open,
+        candidates: opts.candidates,
     };
     // 1. Imitation runs: the decisions to clone and the fallback's reference outcomes.
     let seeds_of = |s: &EpisodeSpec| s.jobs_by_seed.len();
@@ -272,7 +277,7 @@ pub fn train_policy(
                         curve: &mut Vec<CurvePoint>|
      -> Result<(), String> {
         let scorer = Arc::new(learner.scorer().map_err(|e| e.to_string())?);
-        let rows = validate(&valid_refs, &scorer, eval_gate)?;
+        let rows = validate(&valid_refs, &scorer, eval_gate, opts.candidates)?;
         let g = mean(rows.iter().map(|(fb, ours, _)| gain(*fb, *ours)));
         curve.push(CurvePoint {
             phase: "validate".into(),
@@ -308,7 +313,14 @@ pub fn train_policy(
                 continue;
             }
             for i in 0..seeds_of(spec) {
-                let labels = rollout_labels(spec, i, behaviour.as_ref(), gate, &opts.rollout)?;
+                let labels = rollout_labels(
+                    spec,
+                    i,
+                    behaviour.as_ref(),
+                    gate,
+                    opts.candidates,
+                    &opts.rollout,
+                )?;
                 labelled += labels.len();
                 for l in &labels {
                     if l.best != l.fallback {
@@ -367,6 +379,7 @@ pub fn train_policy(
             scorer: Some(scorer),
             act: Act::Sample,
             gate: open,
+            candidates: opts.candidates,
         };
         let mut samples = Vec::new();
         let mut gains = Vec::new();
@@ -416,6 +429,7 @@ pub fn train_policy(
     } = select_gate(
         &valid_refs,
         &scorer,
+        opts.candidates,
         distance_limit,
         &opts.margins,
         opts.tolerance,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use marshal_model::policy::{DecisionFeatures, PolicyScorer};
+use marshal_model::policy::{CandidateSet, DecisionFeatures, PolicyScorer};
 use marshal_scheduler::domain::{Job, JobId};
 use marshal_scheduler::framework::Placer;
 use marshal_scheduler::policies::learned::{Choice, Gate, LearnedPlacer};
@@ -100,14 +100,15 @@ pub fn roll_out(run: &mut InflationRun, base: &dyn Placer, until_pct: f64, end: 
     run.failed_milli() - before
 }
 
-/// Labels decisions of episode `index` of `spec` (inflation only). The episode itself
-/// is driven by `behaviour` (greedy behind `gate`) when given, else by the base heuristic
-/// (the spec's fallback), which also continues every rollout.
+/// Labels decisions of episode `index` of `spec` (inflation only) over `candidates`. The
+/// episode itself is driven by `behaviour` (greedy behind `gate`) when given, else by the
+/// base heuristic (the spec's fallback), which also continues every rollout.
 pub fn rollout_labels(
     spec: &EpisodeSpec,
     index: usize,
     behaviour: Option<&Arc<PolicyScorer>>,
     gate: Gate,
+    candidates: CandidateSet,
     opts: &RolloutOptions,
 ) -> Result<Vec<Labelled>, String> {
     if spec.objective() != Objective::Inflation {
@@ -123,7 +124,7 @@ pub fn rollout_labels(
     };
     let run = InflationRun::new(spec.topo.clone(), jobs, &config)
         .map_err(|e| format!("{}: {e}", spec.name))?;
-    label_run(run, &spec.fallback, jobs, behaviour, gate, opts)
+    label_run(run, &spec.fallback, jobs, behaviour, gate, candidates, opts)
 }
 
 /// [`rollout_labels`] on a given episode: `fallback` names the base heuristic, `jobs`
@@ -134,18 +135,18 @@ pub fn label_run(
     jobs: &[Job],
     behaviour: Option<&Arc<PolicyScorer>>,
     gate: Gate,
+    candidates: CandidateSet,
     opts: &RolloutOptions,
 ) -> Result<Vec<Labelled>, String> {
     let build = || policies::build(fallback, jobs).map_err(|e: UnknownPolicy| e.to_string());
     let base = build()?.placer;
-    let labeller = LearnedPlacer::new(build()?.placer, jobs, Err("labeller".into()), gate);
+    let labeller = LearnedPlacer::new(build()?.placer, jobs, Err("labeller".into()), gate)
+        .with_candidates(candidates);
     let driver: Box<dyn Placer> = match behaviour {
-        Some(scorer) => Box::new(LearnedPlacer::new(
-            build()?.placer,
-            jobs,
-            Ok(scorer.clone()),
-            gate,
-        )),
+        Some(scorer) => Box::new(
+            LearnedPlacer::new(build()?.placer, jobs, Ok(scorer.clone()), gate)
+                .with_candidates(candidates),
+        ),
         None => build()?.placer,
     };
     let capacity = run.state().capacity_milli().max(1) as f64;

@@ -83,6 +83,7 @@ fn options(seed: u64) -> TrainOptions {
         margins: vec![0.0, 0.5],
         tolerance: 0.01,
         distance_factor: 2.0,
+        candidates: CandidateSet::Ranked,
     }
 }
 
@@ -128,6 +129,7 @@ fn returns_compare_with_the_fallback_on_the_same_seed() {
             margin_threshold: 0.0,
             distance_limit: f32::INFINITY,
         },
+        candidates: CandidateSet::Ranked,
     };
     let fb = run_episode(spec, 0, &Driver::Fallback).unwrap();
     let copy = run_episode(spec, 0, &imitate).unwrap();
@@ -220,9 +222,12 @@ fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
         margin_threshold: 0.0,
         distance_limit: f32::INFINITY,
     };
-    let labels = rollout_labels(spec, 0, None, gate, &opts).unwrap();
+    let labels = rollout_labels(spec, 0, None, gate, CandidateSet::Ranked, &opts).unwrap();
     assert!(labels.len() >= 5, "{}", labels.len());
-    assert_eq!(labels, rollout_labels(spec, 0, None, gate, &opts).unwrap());
+    assert_eq!(
+        labels,
+        rollout_labels(spec, 0, None, gate, CandidateSet::Ranked, &opts).unwrap()
+    );
     assert_eq!(
         labels,
         rollout_labels(
@@ -230,6 +235,7 @@ fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
             0,
             None,
             gate,
+            CandidateSet::Ranked,
             &RolloutOptions {
                 threads: 3,
                 ..opts.clone()

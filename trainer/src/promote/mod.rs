@@ -104,6 +104,7 @@ fn score(model: &LearnedModel, spec: &EpisodeSpec) -> Result<(f64, f64, String),
         scorer: model.scorer.as_ref().ok().map(Arc::clone),
         act: Act::Greedy,
         gate,
+        candidates: model.candidates,
     };
     let n = spec.jobs_by_seed.len();
     let (mut total, mut rate) = (0.0, 0.0);

@@ -5,6 +5,7 @@
 use marshal_model::policy::{CANDIDATE_FEATURES, DecisionFeatures, JOB_FEATURES, MAX_CANDIDATES};
 
 use crate::domain::{ClusterState, GpuDemand, Job, NodeId, Placement, TopoLevel};
+use crate::policies::Fgd;
 use crate::sim::SpeedModel;
 
 /// One option for a decision: a placement, or waiting (holding capacity).
@@ -68,6 +69,7 @@ pub fn candidate_features(
     state: &ClusterState,
     choice: &Choice,
     scores: &NodeScores,
+    fgd_scorer: &Fgd,
 ) -> [f32; CANDIDATE_FEATURES] {
     let mut f = [0.0f32; CANDIDATE_FEATURES];
     let Choice::Place {
@@ -91,11 +93,20 @@ pub fn candidate_features(
 
     let (mut fgd, mut bf, mut fgd_rank, mut bf_rank) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
     let (mut idle_after, mut cpu_after) = (0.0f32, 0.0f32);
+    // A share's FGD score is that of its own GPU: the node's score is FGD's best GPU's,
+    // which a candidate on another GPU of the node does not get.
+    let share_score = match placement.workers.as_slice() {
+        [w] if job.workers == 1 && w.gpus.len() == 1 => {
+            fgd_scorer.share_score(job, w.node, w.gpus[0].gpu, state)
+        }
+        _ => None,
+    };
     for &node in &nodes {
         if let Some(i) = scores.lookup(node) {
-            fgd += scores.fgd[i] as f32;
+            let own = share_score.unwrap_or(scores.fgd[i]);
+            fgd += own as f32;
             bf += scores.best_fit[i] as f32;
-            fgd_rank += NodeScores::rank(&scores.fgd, scores.fgd[i]);
+            fgd_rank += NodeScores::rank(&scores.fgd, own);
             bf_rank += NodeScores::rank(&scores.best_fit, scores.best_fit[i]);
         } else {
             fgd_rank += 1.0;
@@ -178,12 +189,13 @@ pub fn featurise(
     state: &ClusterState,
     choices: &[Choice],
     scores: &NodeScores,
+    fgd: &Fgd,
 ) -> DecisionFeatures {
     DecisionFeatures {
         job: job_features(job, state, choices.len()),
         candidates: choices
             .iter()
-            .map(|c| candidate_features(job, state, c, scores))
+            .map(|c| candidate_features(job, state, c, scores, fgd))
             .collect(),
     }
 }

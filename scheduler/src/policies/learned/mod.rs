@@ -19,7 +19,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use marshal_model::policy::{DecisionFeatures, MAX_CANDIDATES, PolicyScorer, load_policy};
+use marshal_model::policy::{
+    CandidateSet, DecisionFeatures, MAX_CANDIDATES, PolicyScorer, load_policy,
+};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -209,6 +211,7 @@ pub struct LearnedPlacer {
     recorder: Option<Arc<Mutex<Vec<Record>>>>,
     trace: Option<TraceSink>,
     calls: AtomicU64,
+    candidates: CandidateSet,
 }
 
 impl LearnedPlacer {
@@ -229,7 +232,15 @@ impl LearnedPlacer {
             recorder: None,
             trace: None,
             calls: AtomicU64::new(0),
+            candidates: CandidateSet::Ranked,
         }
+    }
+
+    /// Ranks `set`'s candidates (default [`CandidateSet::Ranked`]): the set the model was
+    /// trained on.
+    pub fn with_candidates(mut self, set: CandidateSet) -> Self {
+        self.candidates = set;
+        self
     }
 
     pub fn stats(&self) -> Arc<GateStats> {
@@ -345,7 +356,7 @@ impl LearnedPlacer {
             &self.fgd,
             &scores,
             fallback.as_ref().ok().cloned(),
-            MAX_CANDIDATES - usize::from(may_wait),
+            (MAX_CANDIDATES - usize::from(may_wait), self.candidates),
         );
         if choices.is_empty() {
             return None;
@@ -353,7 +364,7 @@ impl LearnedPlacer {
         if may_wait {
             choices.push(Choice::Wait);
         }
-        let features = featurise(job, state, &choices, &scores);
+        let features = featurise(job, state, &choices, &scores, &self.fgd);
         Some((choices, features))
     }
 
@@ -492,6 +503,8 @@ pub struct LearnedModel {
     /// Margin threshold per fallback heuristic that one was chosen for: the trained one
     /// for the artifact's fallbacks, overridden by `marshal train gate`'s entries.
     pub thresholds: std::collections::BTreeMap<String, f32>,
+    /// The candidate set the network was trained to rank.
+    pub candidates: CandidateSet,
 }
 
 /// A margin threshold no margin reaches (margins lie in [0, 1]): the gate always falls
@@ -541,6 +554,7 @@ impl LearnedModel {
             },
             fallback: a.meta.fallback,
             thresholds,
+            candidates: a.meta.candidates,
         })
     }
 
@@ -553,6 +567,7 @@ impl LearnedModel {
             },
             fallback: Default::default(),
             thresholds: Default::default(),
+            candidates: CandidateSet::Ranked,
         }
     }
 
@@ -647,6 +662,7 @@ pub fn build_learned(
     let (gate, _) = model.gate_for(fallback);
     learned_policy(fallback, workload, |placer| {
         LearnedPlacer::new(placer, workload, model.scorer.clone(), gate)
+            .with_candidates(model.candidates)
     })
 }
 

@@ -86,7 +86,8 @@ pub fn build_policy(
     }
     let setup = learned.ok_or(PolicyError::NoSetup)?;
     let (policy, stats) = learned_policy(&setup.fallback, jobs, |placer| {
-        let placer = LearnedPlacer::new(placer, jobs, setup.model.scorer.clone(), setup.gate);
+        let placer = LearnedPlacer::new(placer, jobs, setup.model.scorer.clone(), setup.gate)
+            .with_candidates(setup.model.candidates);
         match &setup.trace {
             Some(sink) => placer.with_trace(sink.clone()),
             None => placer,

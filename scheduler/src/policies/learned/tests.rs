@@ -126,6 +126,7 @@ fn a_fallback_without_a_threshold_closes_the_gate_and_says_so() {
         gate: open_gate(),
         fallback: BTreeMap::from([("inflation".to_string(), "fgd".to_string())]),
         thresholds: BTreeMap::from([("fgd".to_string(), 0.0)]),
+        candidates: CandidateSet::Ranked,
     };
     let run = |setup: &LearnedSetup| {
         let (policy, stats) = build_policy(LEARNED, &w, Some(setup)).unwrap();
@@ -355,4 +356,85 @@ proptest::proptest! {
             proptest::prop_assert!(state.check_consistency().is_ok());
         }
     }
+}
+
+#[test]
+fn wide_candidates_extend_the_ranked_ones_with_distinct_feasible_places() {
+    let w = workload();
+    let state = &mut ClusterState::new(cluster());
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    // A partly used cluster, placed at random so that GPUs and nodes differ in what they
+    // have free.
+    let random = crate::policies::build("random", &w).unwrap();
+    for job in &w[..20] {
+        if let Ok(p) = random
+            .placer
+            .place(job, state, &mut Context::new(0.0, &mut rng))
+        {
+            state.allocate(job, &p).unwrap();
+        }
+    }
+    let placer = |set| {
+        LearnedPlacer::new(
+            crate::policies::build("fgd", &w).unwrap().placer,
+            &w,
+            Err("candidates only".into()),
+            open_gate(),
+        )
+        .with_candidates(set)
+    };
+    let (ranked, wide) = (placer(CandidateSet::Ranked), placer(CandidateSet::Wide));
+    let mut widened = 0;
+    for demand in [
+        GpuDemand::Milli(300),
+        GpuDemand::Milli(600),
+        GpuDemand::Whole(1),
+        GpuDemand::Whole(2),
+    ] {
+        let mut job = Job::whole_gpus(JobId(99), 1, 0.0, 0.0);
+        job.cpu_milli = 4000;
+        job.gpu = demand;
+        let mut ctx = Context::new(0.0, &mut rng);
+        let fb = ranked.fallback_place(&job, state, &mut ctx);
+        let (r, rf) = ranked.decision(&job, state, &mut ctx, &fb).unwrap();
+        let (c, cf) = wide.decision(&job, state, &mut ctx, &fb).unwrap();
+        cf.validate().unwrap();
+        assert_eq!(cf.candidates.len(), c.len());
+        assert!(c.len() <= MAX_CANDIDATES);
+        // A whole-GPU gang may wait; the wait stays last in both sets.
+        let waits = usize::from(r.last() == Some(&Choice::Wait));
+        assert_eq!(waits, usize::from(c.last() == Some(&Choice::Wait)));
+        let places = r.len() - waits;
+        // The ranked candidates come first, unchanged, and the features agree on them.
+        assert_eq!(&c[..places], &r[..places], "{demand:?}");
+        assert_eq!(&cf.candidates[..places], &rf.candidates[..places]);
+        widened += c.len() - r.len();
+        let placements: Vec<&Placement> = c[..c.len() - waits]
+            .iter()
+            .map(|choice| match choice {
+                Choice::Place { placement, .. } => placement,
+                Choice::Wait => panic!("a wait before the last candidate"),
+            })
+            .collect();
+        for (i, p) in placements.iter().enumerate() {
+            // Every extra candidate is a new place that the job fits.
+            assert!(!placements[..i].contains(p), "{demand:?}: {p:?} twice");
+            let mut copy = state.clone();
+            copy.allocate(&job, p).unwrap();
+            assert_eq!(p.workers[0].gpus.len(), job.gpu_count().max(1) as usize);
+        }
+    }
+    assert!(widened > 0, "no class of place beyond the rankings");
+    // A MIG or CPU-only worker gets the ranked candidates only.
+    let mut cpu_only = Job::whole_gpus(JobId(100), 1, 0.0, 0.0);
+    cpu_only.gpu = GpuDemand::None;
+    cpu_only.cpu_milli = 1000;
+    let mut ctx = Context::new(0.0, &mut rng);
+    let fb = ranked.fallback_place(&cpu_only, state, &mut ctx);
+    assert_eq!(
+        ranked
+            .decision(&cpu_only, state, &mut ctx, &fb)
+            .map(|d| d.0),
+        wide.decision(&cpu_only, state, &mut ctx, &fb).map(|d| d.0)
+    );
 }
