@@ -23,10 +23,15 @@
 # seconds (default 560) for both and copies every log into $OUT either way. The machine
 # goes back about 30 s after a call ends, taking the detached runs with it: `collect` must
 # follow `start` at once (on 2026-11-24 it did not, and found a fresh machine).
+# MAX_EPOCHS (default 60) caps every network of the runs; at 60 the GPU run did not finish
+# inside one call (2026-11-24: more than 470 s), so for a whole run timed in one call use
+#   MAX_EPOCHS=15 WAIT_S=420 OUT=DIR bash scripts/gpu-check.sh start
+# (both runs take the same cap, so the GPU and CPU times stay comparable).
 set -u
 OUT=${OUT:?set OUT to a directory for the logs}
 PHASE=${1:-start}
 WAIT_S=${WAIT_S:-560}
+MAX_EPOCHS=${MAX_EPOCHS:-60}
 B=/tmp/bin
 LOGS=/tmp/gpu-logs
 
@@ -72,7 +77,7 @@ grep -m1 'model name' /proc/cpuinfo
 start_training() {
     local name=$1 device=$2
     local args
-    args="$(printf -- '--telemetry %s ' .gpu-run/T/*)--cluster dgx-h100-64 --max-epochs 60"
+    args="$(printf -- '--telemetry %s ' .gpu-run/T/*)--cluster dgx-h100-64 --max-epochs $MAX_EPOCHS"
     setsid nohup bash -c "
         start=\$(date +%s%N)
         $B/marshal train predictor $args --device $device --out /tmp/m-$name > $LOGS/train-$name.log 2>&1
