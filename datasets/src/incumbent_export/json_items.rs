@@ -1,11 +1,23 @@
 //! Where each element of a JSON document's top-level `items` array starts, as 1-based
 //! lines, so that a skipped pod can be named by `file:line` (`serde_json`'s values carry
-//! no positions). Only called on text `serde_json` has accepted.
+//! no positions), and where each top-level `items` key is (a reader keeps only the last
+//! of repeated keys, so a second one would silently drop the first list). Only called on
+//! text `serde_json` has accepted.
 
-/// The line each element of the top-level object's `items` array starts on, in order.
-pub(super) fn item_lines(text: &str) -> Vec<usize> {
+/// Positions in a JSON document, as 1-based lines.
+#[derive(Debug, PartialEq)]
+pub(super) struct ItemsLayout {
+    /// Each top-level `items` key.
+    pub keys: Vec<usize>,
+    /// Each element of a top-level `items` array, in order.
+    pub items: Vec<usize>,
+}
+
+/// Where the top-level object's `items` keys and their arrays' elements are.
+pub(super) fn items_layout(text: &str) -> ItemsLayout {
     let b = text.as_bytes();
     let mut starts = Vec::new();
+    let mut keys = Vec::new();
     let mut depth = 0usize;
     let mut last_string: Option<(usize, usize)> = None;
     let mut key_is_items = false;
@@ -34,6 +46,9 @@ pub(super) fn item_lines(text: &str) -> Vec<usize> {
             }
             b':' if depth == 1 => {
                 key_is_items = last_string.is_some_and(|(s, e)| &b[s..e] == b"items");
+                if let (true, Some((s, _))) = (key_is_items, last_string) {
+                    keys.push(s);
+                }
             }
             b'{' | b'[' => {
                 depth += 1;
@@ -53,9 +68,17 @@ pub(super) fn item_lines(text: &str) -> Vec<usize> {
         }
         i += 1;
     }
+    ItemsLayout {
+        keys: lines_of(b, keys),
+        items: lines_of(b, starts),
+    }
+}
+
+/// The lines of ascending byte offsets.
+fn lines_of(b: &[u8], offsets: Vec<usize>) -> Vec<usize> {
     let mut line = 1;
     let mut at = 0;
-    starts
+    offsets
         .into_iter()
         .map(|s| {
             line += b[at..s].iter().filter(|&&c| c == b'\n').count();
@@ -72,7 +95,24 @@ mod tests {
     #[test]
     fn lines_of_items_skip_strings_nested_arrays_and_other_keys() {
         let text = "{\n  \"kind\": \"List\",\n  \"x\": [1, 2],\n  \"items\": [\n    {\"a\": \"[,]\\\"\"},\n    {\"b\": [3, {\"items\": [4]}]}, 7,\n    \"s\"\n  ]\n}\n";
-        assert_eq!(item_lines(text), vec![5, 6, 6, 7]);
-        assert_eq!(item_lines("{\"items\": []}"), Vec::<usize>::new());
+        let layout = items_layout(text);
+        assert_eq!(layout.items, vec![5, 6, 6, 7]);
+        // The nested `items` is not a top-level key.
+        assert_eq!(layout.keys, vec![4]);
+        assert_eq!(
+            items_layout("{\"items\": []}"),
+            ItemsLayout {
+                keys: vec![1],
+                items: Vec::new()
+            }
+        );
+    }
+
+    #[test]
+    fn every_top_level_items_key_is_found() {
+        let text = "{\"items\": [1],\n \"kind\": \"items\",\n \"items\": [2, 3]}";
+        let layout = items_layout(text);
+        assert_eq!(layout.keys, vec![1, 3]);
+        assert_eq!(layout.items, vec![1, 3, 3]);
     }
 }

@@ -3,7 +3,7 @@
 use chrono::DateTime;
 use serde_json::Value;
 
-use super::json_items::item_lines;
+use super::json_items::items_layout;
 use super::{IncumbentExport, outcome};
 use crate::jobs::Unique;
 use crate::table::{Bad, malformed};
@@ -36,7 +36,8 @@ pub enum PodId {
 ///
 /// A malformed pod (not an object, no name, a time that is not RFC 3339, an end before
 /// its start, a repeated id) is skipped with the line it starts on and a reason naming
-/// `items[i]` and the pod; text that is not JSON, or no `items`, is an error.
+/// `items[i]` and the pod; text that is not JSON, no `items`, or two `items` keys (JSON
+/// readers keep the last, which would drop the first list), is an error.
 pub fn parse_kubectl_pods(
     name: &str,
     text: &str,
@@ -44,6 +45,17 @@ pub fn parse_kubectl_pods(
 ) -> Result<IncumbentExport, DatasetError> {
     let doc: Value = serde_json::from_str(text)
         .map_err(|e| malformed(name, e.line().max(1), "json", e.to_string()))?;
+    let layout = items_layout(text);
+    if let Some(&second) = layout.keys.get(1) {
+        return Err(malformed(
+            name,
+            second,
+            "items",
+            "a second top-level `items` key: a JSON reader keeps only the last, so the pods \
+             listed under the first would be lost; merge the lists into one `items` array"
+                .into(),
+        ));
+    }
     let single;
     let items: &[Value] = match doc.get("items") {
         Some(Value::Array(items)) => items,
@@ -60,7 +72,7 @@ pub fn parse_kubectl_pods(
             ));
         }
     };
-    let lines = item_lines(text);
+    let lines = layout.items;
     let mut report = ParseReport::new(name);
     let mut rows = Vec::new();
     let mut jobs = Unique::default();

@@ -353,6 +353,40 @@ fn pod_files_that_are_not_a_list_are_errors() {
 }
 
 #[test]
+fn a_pods_file_with_two_items_keys_is_refused_rather_than_losing_the_first_list() {
+    let pod = |n: &str| {
+        format!(
+            r#"{{"kind":"Pod","metadata":{{"name":"{n}","namespace":"d"}},"spec":{{"nodeName":"n1"}}}}"#
+        )
+    };
+    let text = format!(
+        "{{\"kind\": \"List\",\n \"items\": [{}],\n \"items\": [{}]}}",
+        pod("a"),
+        pod("b")
+    );
+    // A JSON reader alone would keep only pod `b`.
+    let err = parse_kubectl_pods("p.json", &text, PodId::Name).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("p.json, line 3, field `items`: a second top-level `items` key"),
+        "{msg}"
+    );
+    // One list of both pods reads both.
+    let merged = format!(
+        "{{\"kind\": \"List\", \"items\": [{}, {}]}}",
+        pod("a"),
+        pod("b")
+    );
+    assert_eq!(
+        parse_kubectl_pods("p.json", &merged, PodId::Name)
+            .unwrap()
+            .rows
+            .len(),
+        2
+    );
+}
+
+#[test]
 fn rfc3339_times_take_fractions_and_offsets() {
     assert_eq!(rfc3339_seconds("2026-11-22T18:40:05Z"), Ok(1_795_372_805.0));
     assert_eq!(

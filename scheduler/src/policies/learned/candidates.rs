@@ -6,10 +6,12 @@
 //! far down those rankings: the feasible nodes fall into classes — for a share, (the
 //! GPU's free capacity, the node's idle GPUs, GPU model); for whole GPUs, (the node's idle
 //! GPUs, its partly used GPUs, its free CPU in 8-core steps, GPU model) — and the first
-//! node of each class, tightest classes first, becomes a candidate. One-step rollout
-//! planning over these candidates left 10 GPUs fewer unallocated than FGD on openb, over
-//! the ranked candidates 7 (README, "The rollout planner's ceiling"): they are what the
-//! rankings miss, such as a share on the GPU whose free capacity it fills exactly.
+//! node of each class, tightest classes first, becomes a candidate: places the rankings
+//! miss, such as a share on the GPU whose free capacity it fills exactly. One-step
+//! rollout planning over them left about 10 GPUs fewer unallocated than FGD on openb,
+//! over the ranked candidates 7, but a network trained to rank them gained no more than
+//! one trained on the ranked set (README, "The rollout planner's ceiling" and "Training
+//! on the wide candidates"); the set is there for the next learner to try.
 
 use std::collections::BTreeMap;
 
