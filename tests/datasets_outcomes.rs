@@ -69,25 +69,50 @@ fn a_file_that_is_not_sacct_output_fails_with_a_clear_message() {
     let bad = dir.path().join("bad.txt");
     std::fs::write(&bad, "JobID|Start|State\n1|Unknown|PENDING\n").unwrap();
     let bad = bad.to_str().unwrap();
-    fails_with(
-        &["datasets", "outcomes", "--from", "sacct", "--input", bad],
-        "field `End`: missing column",
+    let outcomes = |from: &str, extra: &[&str], needle: &str| {
+        let args = ["datasets", "outcomes", "--from", from, "--input", bad];
+        fails_with(&[&args[..], extra].concat(), needle);
+    };
+    outcomes("sacct", &[], "field `End`: missing column");
+    outcomes("pods", &[], "bad.txt, line 1, field `json`");
+    outcomes("sacct", &["--utc-offset", "1h"], "--utc-offset");
+    outcomes(
+        "sacct",
+        &["--time-zone", "Mars/Olympus_Mons"],
+        "--time-zone: \"Mars/Olympus_Mons\" is not an IANA time zone name",
     );
-    fails_with(
-        &["datasets", "outcomes", "--from", "pods", "--input", bad],
-        "bad.txt, line 1, field `json`",
+    outcomes(
+        "pods",
+        &["--time-zone", "Europe/Berlin"],
+        "apply to --from sacct only",
     );
-    fails_with(
-        &[
-            "datasets",
-            "outcomes",
-            "--from",
-            "sacct",
-            "--input",
-            bad,
-            "--utc-offset",
-            "1h",
-        ],
-        "--utc-offset",
+}
+
+#[test]
+fn a_time_zone_converts_local_times_across_a_daylight_saving_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("dst.txt");
+    std::fs::write(
+        &input,
+        "JobID|Start|End\n1|2026-03-29T01:30:00|2026-03-29T03:30:00\n\
+         2|2026-10-25T02:30:00|2026-10-25T04:00:00\n",
+    )
+    .unwrap();
+    let input = input.to_str().unwrap();
+    let args = ["datasets", "outcomes", "--from", "sacct", "--input", input];
+    let run = marshal(&[&args[..], &["--time-zone", "Europe/Berlin"]].concat());
+    assert!(run.status.success());
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    // 01:30 CET and 03:30 CEST are 00:30 and 01:30 UTC; the doubled 02:30 is CEST's.
+    assert!(stdout.contains("\n1,1774744200,1774747800,\n"), "{stdout}");
+    assert!(stdout.contains("\n2,1792888200,1792897200,\n"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("1 local times fell in an hour the clocks went through twice"),
+        "{stderr}"
     );
+    assert!(!stderr.contains("read as UTC"), "{stderr}");
+    // Both a zone and an offset is one too many.
+    let both = marshal(&[&args[..], &["--time-zone", "UTC", "--utc-offset", "+01:00"]].concat());
+    assert!(!both.status.success());
 }

@@ -144,8 +144,8 @@ pub use genai::{
     parse_genai_series,
 };
 pub use incumbent_export::{
-    IncumbentExport, PodId, first_host, parse_kubectl_pods, parse_sacct, parse_utc_offset,
-    write_incumbent_outcomes,
+    IncumbentExport, PodId, WallClock, first_host, parse_kubectl_pods, parse_sacct,
+    parse_time_zone, parse_utc_offset, write_incumbent_outcomes,
 };
 pub use itp::parse_itp;
 pub use lucid::{

@@ -32,8 +32,14 @@ pub struct OutcomesArgs {
     /// sacct only: the UTC offset of the cluster's clock (`+HH:MM`, `-HH:MM`), needed
     /// when sacct printed YYYY-MM-DDTHH:MM:SS local times and the cluster is not on UTC.
     /// Default: UTC. Unix-second times (SLURM_TIME_FORMAT=%s) need none.
-    #[arg(long, allow_hyphen_values = true)]
+    /// A cluster whose clock follows daylight saving needs `--time-zone` instead: one
+    /// offset puts the times on one side of a change an hour off.
+    #[arg(long, allow_hyphen_values = true, conflicts_with = "time_zone")]
     utc_offset: Option<String>,
+    /// sacct only: the cluster clock's IANA time zone (`Europe/Berlin`), for local times
+    /// across daylight-saving changes: each time takes the offset in force then.
+    #[arg(long)]
+    time_zone: Option<String>,
     /// pods only: the job id the caller passed to Advise for a pod (default:
     /// `namespaced`, i.e. namespace/name).
     #[arg(long, value_enum)]
@@ -65,18 +71,23 @@ pub fn run(args: OutcomesArgs) -> anyhow::Result<()> {
                 args.pod_id.is_none(),
                 "--pod-id applies to --from pods only"
             );
-            let offset = match &args.utc_offset {
-                Some(s) => marshal_datasets::parse_utc_offset(s)
-                    .map_err(|e| anyhow::anyhow!("--utc-offset: {e}"))?,
-                None => marshal_datasets::parse_utc_offset("Z")
-                    .map_err(|e| anyhow::anyhow!("UTC: {e}"))?,
+            let clock = match (&args.utc_offset, &args.time_zone) {
+                (_, Some(zone)) => marshal_datasets::parse_time_zone(zone)
+                    .map_err(|e| anyhow::anyhow!("--time-zone: {e}"))?,
+                (Some(s), None) => marshal_datasets::parse_utc_offset(s)
+                    .map_err(|e| anyhow::anyhow!("--utc-offset: {e}"))?
+                    .into(),
+                (None, None) => marshal_datasets::parse_utc_offset("Z")
+                    .map_err(|e| anyhow::anyhow!("UTC: {e}"))?
+                    .into(),
             };
-            marshal_datasets::parse_sacct(&name, &text, offset)?
+            marshal_datasets::parse_sacct(&name, &text, clock)?
         }
         Source::Pods => {
             anyhow::ensure!(
-                args.utc_offset.is_none(),
-                "--utc-offset applies to --from sacct only (RFC 3339 times carry their offset)"
+                args.utc_offset.is_none() && args.time_zone.is_none(),
+                "--utc-offset and --time-zone apply to --from sacct only (RFC 3339 times carry \
+                 their offset)"
             );
             let id = match args.pod_id {
                 Some(PodIdArg::Name) => PodId::Name,
@@ -99,7 +110,7 @@ pub fn run(args: OutcomesArgs) -> anyhow::Result<()> {
     summarise(
         &export,
         &dest,
-        args.from == Source::Sacct && args.utc_offset.is_none(),
+        args.from == Source::Sacct && args.utc_offset.is_none() && args.time_zone.is_none(),
     );
     Ok(())
 }
@@ -126,8 +137,16 @@ fn summarise(export: &IncumbentExport, dest: &str, assumed_utc: bool) {
     line.push(')');
     if assumed_utc && export.local_times > 0 {
         line += &format!(
-            "; {} local times read as UTC (pass --utc-offset if the cluster's clock is not)",
+            "; {} local times read as UTC (pass --time-zone or --utc-offset if the \
+             cluster's clock is not)",
             export.local_times
+        );
+    }
+    if export.ambiguous_times > 0 {
+        line += &format!(
+            "; {} local times fell in an hour the clocks went through twice and were read \
+             as the earlier (export with SLURM_TIME_FORMAT=%s to avoid the doubt)",
+            export.ambiguous_times
         );
     }
     eprintln!("{line}");

@@ -24,7 +24,7 @@ use crate::table::Bad;
 
 pub use hostlist::first_host;
 pub use pods::{PodId, parse_kubectl_pods};
-pub use sacct::{parse_sacct, parse_utc_offset};
+pub use sacct::{WallClock, parse_sacct, parse_time_zone, parse_utc_offset};
 
 /// The rows an exporter produced and what it left out.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,8 +36,11 @@ pub struct IncumbentExport {
     /// `sacct` prints without `--allocations`. Neither read nor skipped in `report`.
     pub steps_left_out: usize,
     /// Times read as the cluster's wall clock (`YYYY-MM-DDTHH:MM:SS`) and converted
-    /// with the UTC offset given (UTC when none was).
+    /// with the UTC offset or time zone given (UTC when none was).
     pub local_times: usize,
+    /// Of those, times in an hour the time zone passed twice (clocks set back), read as
+    /// the earlier of the two moments.
+    pub ambiguous_times: usize,
     /// `sacct` rows that were another run of a job already read (a requeued job, as
     /// `sacct --duplicates` lists them), merged into its row.
     pub runs_merged: usize,

@@ -106,6 +106,7 @@ pub fn parse_kubectl_pods(
         steps_left_out: 0,
         runs_merged: 0,
         local_times: 0,
+        ambiguous_times: 0,
     })
 }
 

@@ -1,6 +1,6 @@
 //! Slurm: `sacct --allocations --parsable2 --format=JobID,Submit,Start,End,State,NodeList`.
 
-use chrono::{FixedOffset, NaiveDateTime};
+use chrono::{FixedOffset, LocalResult, NaiveDateTime, TimeZone as _};
 
 use std::collections::HashMap;
 
@@ -20,8 +20,12 @@ const HEADER: &str = "JobID|Submit|Start|End|State|NodeList";
 ///   id a Slurm plugin passes to `Advise`. Step rows (`1234.batch`, `1234.0`, what
 ///   `sacct` prints without `--allocations`) are left out and counted in
 ///   [`IncumbentExport::steps_left_out`].
-/// - Times are `YYYY-MM-DDTHH:MM:SS` on the cluster's wall clock, converted with
-///   `utc_offset`, or Unix seconds (`SLURM_TIME_FORMAT=%s`), told apart per value.
+/// - Times are `YYYY-MM-DDTHH:MM:SS` on the cluster's wall clock, converted by `clock`
+///   (a fixed offset, or a time zone whose offset changes with daylight saving), or Unix
+///   seconds (`SLURM_TIME_FORMAT=%s`), told apart per value. A wall-clock time the zone
+///   skipped (the hour clocks jump over) is a bad time; one it passed twice (the hour
+///   they fall back over) is read as the earlier and counted in
+///   [`IncumbentExport::ambiguous_times`].
 ///   `Start` `Unknown`/`None`, or a `PENDING` state (whose `Start` is only the expected
 ///   start), is a job never started; `End` `Unknown` one still running.
 /// - `node` is the first host of `NodeList` (`gpu[01-03,07]` → `gpu01`), empty for
@@ -38,8 +42,9 @@ const HEADER: &str = "JobID|Submit|Start|End|State|NodeList";
 pub fn parse_sacct(
     name: &str,
     text: &str,
-    utc_offset: FixedOffset,
+    clock: impl Into<WallClock>,
 ) -> Result<IncumbentExport, DatasetError> {
+    let clock = clock.into();
     let table = Table::open_delimited(name, text, HEADER, b'|')?;
     let cols = Cols {
         job: table.column_ignore_case("JobID", HEADER)?,
@@ -53,6 +58,7 @@ pub fn parse_sacct(
         report: ParseReport::new(name),
         steps_left_out: 0,
         local_times: 0,
+        ambiguous_times: 0,
         runs_merged: 0,
     };
     // Where each job's row is, and whether one of its runs has not ended.
@@ -65,7 +71,7 @@ pub fn parse_sacct(
             return Ok(());
         }
         let mut time = |col: Col| {
-            sacct_time(row.get(col)?, utc_offset, &mut export.local_times)
+            sacct_time(row.get(col)?, clock, &mut export)
                 .map_err(|reason| Bad::new(col.name, reason))
         };
         let pending = match cols.state {
@@ -143,11 +149,39 @@ struct Cols {
     nodes: Option<Col>,
 }
 
-/// One `sacct` time: `None` for `Unknown`, `None` or empty.
+/// How the cluster's wall-clock times map to UTC.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WallClock {
+    /// One offset for every time: right for a clock on UTC or without daylight saving.
+    Offset(FixedOffset),
+    /// An IANA time zone: each time takes the offset in force at that moment, so an
+    /// export that spans a daylight-saving change is right on both sides of it.
+    Zone(chrono_tz::Tz),
+}
+
+impl From<FixedOffset> for WallClock {
+    fn from(offset: FixedOffset) -> Self {
+        WallClock::Offset(offset)
+    }
+}
+
+/// An IANA time zone name (`Europe/Berlin`, `America/Chicago`, `UTC`), as in
+/// `/usr/share/zoneinfo` or `timedatectl`.
+pub fn parse_time_zone(s: &str) -> Result<WallClock, String> {
+    s.trim()
+        .parse::<chrono_tz::Tz>()
+        .map(WallClock::Zone)
+        .map_err(|_| {
+            format!("{s:?} is not an IANA time zone name like Europe/Berlin or America/Chicago")
+        })
+}
+
+/// One `sacct` time: `None` for `Unknown`, `None` or empty. Wall-clock times are counted
+/// in `export`.
 fn sacct_time(
     s: &str,
-    utc_offset: FixedOffset,
-    local_times: &mut usize,
+    clock: WallClock,
+    export: &mut IncumbentExport,
 ) -> Result<Option<f64>, String> {
     if s.is_empty() || s.eq_ignore_ascii_case("Unknown") || s.eq_ignore_ascii_case("None") {
         return Ok(None);
@@ -160,8 +194,24 @@ fn sacct_time(
     }
     let local = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S")
         .map_err(|e| format!("{s:?} is neither YYYY-MM-DDTHH:MM:SS nor Unix seconds ({e})"))?;
-    *local_times += 1;
-    let unix = local.and_utc().timestamp() - i64::from(utc_offset.local_minus_utc());
+    export.local_times += 1;
+    let unix = match clock {
+        WallClock::Offset(offset) => {
+            local.and_utc().timestamp() - i64::from(offset.local_minus_utc())
+        }
+        WallClock::Zone(zone) => match zone.from_local_datetime(&local) {
+            LocalResult::Single(t) => t.timestamp(),
+            LocalResult::Ambiguous(earlier, _) => {
+                export.ambiguous_times += 1;
+                earlier.timestamp()
+            }
+            LocalResult::None => {
+                return Err(format!(
+                    "{s:?} never happened in {zone}: the clocks skipped it (daylight saving)"
+                ));
+            }
+        },
+    };
     if unix < 0 {
         return Err(format!("{s:?} is before 1970"));
     }

@@ -160,6 +160,60 @@ fn sacct_runs_of_a_requeued_job_become_one_row() {
 }
 
 #[test]
+fn sacct_times_in_a_time_zone_take_the_offset_in_force_across_daylight_saving() {
+    // Europe/Berlin: CET (+01:00) until 2026-03-29 02:00, then CEST (+02:00) until
+    // 2026-10-25 03:00, when 02:00–03:00 comes twice.
+    let berlin = parse_time_zone("Europe/Berlin").unwrap();
+    let utc_of = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap().timestamp() as f64;
+    let text = "JobID|Start|End\n\
+                1|2026-03-29T01:30:00|2026-03-29T03:30:00\n\
+                2|2026-03-29T02:30:00|2026-03-29T04:00:00\n\
+                3|2026-10-25T02:30:00|2026-10-25T04:00:00\n";
+    let export = parse_sacct("dst.txt", text, berlin).unwrap();
+    assert_eq!(
+        export.rows,
+        vec![
+            // One hour of wall clock across the spring change is one hour of UTC less.
+            row(
+                "1",
+                Some(utc_of("2026-03-29T00:30:00Z")),
+                Some(utc_of("2026-03-29T01:30:00Z")),
+                None
+            ),
+            // 02:30 on the autumn night happened twice: the earlier, in CEST.
+            row(
+                "3",
+                Some(utc_of("2026-10-25T00:30:00Z")),
+                Some(utc_of("2026-10-25T03:00:00Z")),
+                None
+            ),
+        ]
+    );
+    assert_eq!(export.ambiguous_times, 1);
+    // Row 2 stops at its bad start, so its end is never read.
+    assert_eq!(export.local_times, 5);
+    // 02:30 on the spring night never happened: a bad time, skipped with its line.
+    assert_eq!(export.report.skipped_at(), vec![(3, "Start")]);
+    let reason = &export.report.skipped[0].reason;
+    assert!(
+        reason.contains("never happened in Europe/Berlin"),
+        "{reason}"
+    );
+    // A fixed offset reads the whole file with one offset, an hour off on one side.
+    let fixed = parse_sacct("dst.txt", text, plus_one_hour()).unwrap();
+    assert_eq!(fixed.rows[0].deleted, Some(utc_of("2026-03-29T02:30:00Z")));
+    assert_eq!(fixed.ambiguous_times, 0);
+    for bad in ["Europe/Atlantis", "", "+01:00", "CEST-ish"] {
+        let err = parse_time_zone(bad).unwrap_err();
+        assert!(err.contains("IANA time zone"), "{bad}: {err}");
+    }
+    assert_eq!(
+        parse_time_zone(" UTC ").unwrap(),
+        WallClock::Zone(chrono_tz::Tz::UTC)
+    );
+}
+
+#[test]
 fn sacct_missing_required_column_is_an_error_naming_it() {
     for (text, column) in [
         ("JobID|Start|State\n1|Unknown|PENDING\n", "End"),
