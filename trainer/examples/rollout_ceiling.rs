@@ -18,19 +18,19 @@
 //! share, (GPU model, the GPU's free capacity, the node's idle GPUs); for whole GPUs,
 //! (GPU model, the node's idle GPUs, its partly used GPUs, its free CPU in 8-core steps) —
 //! the first node of the episode's node order in that class, tightest classes first, up
-//! to `WIDE` (default 24) more candidates.
+//! to `WIDE` (default 24) more candidates: the learned placer's wide candidate set
+//! (`candidates::class_firsts`) without its limit of 16 candidates in all.
 //!
 //! `cargo run --release -p marshal-trainer --example rollout_ceiling -- FIRST SEEDS FROM TO FUTURES HORIZON [THREADS [CANDIDATES [WIDE]]]`
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use marshal_scheduler::domain::{
-    ClusterState, GpuDemand, GpuShare, Job, Placement, Topology, WorkerPlacement,
-};
+use marshal_scheduler::domain::{ClusterState, Job, Placement, Topology, WorkerPlacement};
 use marshal_scheduler::framework::{Context, feasible_nodes};
-use marshal_scheduler::policies;
+use marshal_scheduler::policies::learned::candidates::class_firsts;
 use marshal_scheduler::policies::learned::{Choice, Gate, LearnedPlacer};
+use marshal_scheduler::policies::{self, Fgd};
 use marshal_scheduler::sim::{ArrivalCurve, InflationRun, SimConfig, run_inflation};
 use marshal_trainer::policy::{best_of, resample, rollout_failures};
 use rand::SeedableRng;
@@ -70,6 +70,8 @@ fn main() {
             distance_limit: f32::INFINITY,
         },
     );
+    // FGD's GPU choice for the whole-GPU classes, from the trace's target workload.
+    let classes = Fgd::from_workload(&pods);
     let gpus = topo.gpu_count() as f64;
     println!("seed\tfgd\tplanner\tplanned\tchanged\tseconds");
     let (mut sum_fgd, mut sum_plan) = (0.0, 0.0);
@@ -92,7 +94,7 @@ fn main() {
                         let fb = planner.fallback_place(job, state, ctx);
                         let (mut choices, _) = planner.decision(job, state, ctx, &fb)?;
                         if wide > 0 {
-                            add_wide(job, state, ctx, wide, &mut choices);
+                            add_wide(job, state, ctx, &classes, wide, &mut choices);
                         }
                         Some((choices, ()))
                     })
@@ -160,68 +162,31 @@ fn main() {
     println!("mean\t{:.1}\t{:.1}", sum_fgd / n, sum_plan / n);
 }
 
-/// Up to `limit` more one-worker candidates, one per class of place (see the module docs),
-/// tightest first.
+/// Up to `limit` more one-worker candidates, one per class of place (the learned
+/// placer's wide set, without its slot limit), tightest first.
 fn add_wide(
     job: &Job,
-    state: &ClusterState,
-    ctx: &Context,
+    state: &mut ClusterState,
+    ctx: &mut Context,
+    fgd: &Fgd,
     limit: usize,
     choices: &mut Vec<Choice>,
 ) {
     if job.workers != 1 {
         return;
     }
-    let mut classes: Vec<((u32, u32, u32, u32), Placement)> = Vec::new();
-    for node in feasible_nodes(job, state, ctx) {
-        let topo_node = state.topology().node(node);
-        let model = topo_node.model.map_or(u32::MAX, |m| m.0 as u32);
-        let idle = topo_node
-            .gpu_ids()
-            .filter(|&g| state.free_milli(g) == 1000)
-            .count() as u32;
-        let mut add = |key, gpus: Vec<GpuShare>| {
-            if !classes.iter().any(|(k, _)| *k == key) {
-                let placement = Placement {
-                    workers: vec![WorkerPlacement { node, gpus }],
-                };
-                classes.push((key, placement));
-            }
-        };
-        match job.gpu {
-            GpuDemand::Milli(_) => {
-                for g in topo_node.gpu_ids().filter(|&g| state.gpu_fits(g, job.gpu)) {
-                    let key = (model, u32::from(state.free_milli(g)), idle, 0);
-                    add(key, vec![GpuShare::for_demand(g, job.gpu)]);
-                }
-            }
-            GpuDemand::Whole(k) => {
-                let partly = topo_node
-                    .gpu_ids()
-                    .filter(|&g| (1..1000).contains(&state.free_milli(g)))
-                    .count() as u32;
-                let gpus: Vec<GpuShare> = topo_node
-                    .gpu_ids()
-                    .filter(|&g| state.free_milli(g) == 1000)
-                    .take(k as usize)
-                    .map(GpuShare::whole)
-                    .collect();
-                let key = (model, idle, partly, state.node_cpu_free(node) / 8000);
-                add(key, gpus);
-            }
-            _ => return,
-        }
-    }
-    classes.sort_by_key(|(k, _)| (k.1, k.2, k.3, k.0));
+    let nodes = feasible_nodes(job, state, ctx);
     let mut added = 0;
-    for (_, placement) in classes {
+    for (node, gpus) in class_firsts(job, state, ctx, fgd, &nodes, usize::MAX) {
         if added == limit {
             break;
         }
-        let known = choices.iter().any(|c| match c {
-            Choice::Place { placement: p, .. } => *p == placement,
-            Choice::Wait => false,
-        });
+        let placement = Placement {
+            workers: vec![WorkerPlacement { node, gpus }],
+        };
+        let known = choices
+            .iter()
+            .any(|c| matches!(c, Choice::Place { placement: p, .. } if *p == placement));
         if !known {
             choices.push(Choice::Place {
                 placement,

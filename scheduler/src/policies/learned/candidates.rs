@@ -137,8 +137,9 @@ pub fn generate(
 type ClassKey = (u32, u32, u32, u32);
 
 /// The first of `nodes` in each class of place for a one-worker `job` (module docs), with
-/// its GPUs, tightest class first; at most `limit` of them.
-fn class_firsts(
+/// its GPUs, tightest class first; at most `limit` of them. Empty for a MIG or CPU-only
+/// worker. (Public for the rollout planner's study, which goes past the slot limit.)
+pub fn class_firsts(
     job: &Job,
     state: &mut ClusterState,
     ctx: &mut Context,
