@@ -97,6 +97,15 @@ pub struct Fgd {
     memo: Mutex<Memo>,
 }
 
+/// A node as FGD scores a shared task on it: each GPU's usable free milli (changed and
+/// restored per GPU tried), the fragmentation before, and the CPU left after.
+struct ShareNode {
+    model: Option<GpuModelId>,
+    lefts: Vec<u16>,
+    before: f64,
+    cpu_after: u32,
+}
+
 impl Fgd {
     /// Builds the target workload from the tasks of `workload` (one count per job), as
     /// `GetTypicalPods` does: most frequent shapes first until 95 % of tasks are covered,
@@ -271,34 +280,43 @@ impl Fgd {
         s
     }
 
+    /// What FGD's per-GPU score of a shared task on `node` starts from.
+    fn share_node(&self, job: &Job, node: NodeId, state: &ClusterState) -> ShareNode {
+        let model = state.topology().node(node).model;
+        let lefts = Self::node_lefts(state, node, job);
+        let cpu_left = state.node_cpu_free(node);
+        ShareNode {
+            model,
+            before: self.fragmentation(model, cpu_left, &lefts),
+            cpu_after: cpu_left.saturating_sub(job.cpu_milli),
+            lefts,
+        }
+    }
+
+    /// The score of taking `milli` from the node's `i`-th GPU.
+    fn share_score_on(&self, n: &mut ShareNode, i: usize, milli: u16) -> i64 {
+        let kept = n.lefts[i];
+        n.lefts[i] -= milli;
+        let s = self.delta_score(n.before, self.fragmentation(n.model, n.cpu_after, &n.lefts));
+        n.lefts[i] = kept;
+        s
+    }
+
     /// FGD's score of putting the shared task `job` on each GPU of `node` that fits it,
     /// in GPU order (the node's score is the best of them).
     fn share_scores(&self, job: &Job, node: NodeId, state: &ClusterState) -> Vec<(GpuId, i64)> {
-        let topo_node = state.topology().node(node);
-        let lefts = Self::node_lefts(state, node, job);
-        let cpu_left = state.node_cpu_free(node);
-        let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
-        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
-        let mut after = lefts.clone();
-        let mut scores = Vec::new();
-        for (i, gpu) in topo_node.gpu_ids().enumerate() {
-            if !state.gpu_fits(gpu, job.gpu) {
-                continue;
-            }
-            after[i] -= job.gpu.milli() as u16;
-            let s = self.delta_score(
-                before,
-                self.fragmentation(topo_node.model, cpu_after, &after),
-            );
-            after[i] = lefts[i];
-            scores.push((gpu, s));
-        }
-        scores
+        let mut n = self.share_node(job, node, state);
+        let milli = job.gpu.milli() as u16;
+        let gpus = state.topology().node(node).gpu_ids();
+        gpus.enumerate()
+            .filter(|&(_, gpu)| state.gpu_fits(gpu, job.gpu))
+            .map(|(i, gpu)| (gpu, self.share_score_on(&mut n, i, milli)))
+            .collect()
     }
 
     /// FGD's score of the shared task `job` on `gpu` of `node` in particular (`None` if it
-    /// does not fit there or `gpu` is not on `node`): the node's score when `gpu` is FGD's own pick, lower when
-    /// another GPU would fragment less.
+    /// does not fit there or `gpu` is not on `node`): the node's score when `gpu` is FGD's
+    /// own pick, lower when another GPU would fragment less.
     pub fn share_score(
         &self,
         job: &Job,
@@ -306,22 +324,13 @@ impl Fgd {
         gpu: GpuId,
         state: &ClusterState,
     ) -> Option<f64> {
-        let topo_node = state.topology().node(node);
-        if !(job.gpu.is_shared() && topo_node.gpus.contains(&gpu.0) && state.gpu_fits(gpu, job.gpu))
-        {
+        let gpus = &state.topology().node(node).gpus;
+        if !(job.gpu.is_shared() && gpus.contains(&gpu.0) && state.gpu_fits(gpu, job.gpu)) {
             return None;
         }
-        let lefts = Self::node_lefts(state, node, job);
-        let i = (gpu.0 - topo_node.gpus.start) as usize;
-        let cpu_left = state.node_cpu_free(node);
-        let before = self.fragmentation(topo_node.model, cpu_left, &lefts);
-        let mut after = lefts;
-        after[i] -= job.gpu.milli() as u16;
-        let cpu_after = cpu_left.saturating_sub(job.cpu_milli);
-        Some(self.delta_score(
-            before,
-            self.fragmentation(topo_node.model, cpu_after, &after),
-        ) as f64)
+        let i = (gpu.0 - gpus.start) as usize;
+        let mut n = self.share_node(job, node, state);
+        Some(self.share_score_on(&mut n, i, job.gpu.milli() as u16) as f64)
     }
 
     /// Each GPU's free milli as `job` can use it (none of a GPU in the other MIG mode).
