@@ -52,6 +52,27 @@ fn train(out: &Path, seed: &str, extra: &[&str]) {
     assert!(stdout.contains("trained in"), "{stdout}");
 }
 
+/// `train policy` on openb with `extra` options that must be refused before any training
+/// (no artifact directory is made); returns the error output.
+fn refused_before_training(tmp: &Path, extra: &[&str]) -> String {
+    let out = tmp.join("refused").display().to_string();
+    let mut args = vec![
+        "train",
+        "policy",
+        "--traces",
+        "openb-default",
+        "--valid-traces",
+        "openb-default",
+        "--out",
+        &out,
+    ];
+    args.extend_from_slice(extra);
+    let run = marshal(&args);
+    assert!(!run.status.success(), "{extra:?} was accepted");
+    assert!(!tmp.join("refused").exists());
+    String::from_utf8_lossy(&run.stderr).into_owned()
+}
+
 fn eval_json(model: &Path, extra: &[&str]) -> (Vec<Value>, String) {
     let cluster = fixture("small-cluster.toml");
     let trace = fixture("openb-300.csv");
@@ -170,22 +191,39 @@ fn a_policy_trained_on_wide_candidates_records_and_serves_them() {
             .is_some()
     );
     // An unknown set is refused before any training, naming the choices.
-    let bad = marshal(&[
-        "train",
-        "policy",
-        "--traces",
-        "openb-default",
-        "--valid-traces",
-        "openb-default",
-        "--out",
-        &tmp.path().join("x").display().to_string(),
-        "--candidates",
-        "all",
-    ]);
-    assert!(!bad.status.success());
-    let stderr = String::from_utf8_lossy(&bad.stderr);
+    let stderr = refused_before_training(tmp.path(), &["--candidates", "all"]);
     assert!(stderr.contains("`ranked` or `wide`"), "{stderr}");
-    assert!(!tmp.path().join("x").exists());
+}
+
+#[test]
+fn ppo_trains_records_its_settings_and_refuses_a_bad_clip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("p");
+    train(
+        &out,
+        "3",
+        &[
+            "--policy-gradient",
+            "ppo",
+            "--ppo-epochs",
+            "2",
+            "--ppo-clip",
+            "0.1",
+        ],
+    );
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["training"]["ppo_epochs"], 2.0);
+    assert!((meta["training"]["ppo_clip"].as_f64().unwrap() - 0.1).abs() < 1e-6);
+    let (runs, stderr) = eval_json(&out, &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(runs[1]["mean"]["fallback_rate"].as_f64().is_some());
+    // A clip PPO cannot use is refused before any episode is loaded or run.
+    let stderr = refused_before_training(
+        tmp.path(),
+        &["--policy-gradient", "ppo", "--ppo-clip", "1.5"],
+    );
+    assert!(stderr.contains("--ppo-clip"), "{stderr}");
 }
 
 #[test]

@@ -12,8 +12,8 @@ use marshal_scheduler::domain::Job;
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::learned::{self, GateStats};
 use marshal_trainer::policy::{
-    EpisodeSpec, ProgressEvent, RolloutOptions, TrainOptions, ValidationRow, regate, train_policy,
-    training_summary, validation_scores,
+    EpisodeSpec, PolicyGradient, ProgressEvent, RolloutOptions, TrainOptions, ValidationRow,
+    regate, train_policy, training_summary, validation_scores,
 };
 
 use crate::cli::sim::{Experiment, ModeArg, SimArgs};
@@ -122,9 +122,19 @@ pub struct TrainPolicyArgs {
     /// Threads rolling candidates out.
     #[arg(long, default_value_t = 1)]
     rollout_threads: usize,
-    /// REINFORCE iterations.
+    /// RL iterations (REINFORCE or PPO).
     #[arg(long, default_value_t = 6)]
     episodes: usize,
+    /// How an RL iteration's samples update the network: one REINFORCE pass, or PPO's
+    /// clipped surrogate over `--ppo-epochs` passes.
+    #[arg(long, value_enum, default_value_t = PolicyGradientArg::Reinforce)]
+    policy_gradient: PolicyGradientArg,
+    /// PPO: passes over each iteration's samples.
+    #[arg(long, default_value_t = 4)]
+    ppo_epochs: usize,
+    /// PPO: a decision's probability ratio is clipped to [1 − clip, 1 + clip].
+    #[arg(long, default_value_t = 0.2)]
+    ppo_clip: f32,
     #[arg(long, default_value_t = 2)]
     episodes_per_iteration: usize,
     #[arg(long, default_value_t = 3)]
@@ -137,6 +147,12 @@ pub struct TrainPolicyArgs {
     /// Heuristic the policy falls back to in inflation episodes.
     #[arg(long, default_value = "fgd")]
     fallback_inflation: String,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyGradientArg {
+    Reinforce,
+    Ppo,
 }
 
 /// An episode spec `TRACE[@CLUSTER][:replay|:inflation]` on `seeds`, with the fallback
@@ -210,21 +226,6 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
     if a.seeds_per_trace == 0 || a.valid_seeds_per_trace == 0 {
         bail!("--seeds-per-trace and --valid-seeds-per-trace must be at least 1");
     }
-    let started = Instant::now();
-    let train_seeds: Vec<u64> = (0..a.seeds_per_trace).map(|k| 1000 + a.seed + k).collect();
-    let valid_seeds: Vec<u64> = (0..a.valid_seeds_per_trace)
-        .map(|k| 2000 + a.seed + k)
-        .collect();
-    let train: Vec<EpisodeSpec> = a
-        .traces
-        .iter()
-        .map(|t| parse_episode(t, (&a.fallback_replay, &a.fallback_inflation), &train_seeds))
-        .collect::<anyhow::Result<_>>()?;
-    let valid: Vec<EpisodeSpec> = a
-        .valid_traces
-        .iter()
-        .map(|t| parse_episode(t, (&a.fallback_replay, &a.fallback_inflation), &valid_seeds))
-        .collect::<anyhow::Result<_>>()?;
     let opts = TrainOptions {
         seed: a.seed,
         hidden_size: a.hidden,
@@ -242,11 +243,34 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
             threads: a.rollout_threads,
         },
         rl_iterations: a.episodes,
+        policy_gradient: match a.policy_gradient {
+            PolicyGradientArg::Reinforce => PolicyGradient::Reinforce,
+            PolicyGradientArg::Ppo => PolicyGradient::Ppo {
+                epochs: a.ppo_epochs,
+                clip: a.ppo_clip,
+            },
+        },
         episodes_per_iteration: a.episodes_per_iteration,
         eval_every: a.eval_every,
         candidates: a.candidates,
         ..TrainOptions::default()
     };
+    opts.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let started = Instant::now();
+    let train_seeds: Vec<u64> = (0..a.seeds_per_trace).map(|k| 1000 + a.seed + k).collect();
+    let valid_seeds: Vec<u64> = (0..a.valid_seeds_per_trace)
+        .map(|k| 2000 + a.seed + k)
+        .collect();
+    let train: Vec<EpisodeSpec> = a
+        .traces
+        .iter()
+        .map(|t| parse_episode(t, (&a.fallback_replay, &a.fallback_inflation), &train_seeds))
+        .collect::<anyhow::Result<_>>()?;
+    let valid: Vec<EpisodeSpec> = a
+        .valid_traces
+        .iter()
+        .map(|t| parse_episode(t, (&a.fallback_replay, &a.fallback_inflation), &valid_seeds))
+        .collect::<anyhow::Result<_>>()?;
     let bar = progress_bar();
     let trained = train_policy(&train, &valid, &opts, &mut |e| report(&bar, e))
         .map_err(|e| anyhow::anyhow!(e))?;

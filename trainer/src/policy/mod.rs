@@ -5,10 +5,12 @@
 //!    featuriser, each decision's candidates and the fallback heuristic's choice; the
 //!    network is fitted to those choices by cross-entropy. The imitation run schedules
 //!    exactly as the fallback does, so it is also the fallback's reference run.
-//! 2. **REINFORCE with a learned baseline**: each iteration runs episodes with the
-//!    placer sampling from the network's softmax, turns every decision into a sample whose
-//!    return is measured against the fallback's run on the same seed ([`pg_samples`]), and
-//!    takes policy-gradient steps with the value head as a further baseline.
+//! 2. **REINFORCE with a learned baseline, or PPO**: each iteration runs episodes with
+//!    the placer sampling from the network's softmax, turns every decision into a sample
+//!    whose return is measured against the fallback's run on the same seed
+//!    ([`pg_samples`]), and takes policy-gradient steps with the value head as a further
+//!    baseline: one REINFORCE pass, or ([`PolicyGradient::Ppo`]) several passes of PPO's
+//!    clipped surrogate over the same samples.
 //! 3. **Model selection and the gate**, on validation episodes (every seed of every
 //!    validation spec): the network (after cloning or after any evaluated RL iteration)
 //!    with the best greedy result is kept; then the margin threshold with the best mean
@@ -70,6 +72,8 @@ pub struct TrainOptions {
     pub rollout: RolloutOptions,
     pub rl_iterations: usize,
     pub episodes_per_iteration: usize,
+    /// How each RL iteration's samples update the network.
+    pub policy_gradient: PolicyGradient,
     /// Evaluate greedily on validation every this many RL iterations (and at the end).
     pub eval_every: usize,
     /// Decisions per optimiser pass at most (subsampled, seeded).
@@ -97,6 +101,7 @@ impl Default for TrainOptions {
             rollout: RolloutOptions::default(),
             rl_iterations: 10,
             episodes_per_iteration: 2,
+            policy_gradient: PolicyGradient::Reinforce,
             eval_every: 5,
             max_samples: 20_000,
             margins: vec![0.0, 0.1, 0.2, 0.4, 0.6, 0.8],
@@ -104,6 +109,31 @@ impl Default for TrainOptions {
             distance_factor: 2.0,
             candidates: CandidateSet::Ranked,
         }
+    }
+}
+
+/// The update an RL iteration makes from its sampled episodes.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum PolicyGradient {
+    /// One pass of REINFORCE with the value head as baseline.
+    Reinforce,
+    /// `epochs` passes of PPO's clipped surrogate, ratios against the network that
+    /// sampled the episodes and clipped at `1 ± clip`.
+    Ppo { epochs: usize, clip: f32 },
+}
+
+impl TrainOptions {
+    /// Settings that cannot train are refused before any episode runs.
+    pub fn validate(&self) -> Result<(), String> {
+        if let PolicyGradient::Ppo { epochs, clip } = self.policy_gradient {
+            if epochs == 0 {
+                return Err("PPO needs at least one pass per iteration (--ppo-epochs)".into());
+            }
+            if !(clip.is_finite() && clip > 0.0 && clip < 1.0) {
+                return Err(format!("PPO's clip {clip} is not in (0, 1) (--ppo-clip)"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -184,6 +214,7 @@ pub fn train_policy(
     opts: &TrainOptions,
     progress: &mut dyn FnMut(ProgressEvent),
 ) -> Result<TrainedPolicy, String> {
+    opts.validate()?;
     if train.is_empty() || valid.is_empty() {
         return Err("training needs at least one training and one validation episode".into());
     }
@@ -395,11 +426,11 @@ pub fn train_policy(
         let r = if samples.is_empty() {
             None
         } else {
-            Some(
-                learner
-                    .policy_gradient_epoch(&samples)
-                    .map_err(|e| e.to_string())?,
-            )
+            let step = match opts.policy_gradient {
+                PolicyGradient::Reinforce => learner.policy_gradient_epoch(&samples),
+                PolicyGradient::Ppo { epochs, clip } => learner.ppo_update(&samples, epochs, clip),
+            };
+            Some(step.map_err(|e| e.to_string())?)
         };
         progress(ProgressEvent {
             phase: "reinforce",
@@ -460,6 +491,10 @@ pub fn training_summary(
         "episodes_per_iteration".into(),
         opts.episodes_per_iteration as f64,
     );
+    if let PolicyGradient::Ppo { epochs, clip } = opts.policy_gradient {
+        m.insert("ppo_epochs".into(), epochs as f64);
+        m.insert("ppo_clip".into(), f64::from(clip));
+    }
     m.insert("hidden_size".into(), opts.hidden_size as f64);
     m.insert("max_samples".into(), opts.max_samples as f64);
     m.insert("expert_rounds".into(), opts.expert_rounds as f64);

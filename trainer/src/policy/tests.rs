@@ -78,6 +78,7 @@ fn options(seed: u64) -> TrainOptions {
         },
         rl_iterations: 2,
         episodes_per_iteration: 2,
+        policy_gradient: PolicyGradient::Reinforce,
         eval_every: 1,
         max_samples: 2_000,
         margins: vec![0.0, 0.5],
@@ -116,6 +117,53 @@ fn training_is_reproducible_and_the_gate_is_safe_on_validation() {
             a.gate
         );
     }
+}
+
+#[test]
+fn ppo_training_is_reproducible_differs_from_reinforce_and_is_recorded() {
+    let (train, valid) = specs();
+    let ppo = TrainOptions {
+        expert_rounds: 0,
+        policy_gradient: PolicyGradient::Ppo {
+            epochs: 3,
+            clip: 0.2,
+        },
+        ..options(5)
+    };
+    let scorer = |t: &TrainedPolicy| PolicyScorer::new(&t.network, t.stats.clone()).unwrap();
+    let a = train_policy(&train, &valid, &ppo, &mut |_| {}).unwrap();
+    let b = train_policy(&train, &valid, &ppo, &mut |_| {}).unwrap();
+    assert_eq!(a.curve, b.curve, "same seed, same PPO run");
+    assert_eq!(scorer(&a), scorer(&b));
+    let rl = |t: &TrainedPolicy| {
+        t.curve
+            .iter()
+            .filter(|p| p.phase == "reinforce")
+            .map(|p| (p.nll, p.value_mse))
+            .collect::<Vec<_>>()
+    };
+    let reinforce = TrainOptions {
+        policy_gradient: PolicyGradient::Reinforce,
+        ..ppo.clone()
+    };
+    let c = train_policy(&train, &valid, &reinforce, &mut |_| {}).unwrap();
+    assert_eq!(rl(&a).len(), 2);
+    assert_ne!(rl(&a), rl(&c), "PPO's passes are not REINFORCE's");
+    let summary = training_summary(&ppo, &a, 1.0);
+    assert_eq!(
+        (summary["ppo_epochs"], summary["ppo_clip"]),
+        (3.0, 0.2f32 as f64)
+    );
+    assert!(!training_summary(&reinforce, &c, 1.0).contains_key("ppo_epochs"));
+    let bad = TrainOptions {
+        policy_gradient: PolicyGradient::Ppo {
+            epochs: 2,
+            clip: 1.5,
+        },
+        ..ppo
+    };
+    let err = train_policy(&train, &valid, &bad, &mut |_| {}).unwrap_err();
+    assert!(err.contains("clip"), "{err}");
 }
 
 #[test]
