@@ -230,6 +230,8 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
     );
     copy_dir(&shipped_model(), &a);
     copy_dir(&shipped_model(), &b);
+    // Two valid artifacts that differ, whatever threshold the shipped model has.
+    set_margin_threshold(&a, 0.1);
     set_margin_threshold(&b, 0.0);
     copy_dir(&shipped_model(), &bad);
     let weights = std::fs::read(bad.join("weights.bpk")).unwrap();
@@ -608,6 +610,7 @@ fn a_promoted_artifact_is_swapped_in_atomically_and_picked_up_by_the_poll() {
     let (current, candidate) = (tmp.path().join("model"), tmp.path().join("candidate"));
     copy_dir(&shipped_model(), &current);
     copy_dir(&shipped_model(), &candidate);
+    set_margin_threshold(&current, 0.1);
     set_margin_threshold(&candidate, 0.0);
     let config = config(tmp.path(), &current, tmp.path().join("decision-log"));
     runtime().block_on(async move {
