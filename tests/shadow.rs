@@ -392,14 +392,13 @@ fn live_mode_follows_require_promotion_in_its_config() {
     let dir = tempfile::tempdir().unwrap();
     let (log, config) = (dir.path().join("shadow.jsonl"), dir.path().join("s.toml"));
     std::fs::write(&config, "policy = \"learned\"\nrequire_promotion = true\n").unwrap();
-    // The shipped model was never promoted: refused, the fallback answers.
+    // The policy comes from the file (no `--policy`). The shipped model was never
+    // promoted: refused, the fallback answers.
     let (_reap, addr) = start_advisor(
         &log,
         &[
             "--config",
             config.to_str().unwrap(),
-            "--policy",
-            "learned",
             "--model",
             concat!(env!("CARGO_MANIFEST_DIR"), "/models/policy-default"),
         ],
@@ -505,6 +504,29 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
     fails_with(
         &["shadow", "--report-log", bad.to_str().unwrap()],
         "bad.jsonl:3:",
+    );
+    // A summary replays nothing, so options that steer a replay are refused, not ignored;
+    // so are the replay's options in live mode.
+    for flag in [
+        &["--policy", "learned"][..],
+        &["--incumbent-placer", "fifo"],
+        &["--cpu-nodes-first"],
+    ] {
+        let mut args = vec!["shadow", "--report-log", log.to_str().unwrap()];
+        args.extend_from_slice(flag);
+        fails_with(&args, &format!("{} only apply with --outcomes", flag[0]));
+    }
+    fails_with(
+        &[
+            "shadow",
+            "--listen",
+            "127.0.0.1:0",
+            "--incumbent-placer",
+            "fifo",
+            "--cluster",
+            "openb",
+        ],
+        "--cluster, --incumbent-placer do not apply with --listen",
     );
     // A record torn by a crash mid-append is left out with a warning, not fatal.
     let torn = dir.path().join("torn.jsonl");

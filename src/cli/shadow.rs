@@ -29,19 +29,20 @@ pub struct ShadowArgs {
     /// for `dlrm`). Required with `--outcomes`: a shadow log records no cluster.
     #[arg(long)]
     pub cluster: Option<String>,
-    /// Marshal's policy (see `marshal list`); in live mode the default for calls that
-    /// name none.
-    #[arg(long, default_value = "topo-pack")]
-    pub policy: String,
+    /// Marshal's policy (see `marshal list`; default `topo-pack`); in live mode the
+    /// default for calls that name none, and `--config`'s `policy` when not given.
+    #[arg(long)]
+    pub policy: Option<String>,
     /// The `learned` policy's artifact directory (default: `models/policy-default`).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The `learned` policy's fallback heuristic (default: the artifact's).
     #[arg(long)]
     pub fallback: Option<String>,
-    /// The heuristic whose placer puts the incumbent's jobs when the log names no node.
-    #[arg(long, default_value = "best-fit")]
-    pub incumbent_placer: String,
+    /// The heuristic whose placer puts the incumbent's jobs when the log names no node
+    /// (default `best-fit`).
+    #[arg(long)]
+    pub incumbent_placer: Option<String>,
     #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     pub seed: u64,
     /// Replay mode and `--outcomes`: write `report.json`, `records.jsonl` and
@@ -74,6 +75,11 @@ pub struct ShadowArgs {
     pub outcomes: Option<PathBuf>,
 }
 
+/// Marshal's policy when `--policy` is not given (in live mode, nor in `--config`).
+const DEFAULT_POLICY: &str = "topo-pack";
+/// The incumbent's placer when `--incumbent-placer` is not given.
+const DEFAULT_INCUMBENT_PLACER: &str = "best-fit";
+
 /// What both replays run from: a cluster, the log's jobs and what the incumbent did.
 #[derive(Debug)]
 pub(crate) struct ReplayInput {
@@ -86,28 +92,30 @@ pub(crate) struct ReplayInput {
 
 pub fn run(args: ShadowArgs) -> anyhow::Result<()> {
     if let Some(addr) = &args.listen {
+        // The advisor answers calls with their own cluster snapshots and replays nothing.
+        refuse_unused(
+            &args,
+            &["--out", "--cluster", "--incumbent-placer"],
+            "do not apply with --listen (the advisor replays nothing)",
+        )?;
         return live(&args, addr);
     }
     let started = std::time::Instant::now();
     if let Some(log) = &args.report_log {
         let Some(outcomes) = &args.outcomes else {
-            // A summary replays nothing: options that steer a replay would be ignored.
-            let unused: Vec<&str> = [
-                ("--out", args.out.is_some()),
-                ("--cluster", args.cluster.is_some()),
-                ("--model", args.model.is_some()),
-                ("--fallback", args.fallback.is_some()),
-            ]
-            .into_iter()
-            .filter_map(|(flag, given)| given.then_some(flag))
-            .collect();
-            if !unused.is_empty() {
-                bail!(
-                    "{} only apply with --outcomes (a shadow log alone is summarised, not \
-                     replayed)",
-                    unused.join(", ")
-                );
-            }
+            refuse_unused(
+                &args,
+                &[
+                    "--out",
+                    "--cluster",
+                    "--model",
+                    "--fallback",
+                    "--policy",
+                    "--incumbent-placer",
+                    "--cpu-nodes-first",
+                ],
+                "only apply with --outcomes (a shadow log alone is summarised, not replayed)",
+            )?;
             let summary = shadow_log::summarise_log(log)?;
             return shadow_log::print_log_summary(&summary, args.format);
         };
@@ -126,6 +134,29 @@ pub fn run(args: ShadowArgs) -> anyhow::Result<()> {
     let input = recorded_trace(&args, trace)?;
     let shadow = simulate(&args, input)?;
     emit(&args, &shadow, started)
+}
+
+/// Refuses the `flags` among `candidates` that were given, with `why`: an option the mode
+/// would ignore is a mistake to report, not a default to apply silently.
+fn refuse_unused(args: &ShadowArgs, candidates: &[&str], why: &str) -> anyhow::Result<()> {
+    let given = [
+        ("--out", args.out.is_some()),
+        ("--cluster", args.cluster.is_some()),
+        ("--model", args.model.is_some()),
+        ("--fallback", args.fallback.is_some()),
+        ("--policy", args.policy.is_some()),
+        ("--incumbent-placer", args.incumbent_placer.is_some()),
+        ("--cpu-nodes-first", args.cpu_nodes_first),
+    ];
+    let unused: Vec<&str> = given
+        .into_iter()
+        .filter(|(flag, given)| *given && candidates.contains(flag))
+        .map(|(flag, _)| flag)
+        .collect();
+    if !unused.is_empty() {
+        bail!("{} {why}", unused.join(", "));
+    }
+    Ok(())
 }
 
 /// Writes the files, prints the report and how long the replays took.
@@ -207,8 +238,9 @@ fn simulate(args: &ShadowArgs, input: ReplayInput) -> anyhow::Result<Shadow> {
         recorded,
         trace,
     } = input;
-    crate::cli::policy::check_name(&args.policy)?;
-    let learned = (args.policy == marshal_scheduler::policies::learned::LEARNED).then(|| {
+    let policy_name = args.policy.as_deref().unwrap_or(DEFAULT_POLICY);
+    crate::cli::policy::check_name(policy_name)?;
+    let learned = (policy_name == marshal_scheduler::policies::learned::LEARNED).then(|| {
         crate::cli::policy::load_setup(
             args.model.as_deref(),
             args.fallback.as_deref(),
@@ -216,12 +248,16 @@ fn simulate(args: &ShadowArgs, input: ReplayInput) -> anyhow::Result<Shadow> {
         )
     });
     let (mut policy, gate) =
-        crate::cli::policy::build_policy(&args.policy, &jobs, learned.as_ref())?;
+        crate::cli::policy::build_policy(policy_name, &jobs, learned.as_ref())?;
     if args.cpu_nodes_first {
         policy = policy.with_cpu_nodes_first();
     }
-    let placer = marshal_scheduler::policies::build(&args.incumbent_placer, &jobs)
-        .context("--incumbent-placer")?;
+    let incumbent = args
+        .incumbent_placer
+        .as_deref()
+        .unwrap_or(DEFAULT_INCUMBENT_PLACER);
+    let placer =
+        marshal_scheduler::policies::build(incumbent, &jobs).context("--incumbent-placer")?;
     Ok(shadow::run_shadow(
         topo,
         &jobs,
@@ -398,7 +434,10 @@ fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
         None => ServiceConfig::default(),
     };
     config.listen = addr.to_string();
-    config.policy = args.policy.clone();
+    // A flag not given leaves the configuration file's choice (`marshal serve`'s rule).
+    if let Some(policy) = &args.policy {
+        config.policy = policy.clone();
+    }
     if let Some(dir) = &args.model {
         config.model = Some(dir.clone());
     }
