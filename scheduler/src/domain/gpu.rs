@@ -212,6 +212,11 @@ impl GpuCatalog {
         &self.models[id.0 as usize]
     }
 
+    /// [`Self::get`] for an id that may come from elsewhere (a stored record).
+    pub fn try_get(&self, id: GpuModelId) -> Option<&GpuModel> {
+        self.models.get(id.0 as usize)
+    }
+
     pub fn len(&self) -> usize {
         self.models.len()
     }

@@ -231,7 +231,13 @@ pub fn spec_to_pb(job: &Job, catalog: &GpuCatalog, key: Option<&str>) -> pb::Job
         gpu_models: job
             .gpu_models
             .ids()
-            .map(|id| catalog.get(id).name.clone())
+            // A stored decision's ids may predate the inventory (`service::inventory`).
+            .map(|id| {
+                catalog.try_get(id).map_or_else(
+                    || format!("model id {} (not in the inventory)", id.0),
+                    |m| m.name.clone(),
+                )
+            })
             .collect(),
         comm: comm_to_pb(job.comm) as i32,
         preemptible: job.preemptible,

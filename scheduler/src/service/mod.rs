@@ -33,6 +33,7 @@ pub mod core;
 mod cycle;
 pub mod error;
 mod heartbeat;
+mod inventory;
 pub mod jobs;
 pub mod metrics;
 mod migrate;

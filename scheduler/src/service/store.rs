@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::service::codec;
+use crate::service::inventory::Inventory;
 use crate::service::jobs::JobRecord;
 use crate::service::records::{DecisionRecord, NodeRecord};
 
@@ -13,6 +14,9 @@ const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 const DECISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("decisions");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The inventory the job records' ids refer to (`service::inventory`), under one key.
+const INVENTORY: TableDefinition<&str, &[u8]> = TableDefinition::new("inventory");
+const INVENTORY_KEY: &str = "current";
 
 pub const META_NEXT_JOB: &str = "next_job_id";
 pub const META_NEXT_DECISION: &str = "next_decision_id";
@@ -37,6 +41,8 @@ pub struct Batch {
     pub nodes: Vec<(String, Vec<u8>)>,
     pub decisions: Vec<(u64, Vec<u8>)>,
     pub meta: Vec<(&'static str, u64)>,
+    /// The inventory the batch's job records refer to, when it changes.
+    pub inventory: Option<Vec<u8>>,
     /// Jobs to delete (finished and past their retention).
     pub deleted_jobs: Vec<u64>,
     /// Delete every decision record with a smaller id (past their retention).
@@ -49,6 +55,7 @@ impl Batch {
             && self.nodes.is_empty()
             && self.decisions.is_empty()
             && self.meta.is_empty()
+            && self.inventory.is_none()
             && self.deleted_jobs.is_empty()
             && self.decisions_before.is_none()
     }
@@ -60,6 +67,9 @@ pub struct Loaded {
     pub nodes: Vec<(String, NodeRecord)>,
     pub next_job: u64,
     pub next_decision: u64,
+    /// The inventory the job records were written under; `None` in a database written
+    /// before it was kept.
+    pub inventory: Option<Inventory>,
 }
 
 #[derive(Debug)]
@@ -97,6 +107,7 @@ impl Store {
             txn.open_table(NODES).map_err(|e| err(&e))?;
             txn.open_table(DECISIONS).map_err(|e| err(&e))?;
             txn.open_table(META).map_err(|e| err(&e))?;
+            txn.open_table(INVENTORY).map_err(|e| err(&e))?;
         }
         txn.commit().map_err(|e| err(&e))?;
         Ok(Store {
@@ -152,6 +163,18 @@ impl Store {
         };
         loaded.next_job = get(META_NEXT_JOB)?;
         loaded.next_decision = get(META_NEXT_DECISION)?;
+        let inventory = txn.open_table(INVENTORY).map_err(|e| self.err(e))?;
+        if let Some(v) = inventory.get(INVENTORY_KEY).map_err(|e| self.err(e))? {
+            loaded.inventory =
+                Some(
+                    codec::decode(v.value()).map_err(|message| StoreError::Corrupt {
+                        path: self.path.display().to_string(),
+                        table: "inventory",
+                        key: INVENTORY_KEY.into(),
+                        message,
+                    })?,
+                );
+        }
         Ok(loaded)
     }
 
@@ -190,6 +213,12 @@ impl Store {
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             for (k, v) in &batch.meta {
                 meta.insert(*k, *v).map_err(|e| self.err(e))?;
+            }
+            if let Some(bytes) = &batch.inventory {
+                txn.open_table(INVENTORY)
+                    .map_err(|e| self.err(e))?
+                    .insert(INVENTORY_KEY, bytes.as_slice())
+                    .map_err(|e| self.err(e))?;
             }
         }
         txn.commit().map_err(|e| self.err(e))
@@ -248,6 +277,7 @@ mod tests {
                 nodes: vec![("n1".into(), b"{\"registered\":true,\"cordoned\":false,\"quarantined\":false,\"failures\":0,\"reason\":\"\"}".to_vec())],
                 decisions: vec![],
                 meta: vec![(META_NEXT_JOB, 6)],
+                inventory: None,
                 deleted_jobs: vec![],
                 decisions_before: None,
             };
