@@ -169,17 +169,24 @@ impl RowTap for TelemetryTap {
 }
 
 /// One Parquet row as the scheduler takes it. Metrics the source did not read are sent
-/// as 0 (the wire message has no "unknown"); non-finite readings as well, so that the
-/// scheduler does not refuse the row.
+/// as 0 (the wire message has no "unknown"); non-finite readings as well, and memory use
+/// above the GPU's memory (a faulty GPU's reading, which the Parquet sink nulls too), so
+/// that the scheduler does not refuse the row and with it the row's health, which is
+/// what quarantines a failing GPU's node.
 pub fn to_pb(s: &GpuSample, node: &str, job_id: u64) -> pb::TelemetrySample {
     let finite = |v: Option<f32>| v.filter(|x| x.is_finite()).unwrap_or(0.0);
+    let mem_total_bytes = s.mem_total_bytes.unwrap_or(0);
+    let mem_used_bytes = s
+        .mem_used_bytes
+        .filter(|&used| mem_total_bytes == 0 || used <= mem_total_bytes)
+        .unwrap_or(0);
     pb::TelemetrySample {
         node: node.to_string(),
         gpu_index: s.gpu_index as u32,
         timestamp_us: s.timestamp_us,
         sm_util_pct: finite(s.sm_util_pct).clamp(0.0, 100.0),
-        mem_used_bytes: s.mem_used_bytes.unwrap_or(0),
-        mem_total_bytes: s.mem_total_bytes.unwrap_or(0),
+        mem_used_bytes,
+        mem_total_bytes,
         temperature_c: finite(s.temperature_c),
         power_w: s.power_mw.map_or(0.0, |mw| mw as f32 / 1000.0),
         health: match s.health {
@@ -194,6 +201,35 @@ pub fn to_pb(s: &GpuSample, node: &str, job_id: u64) -> pb::TelemetrySample {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readings_the_scheduler_would_refuse_are_sent_as_unknown_and_health_goes_through() {
+        let faulty = GpuSample {
+            gpu_index: 3,
+            sm_util_pct: Some(f32::NAN),
+            temperature_c: Some(f32::INFINITY),
+            mem_used_bytes: Some(90 << 30),
+            mem_total_bytes: Some(80 << 30),
+            health: Health::Failed,
+            ..Default::default()
+        };
+        let row = to_pb(&faulty, "n", 7);
+        assert_eq!((row.sm_util_pct, row.temperature_c), (0.0, 0.0));
+        assert_eq!((row.mem_used_bytes, row.mem_total_bytes), (0, 80 << 30));
+        assert_eq!(row.health, pb::GpuHealth::Failed as i32);
+        // A plausible reading, or one without a total, is sent as read.
+        let fine = GpuSample {
+            mem_used_bytes: Some(10 << 30),
+            mem_total_bytes: Some(80 << 30),
+            ..faulty.clone()
+        };
+        assert_eq!(to_pb(&fine, "n", 7).mem_used_bytes, 10 << 30);
+        let no_total = GpuSample {
+            mem_total_bytes: None,
+            ..faulty
+        };
+        assert_eq!(to_pb(&no_total, "n", 7).mem_used_bytes, 90 << 30);
+    }
 
     fn row(t: i64) -> pb::TelemetrySample {
         pb::TelemetrySample {
