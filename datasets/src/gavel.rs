@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::bundled::GAVEL_PHILLY_DISTRIBUTION;
-use crate::table::{Bad, Table};
+use crate::table::Table;
 use crate::{DatasetError, ParseReport};
 
 const HEADER: &str = "duration_s,num_gpus";
@@ -33,10 +33,7 @@ pub fn parse_gavel_distribution(
     let mut shapes = Vec::new();
     table.for_each_row(&mut report, |row| {
         let duration_s = row.time_s(duration)?;
-        let gpus: u32 = row.uint(gpus)?;
-        if gpus == 0 {
-            return Err(Bad::new("num_gpus", "a job needs at least one GPU"));
-        }
+        let gpus = crate::jobs::at_least_one_gpu(row.uint(gpus)?, "num_gpus")?;
         shapes.push(JobShape { duration_s, gpus });
         Ok(())
     });

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use marshal_scheduler::domain::{Job, JobId};
+use marshal_scheduler::domain::{Job, JobId, MAX_GPUS};
 
 use crate::table::{Bad, Col, Row, Table};
 use crate::{DatasetError, ParseReport};
@@ -64,6 +64,14 @@ pub(crate) fn at_least_one_gpu(gpus: u32, field: &'static str) -> Result<u32, Ba
     if gpus == 0 {
         return Err(Bad::new(field, "a job needs at least one GPU"));
     }
+    // Beyond the largest cluster a spec may describe no job can ever run, and the count
+    // sizes work downstream (placement strings, global batch sizes).
+    if u64::from(gpus) > MAX_GPUS {
+        return Err(Bad::new(
+            field,
+            format!("{gpus} GPUs: more than any cluster holds (at most {MAX_GPUS})"),
+        ));
+    }
     Ok(gpus)
 }
 
@@ -115,6 +123,13 @@ mod tests {
         assert_eq!(bad.field, "job_id");
         assert!(bad.reason.contains("duplicate"));
         assert_eq!(at_least_one_gpu(0, "num_gpu").unwrap_err().field, "num_gpu");
+        let huge = at_least_one_gpu(4_000_001, "num_gpu").unwrap_err();
+        assert!(
+            huge.reason.contains("more than any cluster holds"),
+            "{}",
+            huge.reason
+        );
+        assert_eq!(at_least_one_gpu(4_000_000, "num_gpu").unwrap(), 4_000_000);
         assert_eq!(at_least_one_gpu(4, "num_gpu").unwrap(), 4);
     }
 }

@@ -50,10 +50,7 @@ pub fn parse_philly(name: &str, text: &str) -> Result<(Vec<Job>, ParseReport), D
         let ts = row.text(timestamp)?;
         let submit = parse_timestamp(ts)?;
         let duration = row.time_s(duration)?;
-        let gpus: u32 = row.uint(num_gpus)?;
-        if gpus == 0 {
-            return Err(Bad::new("num_gpus", "a job needs at least one GPU"));
-        }
+        let gpus = crate::jobs::at_least_one_gpu(row.uint(num_gpus)?, "num_gpus")?;
         if rows.len() >= u32::MAX as usize {
             return Err(Bad::new("record", "too many rows"));
         }

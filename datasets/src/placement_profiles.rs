@@ -126,6 +126,16 @@ pub fn parse_step_profiles(
                         format!("{replicas} GPUs on {nodes} nodes"),
                     ));
                 }
+                // As for a placement string (at most 64 nodes of at most 9 GPUs): the
+                // shape sizes what is built from it downstream.
+                if nodes > MAX_PLACEMENT_NODES || replicas > MAX_PLACEMENT_NODES * 9 {
+                    return Err(Bad::new(
+                        "num_nodes",
+                        format!(
+                            "{replicas} GPUs on {nodes} nodes: at most {MAX_PLACEMENT_NODES} nodes of 9 GPUs"
+                        ),
+                    ));
+                }
                 (None, nodes, replicas)
             }
         };
@@ -163,9 +173,12 @@ pub fn parse_step_profiles(
     Ok((profiles, report))
 }
 
+/// The most nodes a measured placement may span (Sia's largest runs span 16).
+const MAX_PLACEMENT_NODES: u32 = 64;
+
 /// `"22"` → (2 nodes, 4 GPUs).
 fn parse_placement(s: &str) -> Option<(u32, u32)> {
-    if s.is_empty() || s.len() > 64 {
+    if s.is_empty() || s.len() > MAX_PLACEMENT_NODES as usize {
         return None;
     }
     let mut gpus = 0;
@@ -427,9 +440,14 @@ mod tests {
         let text = "num_nodes,num_replicas,local_bsz,step_time,sync_time
 4,4,20,0.16,0.03
 2,1,20,0.16,0.03
+4000000000,4000000000,20,0.16,0.03
 ";
         let (profiles, report) = parse_step_profiles("s.csv", "imagenet", "azure", text).unwrap();
-        assert_eq!((profiles.len(), report.rows_skipped), (1, 1));
+        assert_eq!((profiles.len(), report.rows_skipped), (1, 2));
+        // A shape beyond any measured placement is a bad row, not a 4-billion-node graph.
+        let bad = &report.skipped[1];
+        assert_eq!((bad.line, bad.field.as_str()), (4, "num_nodes"));
+        assert!(bad.reason.contains("at most 64 nodes"), "{}", bad.reason);
         assert_eq!(
             (
                 profiles[0].nodes,

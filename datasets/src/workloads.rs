@@ -389,7 +389,7 @@ impl WorkloadLibrary {
             if job.batch_size.is_none() {
                 // Gavel's batch sizes are per GPU (it scales out with the same per-GPU
                 // batch); the job records the global batch.
-                job.batch_size = batch_size(&kind.name).map(|b| b * job.workers);
+                job.batch_size = batch_size(&kind.name).and_then(|b| b.checked_mul(job.workers));
             }
             let throughput = hardware.map_or(1.0, |m| speed.gpu_throughput(job, m));
             job.total_work = if wall_clock {

@@ -56,9 +56,16 @@ impl Date {
         (y, m, d)
     }
 
-    /// The day with the given calendar date, if it exists.
+    /// The day with the given calendar date, if it exists. Years beyond a million either
+    /// way are refused: a directory name is input, and the arithmetic below overflows
+    /// near `i64`'s limits; every day an `i64` of microseconds reaches (years up to
+    /// about 294,000) stays inside.
     pub fn from_ymd(y: i64, m: u32, d: u32) -> Option<Self> {
-        if !(1..=12).contains(&m) || d == 0 || d > days_in_month(y, m) {
+        if !(-MAX_YEAR..=MAX_YEAR).contains(&y)
+            || !(1..=12).contains(&m)
+            || d == 0
+            || d > days_in_month(y, m)
+        {
             return None;
         }
         // Howard Hinnant's days_from_civil.
@@ -80,6 +87,9 @@ impl Date {
         Self::from_ymd(y, m, d)
     }
 }
+
+/// See [`Date::from_ymd`].
+const MAX_YEAR: i64 = 1_000_000;
 
 fn days_in_month(y: i64, m: u32) -> u32 {
     match m {
@@ -231,6 +241,11 @@ mod tests {
         assert!(Date::parse("2025-02-29").is_none());
         assert!(Date::parse("2025-13-01").is_none());
         assert!(Date::parse("garbage").is_none());
+        // A directory name is input: a year near i64's limits is not a date (its
+        // arithmetic overflowed), while the last day of i64 microseconds still is.
+        assert!(Date::parse("100000000000000000-01-01").is_none());
+        let last = Date::of_us(i64::MAX);
+        assert_eq!(Date::parse(&last.to_string()), Some(last));
         for day in -1000..30_000 {
             let d = Date(day);
             assert_eq!(Date::parse(&d.to_string()), Some(d));

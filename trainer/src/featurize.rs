@@ -374,10 +374,13 @@ impl ClusterContext {
         e: &StepExample,
         history: &StepHistory,
     ) -> Option<(PlacementGraph, Targets)> {
-        let n = (e.nodes * e.gpus_per_node) as usize;
-        if n == 0 || n > MAX_GPUS_PER_GRAPH {
+        // In u64: a profile row's shape is input, and the u32 product can wrap to a
+        // small graph.
+        let n = u64::from(e.nodes) * u64::from(e.gpus_per_node);
+        if n == 0 || n > MAX_GPUS_PER_GRAPH as u64 {
             return None;
         }
+        let n = n as usize;
         let memory = self.memory_gib.get(&e.gpu_type).copied().unwrap_or(16.0) as f32;
         let island = self.island.get(&e.gpu_type).copied().unwrap_or(1).max(1);
         let (tflops, tbps) = datasheet(&e.gpu_type);
@@ -517,6 +520,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_shape_whose_gpu_count_overflows_is_no_graph() {
+        let ctx = ctx();
+        // 2^31 + 1 nodes of 2 GPUs: the u32 product wraps to 2.
+        let mut e = ex("j", "bert", 2, 1, "spine", 1.0);
+        (e.nodes, e.gpus_per_node) = ((1 << 31) + 1, 2);
+        assert!(ctx.featurize(&e, &StepHistory::default()).is_none());
     }
 
     #[test]

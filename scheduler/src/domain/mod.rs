@@ -13,7 +13,7 @@ pub use gpu::{
     MigInstanceShape, MigProfile,
 };
 pub use job::{Checkpointing, CommPattern, Elastic, GpuDemand, Job, JobId};
-pub use spec::{ClusterSpec, LinkSpec, MigLayoutSpec, NodeGroupSpec};
+pub use spec::{ClusterSpec, LinkSpec, MAX_GPUS, MigLayoutSpec, NodeGroupSpec};
 pub use state::{ClusterState, GpuShare, Placement, WORKER_KINDS, WorkerPlacement, worker_kind};
 pub use topology::{
     Gpu, GpuId, MigInstanceSlot, MigMode, Node, NodeId, Rack, RackId, Spine, SpineId, TopoLevel,
