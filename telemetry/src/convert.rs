@@ -152,6 +152,15 @@ fn opt<T: ArrowPrimitiveType>(a: &PrimitiveArray<T>, i: usize) -> Option<T::Nati
     (!a.is_null(i)).then(|| a.value(i))
 }
 
+/// A value of a column the schema declares non-null. Arrow keeps a value under a null,
+/// usually 0; a file written by another tool may hold nulls there, and reading them as 0
+/// would date a row to 1970 (and `compact` would write that and delete the input).
+fn req<T: ArrowPrimitiveType>(a: &PrimitiveArray<T>, i: usize, name: &str) -> Result<T::Native> {
+    opt(a, i).ok_or_else(|| {
+        TelemetryError::schema("record batch", format!("null in required column {name}"))
+    })
+}
+
 fn u64_lists(batch: &RecordBatch, name: &str) -> Result<Vec<Option<Vec<u64>>>> {
     let list = column(batch, name)?.as_list_opt::<i32>().ok_or_else(|| {
         TelemetryError::schema("record batch", format!("column {name} is not a list"))
@@ -262,10 +271,10 @@ impl Record for GpuSample {
         let mut out = Vec::with_capacity(batch.num_rows());
         for (i, (tx_links, rx_links)) in nv_tx_links.into_iter().zip(nv_rx_links).enumerate() {
             out.push(GpuSample {
-                timestamp_us: ts.value(i),
+                timestamp_us: req(ts, i, col::TIMESTAMP)?,
                 cluster: cluster.required(i, col::CLUSTER)?,
                 node: node.required(i, col::NODE)?,
-                gpu_index: gpu_index.value(i),
+                gpu_index: req(gpu_index, i, col::GPU_INDEX)?,
                 gpu_uuid: uuid.required(i, col::GPU_UUID)?,
                 gpu_type: gpu_type.required(i, col::GPU_TYPE)?,
                 sm_util_pct: opt(sm_util, i),
@@ -375,7 +384,7 @@ impl Record for NodeSample {
                     .collect()
             });
             out.push(NodeSample {
-                timestamp_us: ts.value(i),
+                timestamp_us: req(ts, i, col::TIMESTAMP)?,
                 cluster: cluster.required(i, col::CLUSTER)?,
                 node: node.required(i, col::NODE)?,
                 net_ports,
@@ -437,14 +446,14 @@ impl Record for StepProfile {
         (0..batch.num_rows())
             .map(|i| {
                 Ok(StepProfile {
-                    timestamp_us: ts.value(i),
+                    timestamp_us: req(ts, i, col::TIMESTAMP)?,
                     job_id: job.required(i, col::JOB_ID)?,
-                    step: step.value(i),
-                    step_time_s: step_time.value(i),
+                    step: req(step, i, col::STEP)?,
+                    step_time_s: req(step_time, i, col::STEP_TIME_S)?,
                     phase: enum_col(&phase, i, col::PHASE, MemPhase::parse)?,
                     peak_mem_bytes: opt(peak, i),
                     gpu_type: gpu_type.required(i, col::GPU_TYPE)?,
-                    num_gpus: num_gpus.value(i),
+                    num_gpus: req(num_gpus, i, col::NUM_GPUS)?,
                     placement: placement.required(i, col::PLACEMENT)?,
                     model: model.get(i),
                     batch_size: opt(batch_size, i),

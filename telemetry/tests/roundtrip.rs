@@ -120,6 +120,38 @@ fn record_batch_conversion_without_parquet() {
 }
 
 #[test]
+fn a_null_in_a_required_column_of_another_tools_file_is_an_error_not_a_zero() {
+    use std::sync::Arc;
+
+    use arrow_array::{Array, RecordBatch, TimestampMicrosecondArray, UInt16Array};
+    let rows = gpu_series(&["n1"], 2, DAY0_US, 2);
+    let batch = GpuSample::to_batch(&rows, &mut ValidationReport::default()).unwrap();
+    // Another writer may declare the columns nullable and leave holes in them: Arrow
+    // keeps a 0 under a null, which read as a value would date the row to 1970.
+    let with_null = |name: &str, array: Arc<dyn Array>| {
+        let schema = batch.schema();
+        let i = schema.index_of(name).unwrap();
+        let mut fields: Vec<_> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields[i] = fields[i].clone().with_nullable(true);
+        let mut columns = batch.columns().to_vec();
+        columns[i] = array;
+        RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), columns).unwrap()
+    };
+    let ts =
+        TimestampMicrosecondArray::from(vec![Some(DAY0_US), None, Some(DAY0_US), Some(DAY0_US)])
+            .with_timezone("UTC");
+    let err = GpuSample::from_batch(&with_null(col::TIMESTAMP, Arc::new(ts)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("null in required column timestamp"), "{err}");
+    let index = UInt16Array::from(vec![Some(0), Some(1), None, Some(1)]);
+    let err = GpuSample::from_batch(&with_null(col::GPU_INDEX, Arc::new(index)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("null in required column gpu_index"), "{err}");
+}
+
+#[test]
 fn broken_values_are_nulled_or_rows_rejected_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     let base = gpu("n1", 0, DAY0_US + SEC);
