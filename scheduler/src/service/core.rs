@@ -16,13 +16,13 @@ use rand_chacha::ChaCha8Rng;
 use tokio::sync::{Notify, broadcast, watch};
 
 use crate::decision_log::{DecisionLog, LogBatch, LogCounts, LogOptions, OutcomeRow};
-use crate::domain::{ClusterSpec, ClusterState, GpuModelSet, NodeId, Placement, Topology};
+use crate::domain::{ClusterSpec, ClusterState, GpuModelSet, NodeId, Topology};
 use crate::framework::Policy;
 use crate::policies::learned::{LEARNED, LearnedSetup, TraceSink, build_policy};
 use crate::service::codec;
 use crate::service::config::ServiceConfig;
 use crate::service::error::{ServiceError, StartError};
-use crate::service::inventory::{Inventory, Remap};
+use crate::service::inventory::Remap;
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::metrics::Metrics;
 use crate::service::model::{ModelSlot, ModelUpdate};
@@ -169,16 +169,6 @@ pub struct Core {
     log_seen: Mutex<LogCounts>,
 }
 
-/// The GPU models of the nodes `placement` uses (any model without one).
-fn placement_models(topo: &Topology, placement: Option<&Placement>) -> GpuModelSet {
-    GpuModelSet::of(
-        placement
-            .into_iter()
-            .flat_map(|p| &p.workers)
-            .filter_map(|w| topo.node(w.node).model),
-    )
-}
-
 impl Core {
     /// Builds the state from the inventory and whatever the store holds.
     pub fn restore(
@@ -269,39 +259,24 @@ impl Core {
         for r in &mut inner.nodes {
             r.last_seen_us = now;
         }
-        // The job records' ids are positions in the inventory they were written under;
-        // a database from before it was kept was written under this one.
-        let current = Inventory::of(&topo);
-        let remap = Remap::between(loaded.inventory.as_ref().unwrap_or(&current), &topo);
+        // The job records' ids are positions in the inventory they were written under.
+        let remap = Remap::between(loaded.inventory.as_ref(), &topo);
         let mut remapped = Vec::new();
         for mut record in loaded.jobs {
             let id = record.job.id.0;
             inner.next_job = inner.next_job.max(id.saturating_add(1));
             let before = (record.job.gpu_models, record.placement.clone());
-            let placement = record.placement.as_ref().map(|p| remap.placement(p));
-            if let Some(Ok(p)) = &placement {
-                record.placement = Some(p.clone());
-            }
-            let models = remap.models(record.job.gpu_models);
-            match &models {
-                Ok(set) => record.job.gpu_models = *set,
-                // Still running where it was placed: its nodes' models met the
-                // constraint under the stored names.
-                Err(_) if record.state.is_active() && matches!(placement, Some(Ok(_))) => {
-                    record.job.gpu_models = placement_models(&topo, record.placement.as_ref());
-                }
-                Err(_) => {}
-            }
+            let unmapped = remap.job(&mut record, &topo);
             if record.state.is_active() {
                 // Re-applying every allocation to an empty state is the capacity check:
                 // two stored jobs claiming one GPU cannot both be restored.
-                let restored = match (&placement, &record.placement) {
-                    (Some(Err(why)), _) => Err(why.clone()),
-                    (_, Some(p)) => inner
+                let restored = match (unmapped.placement, &record.placement) {
+                    (Some(why), _) => Err(why),
+                    (None, Some(p)) => inner
                         .state
                         .allocate(&record.job, p)
                         .map_err(|e| e.to_string()),
-                    (_, None) => Err("no placement stored".to_string()),
+                    (None, None) => Err("no placement stored".to_string()),
                 };
                 if let Err(why) = restored {
                     tracing::warn!(job = id, %why, "allocation not restored; job requeued");
@@ -314,7 +289,7 @@ impl Core {
                     inner.dirty.jobs.insert(id);
                 }
             }
-            if let Err(why) = models
+            if let Some(why) = unmapped.models
                 && record.state.is_waiting()
             {
                 tracing::warn!(job = id, %why, "job rejected after a restart");
@@ -341,7 +316,7 @@ impl Core {
             }
             inner.jobs.insert(id, record);
         }
-        if loaded.inventory.as_ref() != Some(&current) {
+        if !remap.stored_is_current() {
             // The mapped records and the inventory they now refer to go down together: a
             // crash between the two would leave ids read under the wrong inventory.
             if !remap.is_identity() {
@@ -360,7 +335,7 @@ impl Core {
             .serialise();
             batch.inventory =
                 Some(
-                    codec::encode(&current).map_err(|message| StartError::Database {
+                    codec::encode(remap.current()).map_err(|message| StartError::Database {
                         path: config.db.display().to_string(),
                         message: format!("inventory not serialisable: {message}"),
                     })?,

@@ -23,6 +23,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{GpuId, GpuModelId, GpuModelSet, GpuShare, NodeId, Placement, Topology};
+use crate::service::jobs::JobRecord;
 
 /// What a stored id means: node names with their GPU counts, and GPU model names, each
 /// in id order.
@@ -65,12 +66,31 @@ pub struct Remap {
     /// Stored model id → the model of that name now.
     models: Vec<Option<GpuModelId>>,
     stored_models: Vec<String>,
-    /// Whether every id maps to itself (the inventory did not change).
+    /// `topo`'s inventory, the one the mapped records refer to.
+    current: Inventory,
+    /// Whether the database holds `current` already.
+    stored_is_current: bool,
+    /// Whether every id maps to itself.
     identity: bool,
 }
 
+/// What [`Remap::job`] could not map, and why.
+#[derive(Debug, Default)]
+pub struct Unmapped {
+    /// The stored placement cannot be restored.
+    pub placement: Option<String>,
+    /// The model constraint cannot be met: every model it allowed is gone.
+    pub models: Option<String>,
+}
+
 impl Remap {
-    pub fn between(stored: &Inventory, topo: &Topology) -> Remap {
+    /// From the inventory the records were written under onto `topo`'s; `None` (a
+    /// database from before the inventory was kept) means written under `topo`'s.
+    pub fn between(stored: Option<&Inventory>, topo: &Topology) -> Remap {
+        let current = Inventory::of(topo);
+        let stored_is_current = stored == Some(&current);
+        let stored = stored.unwrap_or(&current);
+        let identity = *stored == current;
         let now: std::collections::HashMap<&str, NodeId> = topo
             .node_ids()
             .map(|n| (topo.node(n).name.as_str(), n))
@@ -97,13 +117,49 @@ impl Remap {
             nodes,
             models: stored.models.iter().map(|m| topo.catalog.id(m)).collect(),
             stored_models: stored.models.clone(),
-            identity: *stored == Inventory::of(topo),
+            stored_is_current,
+            identity,
+            current,
         }
     }
 
-    /// Whether the stored inventory is the current one.
+    /// Whether every id maps to itself (the records were written under this inventory).
     pub fn is_identity(&self) -> bool {
         self.identity
+    }
+
+    /// The inventory the mapped records refer to, to store with them.
+    pub fn current(&self) -> &Inventory {
+        &self.current
+    }
+
+    /// Whether the database already holds [`Self::current`].
+    pub fn stored_is_current(&self) -> bool {
+        self.stored_is_current
+    }
+
+    /// Maps `record`'s placement and model constraint in place. What cannot be mapped
+    /// is left as stored and returned. A job still running where it was placed whose
+    /// models are all gone is constrained to its nodes' models, which met the constraint
+    /// under the stored names.
+    pub fn job(&self, record: &mut JobRecord, topo: &Topology) -> Unmapped {
+        let mut unmapped = Unmapped::default();
+        if let Some(stored) = &record.placement {
+            match self.placement(stored) {
+                Ok(p) => record.placement = Some(p),
+                Err(why) => unmapped.placement = Some(why),
+            }
+        }
+        match self.models(record.job.gpu_models) {
+            Ok(set) => record.job.gpu_models = set,
+            Err(why) => {
+                if record.state.is_active() && unmapped.placement.is_none() {
+                    record.job.gpu_models = placement_models(topo, record.placement.as_ref());
+                }
+                unmapped.models = Some(why);
+            }
+        }
+        unmapped
     }
 
     /// A stored placement in the current topology's ids; why not, when a node is gone,
@@ -160,6 +216,16 @@ impl Remap {
         }
         Ok(GpuModelSet::of(kept))
     }
+}
+
+/// The GPU models of the nodes `placement` uses (any model without one).
+fn placement_models(topo: &Topology, placement: Option<&Placement>) -> GpuModelSet {
+    GpuModelSet::of(
+        placement
+            .into_iter()
+            .flat_map(|p| &p.workers)
+            .filter_map(|w| topo.node(w.node).model),
+    )
 }
 
 #[cfg(test)]
@@ -227,8 +293,8 @@ mod tests {
     fn ids_follow_names_and_what_is_gone_is_refused_not_guessed() {
         let (old, new) = (topo(&before(8)), topo(&after()));
         let stored = Inventory::of(&old);
-        assert!(Remap::between(&stored, &old).is_identity());
-        let remap = Remap::between(&stored, &new);
+        assert!(Remap::between(Some(&stored), &old).is_identity());
+        let remap = Remap::between(Some(&stored), &new);
         assert!(!remap.is_identity());
         // n-1 was node 1 with GPUs 8–15; now node 2 with GPUs 16–23.
         let moved = remap.placement(&one_worker(1, &[11, 12])).unwrap();
@@ -245,7 +311,7 @@ mod tests {
         assert!(err.contains("node id 9 is not in the inventory"), "{err}");
         // A node that lost GPUs keeps the placements that still fit.
         let smaller = topo(&before(4));
-        let remap = Remap::between(&stored, &smaller);
+        let remap = Remap::between(Some(&stored), &smaller);
         assert_eq!(
             remap.placement(&one_worker(1, &[9])).unwrap(),
             one_worker(1, &[5])
@@ -255,7 +321,7 @@ mod tests {
 
         // Models by name: a vanished one is dropped, and a constraint left empty (which
         // would read "any model") is refused with the names.
-        let remap = Remap::between(&stored, &new);
+        let remap = Remap::between(Some(&stored), &new);
         let id = |t: &Topology, m: &str| t.catalog.id(m).unwrap();
         let x1 = GpuModelSet::of([id(&old, "X1")]);
         let err = remap.models(x1).unwrap_err();
