@@ -15,8 +15,11 @@
 //! Until step 3 completes the originals stay in place. If the process dies between the
 //! rename and the deletions, readers already ignore the listed inputs (see
 //! [`crate::reader::list_files`]), and the next compaction of the directory deletes them.
-//! An input that cannot be read (truncated, garbage, wrong kind) is left alone, reported in
-//! [`CompactReport::skipped`], and the merge is redone without it.
+//! An input that cannot be read (truncated, garbage, wrong kind), or that the merge would
+//! change (another tool's file with values the sink's validation nulls or rows it rejects,
+//! such as a utilisation above 100 % or a repeated sample), is left alone, reported in
+//! [`CompactReport::skipped`], and the merge is redone without it: compaction never
+//! alters a value.
 //!
 //! Compact partitions that are no longer being written (earlier days): the sink numbers
 //! its files by scanning the directory when it first writes there.
@@ -311,6 +314,14 @@ fn merge<R: Columnar>(
                     rows += write_row_group(&mut buf, out)?;
                 }
             }
+        }
+        // Another tool's file may hold values the sink would have nulled or rows it would
+        // have rejected; merging would change or drop them, so the file stays as it is.
+        let changed = buf.take_report();
+        if !changed.is_clean() {
+            return bad(format!(
+                "merging would change it: {changed} (the sink's validation)"
+            ));
         }
     }
     rows += write_row_group(&mut buf, out)?;

@@ -175,12 +175,23 @@ fn u64_lists(batch: &RecordBatch, name: &str) -> Result<Vec<Option<Vec<u64>>>> {
             )
         })?;
     let offsets = list.value_offsets();
-    Ok((0..list.len())
+    (0..list.len())
         .map(|i| {
-            (!list.is_null(i))
-                .then(|| values.values()[offsets[i] as usize..offsets[i + 1] as usize].to_vec())
+            if list.is_null(i) {
+                return Ok(None);
+            }
+            let items = offsets[i] as usize..offsets[i + 1] as usize;
+            // The schema's items are not nullable; another tool's file may still hold a
+            // null, and its buffer slot would read as a zero counter.
+            if items.clone().any(|j| values.is_null(j)) {
+                return Err(TelemetryError::schema(
+                    "record batch",
+                    format!("null item in list column {name}"),
+                ));
+            }
+            Ok(Some(values.values()[items].to_vec()))
         })
-        .collect())
+        .collect()
 }
 
 fn enum_col<T>(
@@ -367,22 +378,39 @@ impl Record for NodeSample {
         let mut port_names: HashMap<&str, Arc<str>> = HashMap::new();
         let mut out = Vec::with_capacity(batch.num_rows());
         for i in 0..batch.num_rows() {
-            let net_ports = (!ports.is_null(i)).then(|| {
-                (offsets[i] as usize..offsets[i + 1] as usize)
-                    .map(|j| {
-                        let name = names.value(j);
-                        let port = port_names
-                            .entry(name)
-                            .or_insert_with(|| Arc::from(name))
-                            .clone();
-                        NetPort {
-                            port,
-                            tx_bytes: txs.value(j),
-                            rx_bytes: rxs.value(j),
-                        }
-                    })
-                    .collect()
-            });
+            let net_ports = if ports.is_null(i) {
+                None
+            } else {
+                let items = offsets[i] as usize..offsets[i + 1] as usize;
+                let mut list = Vec::with_capacity(items.len());
+                for j in items {
+                    // Fields the schema declares not nullable; a null would read as "" or 0.
+                    let null = [
+                        (col::PORT, names.is_null(j)),
+                        (col::TX_BYTES, txs.is_null(j)),
+                        (col::RX_BYTES, rxs.is_null(j)),
+                    ]
+                    .into_iter()
+                    .find(|(_, null)| *null);
+                    if let Some((field, _)) = null {
+                        return Err(TelemetryError::schema(
+                            "record batch",
+                            format!("null {field} in an item of list column {}", col::NET_PORTS),
+                        ));
+                    }
+                    let name = names.value(j);
+                    let port = port_names
+                        .entry(name)
+                        .or_insert_with(|| Arc::from(name))
+                        .clone();
+                    list.push(NetPort {
+                        port,
+                        tx_bytes: txs.value(j),
+                        rx_bytes: rxs.value(j),
+                    });
+                }
+                Some(list)
+            };
             out.push(NodeSample {
                 timestamp_us: req(ts, i, col::TIMESTAMP)?,
                 cluster: cluster.required(i, col::CLUSTER)?,

@@ -683,6 +683,55 @@ fn compaction_leaves_a_file_with_columns_of_its_own_in_place() {
     assert!(report.output.is_none());
 }
 
+/// Compaction rewrites rows through the sink's validation; a file whose values it would
+/// null (written by another tool) must not come out of the merge altered.
+#[test]
+fn compaction_leaves_a_file_it_would_alter_in_place() {
+    use arrow_array::Float32Array;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path(), gpu_series(&["n1"], 2, DAY0_US, 5));
+    record(dir.path(), gpu_series(&["n1"], 2, DAY0_US + 100 * SEC, 5));
+    let part = dir.path().join("kind=gpu/date=2025-03-14/node=n1");
+    let foreign = gpu_series(&["n1"], 1, DAY0_US + 200 * SEC, 3);
+    let sm = Float32Array::from(vec![Some(40.0), Some(150.0), Some(60.0)]);
+    let stray = part.join("part-000000.parquet");
+    write_batch(
+        &stray,
+        TelemetryKind::Gpu,
+        &SCHEMA_VERSION.to_string(),
+        &foreign_gpu_batch(&foreign, &[(col::SM_UTIL_PCT, Arc::new(sm))], &[]),
+    );
+
+    let report = compact_partition(&part, &CompactOptions::default()).unwrap();
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert_eq!(report.skipped[0].path, stray);
+    let reason = &report.skipped[0].reason;
+    assert!(
+        reason.contains("merging would change it")
+            && reason.contains("sm_util_pct out of range ×1"),
+        "{reason}"
+    );
+    assert_eq!(report.inputs.len(), 2);
+    assert_eq!(report.rows, 20);
+    assert!(stray.exists(), "the foreign file is left in place");
+    let (rows, rep) = read_all::<GpuSample>(dir.path(), Query::new(TelemetryKind::Gpu)).unwrap();
+    assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+    assert_eq!(rows.len(), 23);
+    let mut sm: Vec<f32> = rows
+        .iter()
+        .filter(|r| r.timestamp_us >= DAY0_US + 200 * SEC)
+        .filter_map(|r| r.sm_util_pct)
+        .collect();
+    sm.sort_by(f32::total_cmp);
+    assert_eq!(
+        sm,
+        [40.0, 60.0, 150.0],
+        "the foreign values read as written"
+    );
+}
+
 #[test]
 fn replay_returns_recorded_samples_in_time_order_up_to_now() {
     let dir = tempfile::tempdir().unwrap();

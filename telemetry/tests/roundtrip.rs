@@ -151,6 +151,81 @@ fn a_null_in_a_required_column_of_another_tools_file_is_an_error_not_a_zero() {
     assert!(err.contains("null in required column gpu_index"), "{err}");
 }
 
+/// Items of list columns are not nullable either: a per-link counter or a port's byte
+/// count that another writer left null must not read as 0.
+#[test]
+fn a_null_inside_a_list_of_another_tools_file_is_an_error_not_a_zero() {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::UInt64Type;
+    use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StructArray, UInt64Array};
+    use arrow_schema::{DataType, Field, Schema};
+
+    // `batch` with column `name` replaced by `array`, whose type may differ in nullability.
+    let replace = |batch: &RecordBatch, name: &str, array: ArrayRef| {
+        let schema = batch.schema();
+        let i = schema.index_of(name).unwrap();
+        let mut fields: Vec<_> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields[i] = fields[i].clone().with_data_type(array.data_type().clone());
+        let mut columns = batch.columns().to_vec();
+        columns[i] = array;
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    };
+
+    let rows = gpu_series(&["n1"], 2, DAY0_US, 2);
+    let batch = GpuSample::to_batch(&rows, &mut ValidationReport::default()).unwrap();
+    let links = ListArray::from_iter_primitive::<UInt64Type, _, _>(vec![
+        Some(vec![Some(1), Some(2)]),
+        Some(vec![Some(3), None]),
+        None,
+        Some(vec![]),
+    ]);
+    let err = GpuSample::from_batch(&replace(
+        &batch,
+        col::NVLINK_TX_PER_LINK_KIB,
+        Arc::new(links),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("null item in list column nvlink_tx_per_link_kib"),
+        "{err}"
+    );
+
+    let nodes = vec![node_sample("n1", DAY0_US), node_sample("n2", DAY0_US)];
+    let batch = NodeSample::to_batch(&nodes, &mut ValidationReport::default()).unwrap();
+    let ports = batch
+        .column_by_name(col::NET_PORTS)
+        .unwrap()
+        .as_list::<i32>();
+    let items = ports.values().as_struct();
+    let nullable: Vec<Field> = items
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    let mut columns = items.columns().to_vec();
+    let tx = columns[1].as_primitive::<UInt64Type>();
+    assert_eq!(items.fields()[1].name(), col::TX_BYTES);
+    let holed: UInt64Array = (0..tx.len())
+        .map(|j| (j != 2).then(|| tx.value(j)))
+        .collect();
+    columns[1] = Arc::new(holed);
+    let values = StructArray::new(nullable.clone().into(), columns, None);
+    let item = Arc::new(Field::new("item", DataType::Struct(nullable.into()), false));
+    let holed_ports = ListArray::new(item, ports.offsets().clone(), Arc::new(values), None);
+    let err = NodeSample::from_batch(&replace(&batch, col::NET_PORTS, Arc::new(holed_ports)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("null tx_bytes in an item of list column net_ports"),
+        "{err}"
+    );
+    // Unchanged, the same batch reads back whole.
+    assert_eq!(NodeSample::from_batch(&batch).unwrap(), nodes);
+}
+
 #[test]
 fn broken_values_are_nulled_or_rows_rejected_and_counted() {
     let dir = tempfile::tempdir().unwrap();
