@@ -47,7 +47,7 @@ struct SynthArgs {
     /// Trace whose jobs (shape and duration) are drawn.
     #[arg(long)]
     like: String,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     jobs: usize,
     /// Offered load: GPU time asked for over the cluster's GPU time (e.g. 0.8).
     #[arg(long, allow_negative_numbers = true)]
@@ -88,7 +88,7 @@ struct DescribeArgs {
 struct SampleArgs {
     trace: String,
     /// Number of jobs to draw (without replacement; submission order is kept).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     jobs: usize,
     #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,

@@ -126,3 +126,67 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::any::TypeId;
+
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// Every numeric option of every subcommand, by `marshal SUB … --flag`.
+    fn numeric_options(cmd: &clap::Command, path: &str, out: &mut Vec<(String, bool)>) {
+        let numeric = [
+            TypeId::of::<u8>(),
+            TypeId::of::<u16>(),
+            TypeId::of::<u32>(),
+            TypeId::of::<u64>(),
+            TypeId::of::<usize>(),
+            TypeId::of::<i32>(),
+            TypeId::of::<i64>(),
+            TypeId::of::<f32>(),
+            TypeId::of::<f64>(),
+            TypeId::of::<std::time::Duration>(),
+        ];
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let parser = arg.get_value_parser().type_id();
+            if numeric.iter().any(|t| parser == *t) {
+                out.push((
+                    format!("{path} --{long}"),
+                    arg.is_allow_negative_numbers_set() || arg.is_allow_hyphen_values_set(),
+                ));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            numeric_options(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    /// Without `allow_negative_numbers`, `--seed -1` reads as an unknown flag `-1` and
+    /// clap suggests `-- -1`, which is wrong; with it, the value reaches the parser or
+    /// the option's own range check and the error names the option.
+    #[test]
+    fn every_numeric_option_takes_a_negative_number_as_its_value() {
+        let mut options = Vec::new();
+        numeric_options(&Cli::command(), "marshal", &mut options);
+        assert!(
+            options.len() > 40,
+            "the walk found only {} numeric options",
+            options.len()
+        );
+        let missing: Vec<&str> = options
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert!(missing.is_empty(), "no allow_negative_numbers: {missing:?}");
+        let err = Cli::try_parse_from(["marshal", "agent", "--seed", "-1"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("invalid value '-1' for '--seed <SEED>'"),
+            "{err}"
+        );
+    }
+}

@@ -85,25 +85,25 @@ pub struct TrainPolicyArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,
     /// Seeds per training trace (episodes use seeds 1000 + seed …, never an evaluation seed).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     seeds_per_trace: u64,
     /// Seeds per validation trace (seeds 2000 + seed …): the snapshot and the gate are
     /// chosen on all of them, so more seeds make the choice less a matter of one seed's luck.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     valid_seeds_per_trace: u64,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8)]
     bc_epochs: usize,
     /// Expert-iteration rounds on the inflation episodes (rollout labels; 0: none).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     expert_rounds: usize,
     /// Cross-entropy passes per expert round.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     expert_epochs: usize,
     /// Weight (repetitions) of a rollout-labelled decision against a cloned one.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     expert_weight: usize,
     /// Rollout-labelled decisions per inflation episode and round.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
     rollout_decisions: usize,
     /// Labelled decisions are drawn from arrived loads in [FROM, TO) %.
     #[arg(long, allow_negative_numbers = true, default_value_t = 70.0)]
@@ -114,32 +114,32 @@ pub struct TrainPolicyArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = 100.5)]
     rollout_until: f64,
     /// … or after this many arrivals.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1000)]
     rollout_horizon: usize,
     /// Futures resampled from the trace per labelled decision (0: the episode's own).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     rollout_futures: usize,
     /// Threads rolling candidates out.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     rollout_threads: usize,
     /// RL iterations (REINFORCE or PPO).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 6)]
     episodes: usize,
     /// How an RL iteration's samples update the network: one REINFORCE pass, or PPO's
     /// clipped surrogate over `--ppo-epochs` passes.
     #[arg(long, value_enum, default_value_t = PolicyGradientArg::Reinforce)]
     policy_gradient: PolicyGradientArg,
     /// PPO: passes over each iteration's samples.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     ppo_epochs: usize,
     /// PPO: a decision's probability ratio is clipped to [1 − clip, 1 + clip].
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.2)]
     ppo_clip: f32,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     episodes_per_iteration: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     eval_every: usize,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 32)]
     hidden: usize,
     /// Heuristic the policy falls back to in replay episodes.
     #[arg(long, default_value = "topo-pack")]
@@ -389,13 +389,18 @@ pub struct TrainGateArgs {
     valid_traces: Vec<String>,
     /// Validation seeds (training validates on 2000 + its seed; evaluation uses 42 …,
     /// so keep these apart from it).
-    #[arg(long, value_delimiter = ',', default_value = "2000")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_delimiter = ',',
+        default_value = "2000"
+    )]
     seeds: Vec<u64>,
     /// Largest relative worsening against the fallback allowed on any episode.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.01)]
     tolerance: f64,
     /// Margin thresholds tried (training's list by default).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     margins: Option<Vec<f32>>,
 }
 

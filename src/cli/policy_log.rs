@@ -19,7 +19,7 @@ pub struct TrainFromLogArgs {
     /// Output directory of the retrained artifact (created).
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 10)]
     epochs: usize,
     #[arg(long, allow_negative_numbers = true, default_value_t = 1e-3)]
     learning_rate: f64,
@@ -30,7 +30,7 @@ pub struct TrainFromLogArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = 20.0)]
     max_weight: f64,
     /// Completed decisions a (job name, shape) group needs to be its own baseline.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     min_group: usize,
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     seed: u64,

@@ -34,7 +34,7 @@ pub struct PredictorEvalArgs {
     #[arg(long, value_enum, default_value = "all")]
     folds: MeasuredFolds,
     /// Epoch cap of each fold's training (with --measured).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
     max_epochs: usize,
     /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
@@ -159,7 +159,7 @@ pub struct TrainPredictorArgs {
     out: PathBuf,
     #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
     max_epochs: usize,
     /// β of the step-time loss (0 = plain Gaussian NLL; see `PredictorConfig::nll_beta`).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]

@@ -85,7 +85,12 @@ pub struct SimArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "SECONDS")]
     pub reserve_after: Option<f64>,
     /// Only gangs of at least this many GPUs in all get nodes held for them.
-    #[arg(long, default_value_t = 8, requires = "reserve_after")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 8,
+        requires = "reserve_after"
+    )]
     pub reserve_min_gpus: u32,
     /// ... and of at most this share of the cluster's GPUs.
     #[arg(
@@ -100,7 +105,12 @@ pub struct SimArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "SECONDS")]
     pub rebalance_after: Option<f64>,
     /// Jobs moved for one gang at most.
-    #[arg(long, default_value_t = 4, requires = "rebalance_after")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 4,
+        requires = "rebalance_after"
+    )]
     pub rebalance_max_moves: u32,
     /// Seconds a job must have run in its placement before it may be moved.
     #[arg(
@@ -140,7 +150,12 @@ pub struct SimArgs {
     )]
     pub consolidate_safety: f64,
     /// Gangs moved per cycle at most.
-    #[arg(long, default_value_t = 2, requires = "consolidate")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 2,
+        requires = "consolidate"
+    )]
     pub consolidate_max_moves: u32,
     /// Seconds after a gang starts (or moves) during which it is not moved.
     #[arg(

@@ -88,7 +88,7 @@ pub struct SimSourceArgs {
     /// Policy that places the jobs.
     #[arg(long, default_value = "topo-pack")]
     policy: String,
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     /// Share of multi-GPU runs with a straggling GPU.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
@@ -216,7 +216,7 @@ pub struct ConnectArgs {
     stop_workers_on_exit: bool,
     /// Telemetry rows held for the scheduler while it is unreachable (the most recent
     /// are kept; every row is in Parquet regardless).
-    #[arg(long, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
     backlog: usize,
     /// Longest wait between reconnection attempts.
     #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_interval)]
