@@ -241,6 +241,7 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
             horizon: a.rollout_horizon,
             futures: a.rollout_futures,
             threads: a.rollout_threads,
+            seed: a.seed,
         },
         rl_iterations: a.episodes,
         policy_gradient: match a.policy_gradient {

@@ -39,6 +39,10 @@ pub struct RolloutOptions {
     pub futures: usize,
     /// Threads rolling candidates out in parallel.
     pub threads: usize,
+    /// Seed of the resampled futures (`marshal train policy` passes its `--seed`);
+    /// [`rollout_labels`] mixes in the episode's own seed, and each decision draws its
+    /// futures from the stream of its arrival position.
+    pub seed: u64,
 }
 
 impl Default for RolloutOptions {
@@ -51,6 +55,7 @@ impl Default for RolloutOptions {
             horizon: 1_000,
             futures: 0,
             threads: 1,
+            seed: 0,
         }
     }
 }
@@ -124,7 +129,31 @@ pub fn rollout_labels(
     };
     let run = InflationRun::new(spec.topo.clone(), jobs, &config)
         .map_err(|e| format!("{}: {e}", spec.name))?;
-    label_run(run, &spec.fallback, jobs, behaviour, gate, candidates, opts)
+    let opts = RolloutOptions {
+        seed: futures_seed(opts.seed, *seed),
+        ..opts.clone()
+    };
+    label_run(
+        run,
+        &spec.fallback,
+        jobs,
+        behaviour,
+        gate,
+        candidates,
+        &opts,
+    )
+}
+
+/// The futures' seed of one episode: the training seed and the episode's, so that
+/// neither two episodes nor two training seeds share their futures.
+pub(super) fn futures_seed(training: u64, episode: u64) -> u64 {
+    // SplitMix64's finaliser: nearby seeds give unrelated keys.
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    mix(training ^ mix(episode.wrapping_add(0x9e37_79b9_7f4a_7c15)))
 }
 
 /// [`rollout_labels`] on a given episode: `fallback` names the base heuristic, `jobs`
@@ -206,7 +235,8 @@ pub fn label_run(
             )
         } else {
             let mut sum = vec![0u64; choices.len()];
-            let mut rng = ChaCha8Rng::seed_from_u64(pos as u64);
+            let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+            rng.set_stream(pos as u64);
             for _ in 0..opts.futures {
                 let future = resample(&run.tasks()[pos], jobs, opts.horizon, &mut rng);
                 let end = future.len();

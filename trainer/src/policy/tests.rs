@@ -75,6 +75,7 @@ fn options(seed: u64) -> TrainOptions {
             horizon: 50,
             futures: 2,
             threads: 2,
+            seed,
         },
         rl_iterations: 2,
         episodes_per_iteration: 2,
@@ -265,6 +266,7 @@ fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
         horizon: 1000,
         futures: 0,
         threads: 1,
+        seed: 0,
     };
     let gate = Gate {
         margin_threshold: 0.0,
@@ -314,6 +316,51 @@ fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
             "{l:?}"
         );
     }
+}
+
+/// Resampled futures are a random choice like any other: the same training seed gives
+/// the same labels, and another seed (or another episode) draws other futures.
+#[test]
+fn resampled_futures_follow_the_training_seed() {
+    let (train, _) = specs();
+    let spec = &train[0];
+    let gate = Gate {
+        margin_threshold: 0.0,
+        distance_limit: f32::INFINITY,
+    };
+    let label = |seed: u64| {
+        let opts = RolloutOptions {
+            decisions: 10,
+            from_pct: 0.0,
+            to_pct: 130.0,
+            until_pct: 1000.0,
+            horizon: 40,
+            futures: 3,
+            threads: 1,
+            seed,
+        };
+        rollout_labels(spec, 0, None, gate, CandidateSet::Ranked, &opts).unwrap()
+    };
+    let failed = |labels: &[Labelled]| -> Vec<Vec<u64>> {
+        labels.iter().map(|l| l.failed.clone()).collect()
+    };
+    let first = label(0);
+    assert!(first.len() >= 5, "{}", first.len());
+    assert!(
+        first.iter().any(|l| l.failed.iter().any(|&f| f > 0)),
+        "the futures must fail something for the seed to show"
+    );
+    assert_eq!(first, label(0));
+    // The decisions (positions, candidates) are the episode's; only the futures move.
+    let other = label(1);
+    assert_eq!(
+        first.iter().map(|l| l.position).collect::<Vec<_>>(),
+        other.iter().map(|l| l.position).collect::<Vec<_>>()
+    );
+    assert_ne!(failed(&first), failed(&other));
+    use super::rollout::futures_seed;
+    assert_ne!(futures_seed(0, 1000), futures_seed(0, 1001));
+    assert_ne!(futures_seed(0, 1000), futures_seed(1, 1000));
 }
 
 #[test]
