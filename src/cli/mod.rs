@@ -188,5 +188,19 @@ mod tests {
                 .contains("invalid value '-1' for '--seed <SEED>'"),
             "{err}"
         );
+        // A list starting with a negative number is a value too.
+        let gate = |list: &str| {
+            let mut args = vec!["marshal", "train", "gate", "--model", "m"];
+            args.extend(["--fallback", "fgd", "--valid-traces", "openb"]);
+            args.extend(["--margins", list]);
+            Cli::try_parse_from(args)
+        };
+        assert!(gate("-0.1,0.2").is_ok());
+        let err = gate("-x,0.2").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("invalid value '-x' for '--margins"),
+            "{err}"
+        );
     }
 }

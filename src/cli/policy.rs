@@ -390,9 +390,10 @@ pub struct TrainGateArgs {
     valid_traces: Vec<String>,
     /// Validation seeds (training validates on 2000 + its seed; evaluation uses 42 …,
     /// so keep these apart from it).
+    // A list: `-1,2` is no number, so negative numbers alone would not let it through.
     #[arg(
         long,
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_delimiter = ',',
         default_value = "2000"
     )]
@@ -401,7 +402,7 @@ pub struct TrainGateArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.01)]
     tolerance: f64,
     /// Margin thresholds tried (training's list by default).
-    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ',')]
     margins: Option<Vec<f32>>,
 }
 
