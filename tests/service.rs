@@ -1343,6 +1343,7 @@ fn advise_is_stateless_and_explain_tells_why() {
         assert_eq!(recs["p1"].path, "heuristic:topo-pack");
         // Stateless: the same question gets the same answer.
         let second = advisor.advise(request).await.unwrap().into_inner();
+        assert_eq!(first.recommendations.len(), second.recommendations.len());
         for (a, b) in first.recommendations.iter().zip(&second.recommendations) {
             assert_eq!((a.verdict, &a.placement), (b.verdict, &b.placement));
             assert_ne!(a.decision_id, b.decision_id);

@@ -342,6 +342,7 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
 
         // Model B still decides: 20 more jobs, every decision made by version B.
         let ids_b = run_jobs(&ch, 20..40).await;
+        let mut learned = 0;
         for d in decisions_of(&ch, &ids_b).await {
             let e = explain(&ch, d).await;
             assert_eq!(e.model_version, version_b, "decision {d}");
@@ -352,6 +353,7 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
                 e.path
             );
             if e.path == "learned" {
+                learned += 1;
                 // Scored: the gate's margin is the confidence, each candidate has its
                 // network score, and the chosen one is marked.
                 let margin = e.confidence.expect("a learned decision has a confidence");
@@ -373,6 +375,7 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
                 assert!(c.score.is_some(), "the chosen node has a score");
             }
         }
+        assert!(learned > 0, "no decision of model B took the learned path");
 
         // Automatic reload: the watched directory is now model-b; copying model A's
         // artifact over it is picked up by the poll (same content as A, same version).

@@ -112,6 +112,8 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
             1u32..4,
             demand_strategy(),
             0u32..20_000,
+            // Up to most of a node's 128 GiB, so that memory, not only CPU, can bind.
+            0u64..100_000,
             0.0f64..5_000.0,
             1.0f64..20_000.0,
             0usize..4,
@@ -125,12 +127,12 @@ fn jobs_strategy() -> impl Strategy<Value = Vec<Job>> {
             .into_iter()
             .enumerate()
             .map(
-                |(i, (workers, gpu, cpu, submit, work, model, priority, preemptible))| {
+                |(i, (workers, gpu, cpu, memory, submit, work, model, priority, preemptible))| {
                     let mut job = Job::whole_gpus(JobId(i as u32), workers, submit, work);
                     job.workers = workers;
                     job.gpu = gpu;
                     job.cpu_milli = cpu;
-                    job.memory_mib = cpu as u64;
+                    job.memory_mib = memory;
                     job.priority = priority;
                     job.preemptible = preemptible;
                     job.checkpoint.interval_s = 600.0;

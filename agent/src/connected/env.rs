@@ -127,5 +127,18 @@ mod tests {
         let mut sorted = lines.clone();
         sorted.sort();
         assert_eq!(lines, sorted);
+        // And a POSIX shell reads the quoted value back as it was.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("job.env");
+        std::fs::write(&file, &text).unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#". "$1" && printf %s "$MARSHAL_JOB_NAME""#)
+            .arg("sh")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "it's");
     }
 }

@@ -289,9 +289,17 @@ mod tests {
             e.contains("marshal-ed25519-secret") && e.contains("key file"),
             "{e}"
         );
+        #[cfg(unix)]
+        {
+            // Readable by everyone, as written: refused for that before its contents.
+            let e = read_signing_key(&public).unwrap_err().to_string();
+            assert!(e.contains("readable by other users"), "{e}");
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         let e = read_signing_key(&public).unwrap_err().to_string();
         assert!(
-            e.contains("readable by other users") || e.contains("public"),
+            e.contains("found `marshal-ed25519-public` (this is a marshal-ed25519-public key)"),
             "{e}"
         );
         let bad = tmp.path().join("bad.pub");

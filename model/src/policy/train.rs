@@ -465,6 +465,7 @@ mod tests {
             .try_into_vec::<f32>()
             .unwrap();
         let ours = scorer.score(d).unwrap();
+        assert_eq!(burn_logits.len(), ours.logits.len());
         for (a, b) in burn_logits.iter().zip(&ours.logits) {
             assert!((a - b).abs() < 1e-4, "{burn_logits:?} vs {:?}", ours.logits);
         }
