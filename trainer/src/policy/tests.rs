@@ -111,6 +111,11 @@ fn training_is_reproducible_and_the_gate_is_safe_on_validation() {
     assert_eq!(summary["expert_weight"], opts.expert_weight as f64);
     assert_eq!(summary["rollout_decisions"], opts.rollout.decisions as f64);
     // The stored gate is nowhere worse than the fallback beyond the tolerance.
+    assert_eq!(
+        a.validation.len(),
+        2,
+        "one inflation and one replay episode"
+    );
     for row in &a.validation {
         assert!(
             row.gated <= row.fallback * 1.01 + 1e-9,
@@ -416,6 +421,7 @@ fn the_gate_is_chosen_again_for_another_fallback_and_recorded() {
     let references = |c: &GateChoice| c.validation.iter().map(|r| r.fallback).collect::<Vec<_>>();
     assert_ne!(references(&regated[0]), references(&regated[1]));
     // Bad settings and a missing artifact are refused before anything is written.
+    let meta_before = std::fs::read(dir.join("meta.json")).unwrap();
     assert!(
         regate(
             &dir,
@@ -438,6 +444,7 @@ fn the_gate_is_chosen_again_for_another_fallback_and_recorded() {
         )
         .is_err()
     );
+    assert_eq!(std::fs::read(dir.join("meta.json")).unwrap(), meta_before);
     let err = regate(
         &tmp.path().join("nope"),
         "fgd",
