@@ -364,7 +364,7 @@ mod tests {
     fn a_restart_with_another_inventory_puts_jobs_back_on_their_named_nodes() {
         let test = TestCore::on(ServiceConfig::default(), &before(8));
         let t0 = crate::service::core::now_us();
-        let (on_h100, on_x1, waiting_x1) = {
+        let (on_h100, on_x1, waiting_x1, cancelled_x1) = {
             let mut inner = test.core.lock();
             for (i, (name, model, gpus)) in
                 [("n-0", "H100", 8), ("n-1", "H100", 8), ("p-0", "X1", 4)]
@@ -386,7 +386,9 @@ mod tests {
                 inner.submit(Some(&whole_gpu_job(2, 8)), t0).unwrap(),
                 inner.submit(Some(&x1), t0).unwrap(),
                 inner.submit(Some(&x1), t0).unwrap(),
+                inner.submit(Some(&x1), t0).unwrap(),
             );
+            inner.cancel(ids.3, "not needed", t0).unwrap();
             inner.cycle(t0, &NoModel.decision_path("topo-pack"));
             assert_eq!(inner.jobs[&ids.0].state, JobState::Placed);
             assert_eq!(inner.jobs[&ids.1].state, JobState::Placed);
@@ -441,6 +443,18 @@ mod tests {
                 assert!(r.job.gpu_models.is_any());
             }
             assert!(!inner.queue.contains(&on_x1) && !inner.queue.contains(&waiting_x1));
+            // A job that had ended stays as it ended; its constraint's names move to
+            // the reason, since its ids would name other models now.
+            let r = &inner.jobs[&cancelled_x1];
+            assert_eq!(r.state, JobState::Cancelled);
+            assert!(r.job.gpu_models.is_any());
+            assert!(
+                r.reason
+                    .starts_with("cancelled: not needed; after a restart with another inventory")
+                    && r.reason.contains("(X1) are no longer in the inventory"),
+                "{}",
+                r.reason
+            );
         }
         assert_eq!(names(&restarted, on_h100), ["n-0", "n-1"]);
         drop(restarted);
@@ -451,5 +465,11 @@ mod tests {
         let again = restore_on(&test, &after());
         assert_eq!(names(&again, on_h100), ["n-0", "n-1"]);
         assert_eq!(again.lock().jobs[&on_x1].state, JobState::Rejected);
+        let reason = again.lock().jobs[&cancelled_x1].reason.clone();
+        assert_eq!(
+            reason.matches("no longer in the inventory").count(),
+            1,
+            "noted once: {reason}"
+        );
     }
 }
