@@ -466,6 +466,20 @@ impl Runner {
             self.reports.remove(&(inc.job, inc.attempt));
             self.forget_finished(inc.job, inc.attempt);
         }
+        self.forget_failure_once_done(inc);
+    }
+
+    /// A failure only has to be remembered while other workers of the same attempt
+    /// still run (so that their clean exits do not report the job COMPLETED); a
+    /// long-lived agent would otherwise keep every failed attempt it ever saw.
+    fn forget_failure_once_done(&mut self, inc: Incarnation) {
+        let others = self
+            .live
+            .keys()
+            .any(|i| i.job == inc.job && i.attempt == inc.attempt);
+        if !others {
+            self.failed.remove(&(inc.job, inc.attempt));
+        }
     }
 
     /// Removes the state of ended workers of `job` at `attempt` (0: any attempt): the
@@ -605,6 +619,7 @@ impl Runner {
                 }
             }
         }
+        self.forget_failure_once_done(inc);
         if self.records.is_some() {
             // Its exit status must outlive an agent restart until the report is taken.
             self.awaiting_report.insert(inc);
@@ -702,6 +717,43 @@ mod tests {
         a.gpus[0].mig_compute = 1;
         a.gpus[0].mig_memory = 1;
         a
+    }
+
+    #[tokio::test]
+    async fn a_failed_worker_keeps_its_gang_from_completing_and_is_then_forgotten() {
+        let (mut r, _rx, _dir) = runner(Mode::EnvOnly);
+        let worker = |w: u32| {
+            let mut a = start(5, 2, &[w]);
+            a.worker = w;
+            a
+        };
+        r.start(&worker(0)).await;
+        r.start(&worker(1)).await;
+        let inc = |worker| Incarnation {
+            job: 5,
+            worker,
+            attempt: 2,
+        };
+        r.exited(Exit {
+            incarnation: inc(0),
+            outcome: Err("exit status 1".into()),
+        });
+        assert!(r.failed.contains(&(5, 2)), "worker 1 still runs");
+        r.exited(Exit {
+            incarnation: inc(1),
+            outcome: Ok(()),
+        });
+        assert_eq!(r.reports[&(5, 2)].0, pb::JobState::Failed, "not COMPLETED");
+        assert!(r.failed.is_empty(), "nothing of the attempt runs any more");
+        // The same when the scheduler stops the last worker instead.
+        r.start(&worker(0)).await;
+        r.start(&worker(1)).await;
+        r.exited(Exit {
+            incarnation: inc(0),
+            outcome: Err("exit status 1".into()),
+        });
+        r.stop(inc(1)).await;
+        assert!(r.failed.is_empty());
     }
 
     #[tokio::test]
