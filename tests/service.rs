@@ -805,6 +805,57 @@ fn jobs_survive_kill_9_of_the_server_and_agents_reconcile() {
 const CLIENT_TOKEN: &str = "client-token-0123456789abcdef0123456789";
 const AGENT_TOKEN: &str = "agent-token-0123456789abcdef01234567890";
 
+/// A peer that vanished without closing its connection answers no PING: the server
+/// drops the connection after `keepalive_ms` + `keepalive_timeout_ms` (and, with
+/// keepalive off, keeps it, which is what left dead agents' watch streams open).
+#[test]
+fn a_connection_that_answers_no_ping_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        for (keepalive_ms, closes) in [(200, true), (0, false)] {
+            let mut cfg = config(&dir.path().join(format!("db-{keepalive_ms}.redb")));
+            cfg.keepalive_ms = keepalive_ms;
+            cfg.keepalive_timeout_ms = 200;
+            let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
+                .await
+                .unwrap();
+            let mut peer = tokio::net::TcpStream::connect(handle.addr).await.unwrap();
+            // The HTTP/2 client preface and an empty SETTINGS frame, then silence.
+            peer.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                .await
+                .unwrap();
+            peer.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+            let mut pings = 0;
+            let ended = tokio::time::timeout(Duration::from_secs(3), async {
+                let mut header = [0u8; 9];
+                loop {
+                    if peer.read_exact(&mut header).await.is_err() {
+                        return; // closed
+                    }
+                    let len = u32::from_be_bytes([0, header[0], header[1], header[2]]);
+                    pings += usize::from(header[3] == 6 && header[4] & 1 == 0);
+                    let mut payload = vec![0u8; len as usize];
+                    if peer.read_exact(&mut payload).await.is_err() {
+                        return;
+                    }
+                }
+            })
+            .await
+            .is_ok();
+            assert_eq!(ended, closes, "keepalive_ms = {keepalive_ms}");
+            assert_eq!(
+                pings > 0,
+                closes,
+                "keepalive_ms = {keepalive_ms}: {pings} pings"
+            );
+            drop(peer);
+            handle.shutdown().await.unwrap();
+        }
+    });
+}
+
 #[test]
 fn a_decision_log_dir_that_cannot_be_written_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

@@ -47,6 +47,13 @@ pub struct ServiceConfig {
     /// How long jobs on an unreachable node keep their placement before they are
     /// requeued (counted from the moment the node was marked unreachable).
     pub node_grace_ms: u64,
+    /// Every this many milliseconds the server pings each connection (HTTP/2 PING, and
+    /// TCP keepalive probes); a peer that does not answer within `keepalive_timeout_ms`
+    /// is disconnected, so that a client or agent that vanished without closing (power
+    /// lost, network cut) does not keep its watch streams open for ever. 0: off.
+    pub keepalive_ms: u64,
+    /// See `keepalive_ms`.
+    pub keepalive_timeout_ms: u64,
     /// Jobs in a final state (completed, failed, cancelled, rejected) are deleted, from
     /// memory and from the database, this many seconds after they ended. Absent: kept
     /// forever (memory and the database then grow with every job). Their decision
@@ -133,6 +140,8 @@ impl Default for ServiceConfig {
             durable_commits: true,
             node_timeout_ms: 30_000,
             node_grace_ms: 60_000,
+            keepalive_ms: 60_000,
+            keepalive_timeout_ms: 20_000,
             finished_job_retention_s: None,
             decision_retention_s: None,
             model: None,
@@ -287,6 +296,18 @@ impl ServiceConfig {
                 self.node_grace_ms
             ));
         }
+        if self.keepalive_ms > 86_400_000 {
+            return bad(format!(
+                "keepalive_ms = {}: must be 0 (off) or at most 86400000",
+                self.keepalive_ms
+            ));
+        }
+        if self.keepalive_ms > 0 && !(1..=3_600_000).contains(&self.keepalive_timeout_ms) {
+            return bad(format!(
+                "keepalive_timeout_ms = {}: must be 1..=3600000",
+                self.keepalive_timeout_ms
+            ));
+        }
         if self.finished_job_retention_s == Some(0) {
             return bad(
                 "finished_job_retention_s = 0: must be at least 1 (absent: keep every job)".into(),
@@ -344,6 +365,15 @@ mod tests {
         assert!(err("cycle_interval_ms = 0").contains("cycle_interval_ms"));
         assert!(err("node_timeout_ms = 0").contains("node_timeout_ms"));
         assert!(err("node_grace_ms = 100000000").contains("node_grace_ms"));
+        assert!(err("keepalive_ms = 100000000").contains("keepalive_ms"));
+        assert!(err("keepalive_timeout_ms = 0").contains("keepalive_timeout_ms"));
+        assert!(
+            ServiceConfig::from_toml(
+                "keepalive_ms = 0
+keepalive_timeout_ms = 0"
+            )
+            .is_ok()
+        );
         assert!(err("finished_job_retention_s = 0").contains("finished_job_retention_s"));
         assert!(err("decision_retention_s = 0").contains("decision_retention_s"));
         assert!(err("[security]\nclient_tokens = [\"short\"]").contains("client_tokens[0]"));

@@ -98,9 +98,13 @@ fn read(path: &std::path::Path, kind: PemKind) -> Result<Vec<u8>, StartError> {
     Ok(pem)
 }
 
-/// A server builder with TLS (and mutual TLS) as `sec` says.
-fn server_builder(sec: &crate::service::SecurityConfig) -> Result<Server, StartError> {
-    let mut builder = Server::builder();
+/// A server builder with TLS (and mutual TLS) as `config.security` says, and its
+/// keepalive pings.
+fn server_builder(config: &ServiceConfig) -> Result<Server, StartError> {
+    let sec = &config.security;
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(keepalive(config))
+        .http2_keepalive_timeout(Some(Duration::from_millis(config.keepalive_timeout_ms)));
     if let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) {
         let mut files = format!("cert {}, key {}", cert.display(), key.display());
         let identity = Identity::from_pem(
@@ -207,12 +211,12 @@ pub async fn start_advisor(
         .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
     let clients = BearerAuth::new(&config.security.client_tokens, "client");
     let (stop, stop_rx) = watch::channel(false);
-    let router = server_builder(&config.security)?
+    let router = server_builder(config)?
         .add_service(health_service)
         .add_service(reflection)
         .add_service(AdvisorServiceServer::with_interceptor(advisor, clients));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(
-        accepted_without_delay(listener),
+        accepted_without_delay(listener, config),
         crate::service::core::stopped(stop_rx),
     ));
     tracing::info!(%addr, policy = %config.policy, log = %shadow_log.display(), "shadow advisor");
@@ -315,7 +319,7 @@ pub async fn start(
         .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
 
     let sec = &config.security;
-    let mut builder = server_builder(sec)?;
+    let mut builder = server_builder(&config)?;
     let clients = BearerAuth::new(&sec.client_tokens, "client");
     let agents = BearerAuth::new(&sec.agent_tokens, "agent");
     let api = Api {
@@ -336,7 +340,7 @@ pub async fn start(
         ))
         .add_service(AdminServiceServer::with_interceptor(api, clients));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(
-        accepted_without_delay(listener),
+        accepted_without_delay(listener, &config),
         crate::service::core::stopped(stop_rx),
     ));
     tracing::info!(%addr, policy = %config.policy, cluster = %cluster.name, "serving");
@@ -357,6 +361,16 @@ pub async fn start(
 /// ignores the builder's `tcp_nodelay`, and with Nagle's algorithm on, a small reply
 /// written after a small one waits for the peer's delayed ACK (about 40 ms on Linux):
 /// that was the load generator's p99, at every concurrency.
-fn accepted_without_delay(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+fn accepted_without_delay(
+    listener: TcpListener,
+    config: &ServiceConfig,
+) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(keepalive(config))
+}
+
+/// `keepalive_ms` as an interval; `None` when off.
+fn keepalive(config: &ServiceConfig) -> Option<Duration> {
+    (config.keepalive_ms > 0).then(|| Duration::from_millis(config.keepalive_ms))
 }
