@@ -344,6 +344,14 @@ pub async fn start(
         crate::service::core::stopped(stop_rx),
     ));
     tracing::info!(%addr, policy = %config.policy, cluster = %cluster.name, "serving");
+    if config.finished_job_retention_s.is_none() || config.decision_retention_s.is_none() {
+        // Each job and decision then stays in memory and in the database for good.
+        tracing::warn!(
+            finished_job_retention_s = ?config.finished_job_retention_s,
+            decision_retention_s = ?config.decision_retention_s,
+            "no retention set: finished jobs and decision records are kept for ever"
+        );
+    }
     Ok(ServerHandle {
         addr,
         metrics_addr,
