@@ -224,6 +224,47 @@ fn a_stalled_sink_stops_taking_rows_at_its_memory_bound() {
     );
 }
 
+/// A refused rename leaves finished files waiting, each with its descriptor and almost
+/// no bytes: their number, not the memory bound, must stop intake.
+#[test]
+fn a_stalled_sink_stops_taking_rows_when_finished_files_pile_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.max_open_files = 3;
+    cfg.channel_capacity = 2;
+    let sink = TelemetrySink::open(cfg).unwrap();
+    let refused = inject(dir.path(), FaultOp::Rename, DEVICE_ERROR);
+    let mut accepted = 0;
+    let mut full = false;
+    for batch in 0..400 {
+        match sink.send_timeout(rows(batch * 50, 50), Duration::from_millis(20)) {
+            Ok(()) => accepted += 50,
+            Err(TrySendError::Full(_)) => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        full,
+        "{accepted} rows taken while no file could be published"
+    );
+    // A 4 KiB file holds a few hundred rows: three of them, the open one, the queue.
+    assert!(accepted <= 3_000, "{accepted} rows accepted");
+    drop(refused);
+    sink.flush().unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(
+        (stats.rows_written, stats.rows_dropped),
+        (accepted as u64, 0)
+    );
+    assert_eq!(
+        published_timestamps(dir.path()),
+        expected_timestamps(0, accepted)
+    );
+}
+
 #[test]
 fn shutdown_gives_up_after_its_grace_and_counts_the_rows() {
     let dir = tempfile::tempdir().unwrap();

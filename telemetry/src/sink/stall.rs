@@ -128,13 +128,16 @@ impl Worker {
     }
 
     /// Whether the writer should take no new rows: the file system refuses writes and
-    /// the rows or bytes waiting for it reached their bounds. Never while closing, so
-    /// that shutdown takes in what producers already queued.
+    /// the rows or bytes waiting for it reached their bounds, or as many finished files
+    /// wait to be published as may be open at once (each holds a descriptor, and a
+    /// refused `fsync` or rename leaves almost no bytes waiting). Never while closing,
+    /// so that shutdown takes in what producers already queued.
     pub(super) fn paused(&self) -> bool {
         self.ctx.stall.is_some()
             && !self.closing.load(std::sync::atomic::Ordering::SeqCst)
             && (self.ctx.buffered >= self.ctx.cfg.max_buffered_rows
-                || self.backlog_bytes() >= self.ctx.cfg.max_backlog_bytes)
+                || self.backlog_bytes() >= self.ctx.cfg.max_backlog_bytes
+                || self.ctx.unpublished.len() >= self.ctx.cfg.max_open_files)
     }
 
     fn backlog_bytes(&self) -> usize {
