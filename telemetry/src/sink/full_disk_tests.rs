@@ -183,6 +183,34 @@ fn a_refused_sync_or_rename_is_tried_again_and_the_file_published_once() {
     }
 }
 
+/// Sends batches of 50 rows until the queue is full (at most `batches`); returns the
+/// rows taken and the batch refused, if one was.
+fn send_until_full(sink: &TelemetrySink, batches: i64) -> (i64, Option<i64>) {
+    let mut accepted = 0;
+    for batch in 0..batches {
+        match sink.send_timeout(rows(batch * 50, 50), Duration::from_millis(20)) {
+            Ok(()) => accepted += 50,
+            Err(TrySendError::Full(back)) => {
+                assert_eq!(back.len(), 50, "the rows come back");
+                return (accepted, Some(batch));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    (accepted, None)
+}
+
+/// Once the file system takes writes again, every row taken is published, none lost.
+fn publishes_what_it_took(sink: TelemetrySink, root: &Path, accepted: i64) {
+    sink.flush().unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!(
+        (stats.rows_written, stats.rows_dropped),
+        (accepted as u64, 0)
+    );
+    assert_eq!(published_timestamps(root), expected_timestamps(0, accepted));
+}
+
 #[test]
 fn a_stalled_sink_stops_taking_rows_at_its_memory_bound() {
     let dir = tempfile::tempdir().unwrap();
@@ -191,19 +219,7 @@ fn a_stalled_sink_stops_taking_rows_at_its_memory_bound() {
     cfg.channel_capacity = 2;
     let sink = TelemetrySink::open(cfg).unwrap();
     let denied = inject(dir.path(), FaultOp::Create, NO_SPACE);
-    let mut accepted = 0;
-    let mut refused = None;
-    for batch in 0..200 {
-        match sink.send_timeout(rows(batch * 50, 50), Duration::from_millis(20)) {
-            Ok(()) => accepted += 50,
-            Err(TrySendError::Full(back)) => {
-                assert_eq!(back.len(), 50, "the rows come back");
-                refused = Some(batch);
-                break;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (accepted, refused) = send_until_full(&sink, 200);
     let refused = refused.expect("the queue fills once the writer stops taking rows");
     // The writer stops at its bound (100 rows), plus at most the queue's 2 messages and
     // the message it was taking.
@@ -212,16 +228,7 @@ fn a_stalled_sink_stops_taking_rows_at_its_memory_bound() {
         "{accepted} rows accepted before batch {refused}"
     );
     drop(denied);
-    sink.flush().unwrap();
-    let stats = sink.finish().unwrap();
-    assert_eq!(
-        (stats.rows_written, stats.rows_dropped),
-        (accepted as u64, 0)
-    );
-    assert_eq!(
-        published_timestamps(dir.path()),
-        expected_timestamps(0, accepted)
-    );
+    publishes_what_it_took(sink, dir.path(), accepted);
 }
 
 /// A refused rename leaves finished files waiting, each with its descriptor and almost
@@ -234,35 +241,15 @@ fn a_stalled_sink_stops_taking_rows_when_finished_files_pile_up() {
     cfg.channel_capacity = 2;
     let sink = TelemetrySink::open(cfg).unwrap();
     let refused = inject(dir.path(), FaultOp::Rename, DEVICE_ERROR);
-    let mut accepted = 0;
-    let mut full = false;
-    for batch in 0..400 {
-        match sink.send_timeout(rows(batch * 50, 50), Duration::from_millis(20)) {
-            Ok(()) => accepted += 50,
-            Err(TrySendError::Full(_)) => {
-                full = true;
-                break;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (accepted, full) = send_until_full(&sink, 400);
     assert!(
-        full,
+        full.is_some(),
         "{accepted} rows taken while no file could be published"
     );
     // A 4 KiB file holds a few hundred rows: three of them, the open one, the queue.
     assert!(accepted <= 3_000, "{accepted} rows accepted");
     drop(refused);
-    sink.flush().unwrap();
-    let stats = sink.finish().unwrap();
-    assert_eq!(
-        (stats.rows_written, stats.rows_dropped),
-        (accepted as u64, 0)
-    );
-    assert_eq!(
-        published_timestamps(dir.path()),
-        expected_timestamps(0, accepted)
-    );
+    publishes_what_it_took(sink, dir.path(), accepted);
 }
 
 #[test]
