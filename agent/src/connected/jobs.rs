@@ -458,11 +458,7 @@ impl Runner {
             store.remove(&inc);
         }
         // A report owed about this incarnation is moot: the scheduler moved on.
-        if !self
-            .live
-            .keys()
-            .any(|i| i.job == inc.job && i.attempt == inc.attempt)
-        {
+        if !self.attempt_runs(inc) {
             self.reports.remove(&(inc.job, inc.attempt));
             self.forget_finished(inc.job, inc.attempt);
         }
@@ -473,13 +469,16 @@ impl Runner {
     /// still run (so that their clean exits do not report the job COMPLETED); a
     /// long-lived agent would otherwise keep every failed attempt it ever saw.
     fn forget_failure_once_done(&mut self, inc: Incarnation) {
-        let others = self
-            .live
-            .keys()
-            .any(|i| i.job == inc.job && i.attempt == inc.attempt);
-        if !others {
+        if !self.attempt_runs(inc) {
             self.failed.remove(&(inc.job, inc.attempt));
         }
+    }
+
+    /// Whether a worker of `inc`'s job and attempt still runs here.
+    fn attempt_runs(&self, inc: Incarnation) -> bool {
+        self.live
+            .keys()
+            .any(|i| i.job == inc.job && i.attempt == inc.attempt)
     }
 
     /// Removes the state of ended workers of `job` at `attempt` (0: any attempt): the
@@ -534,11 +533,8 @@ impl Runner {
 
     fn ended_cleanup(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot]) {
         self.mig.release(inc);
+        let others = self.attempt_runs(inc);
         if let Some(c) = &mut self.checkpoints {
-            let others = self
-                .live
-                .keys()
-                .any(|i| i.job == inc.job && i.attempt == inc.attempt);
             c.forget(&inc, others);
         }
         self.journal(inc, gpus, false);
@@ -610,10 +606,7 @@ impl Runner {
                 );
             }
             Ok(()) => {
-                let others = self
-                    .live
-                    .keys()
-                    .any(|i| i.job == inc.job && i.attempt == inc.attempt);
+                let others = self.attempt_runs(inc);
                 if !others && !self.failed.contains(&(inc.job, inc.attempt)) {
                     self.owe(inc, pb::JobState::Completed, "exited with status 0".into());
                 }
@@ -623,10 +616,7 @@ impl Runner {
         if self.records.is_some() {
             // Its exit status must outlive an agent restart until the report is taken.
             self.awaiting_report.insert(inc);
-            let others = self
-                .live
-                .keys()
-                .any(|i| i.job == inc.job && i.attempt == inc.attempt);
+            let others = self.attempt_runs(inc);
             if !others && !self.reports.contains_key(&(inc.job, inc.attempt)) {
                 // Nothing left to tell (its job's failure was reported already).
                 self.forget_finished(inc.job, inc.attempt);

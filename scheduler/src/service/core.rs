@@ -289,29 +289,22 @@ impl Core {
                     inner.dirty.jobs.insert(id);
                 }
             }
-            if let Some(why) = unmapped.models {
+            // (A job still active was constrained to its nodes' models by `Remap::job`.)
+            if let Some(why) = unmapped.models
+                && !record.state.is_active()
+            {
                 // Its stored ids would name other models now; the reason names its own.
+                record.job.gpu_models = GpuModelSet::ANY;
+                let why = format!("after a restart with another inventory: {why}");
                 if record.state.is_waiting() {
-                    tracing::warn!(job = id, %why, "job rejected after a restart");
-                    record.job.gpu_models = GpuModelSet::ANY;
-                    let _ = record.transition(
-                        JobState::Rejected,
-                        format!("after a restart with another inventory: {why}"),
-                        None,
-                        now,
-                    );
-                    inner.dirty.jobs.insert(id);
-                } else if record.state.is_final() {
-                    // History stays as it ended; only the constraint's meaning moves
-                    // from the ids to the reason.
-                    record.job.gpu_models = GpuModelSet::ANY;
+                    tracing::warn!(job = id, %why, "job rejected");
+                    let _ = record.transition(JobState::Rejected, why, None, now);
+                } else {
+                    // A finished job's history stays as it ended.
                     let sep = if record.reason.is_empty() { "" } else { "; " };
-                    record.reason = format!(
-                        "{}{sep}after a restart with another inventory: {why}",
-                        record.reason
-                    );
-                    inner.dirty.jobs.insert(id);
+                    record.reason = format!("{}{sep}{why}", record.reason);
                 }
+                inner.dirty.jobs.insert(id);
             }
             if (record.job.gpu_models, &record.placement) != (before.0, &before.1) {
                 remapped.push(id);
