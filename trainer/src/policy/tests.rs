@@ -259,24 +259,32 @@ fn the_rollout_label_is_the_candidate_with_the_best_continuation() {
     assert_eq!(failed, vec![0, 0]);
 }
 
-#[test]
-fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
-    let (train, _) = specs();
-    let spec = &train[0];
-    let opts = RolloutOptions {
+/// Ten labelled decisions over the whole episode, rolled out to its end or `horizon`.
+fn labelling(horizon: usize, futures: usize, seed: u64) -> RolloutOptions {
+    RolloutOptions {
         decisions: 10,
         from_pct: 0.0,
         to_pct: 130.0,
         until_pct: 1000.0,
-        horizon: 1000,
-        futures: 0,
+        horizon,
+        futures,
         threads: 1,
-        seed: 0,
-    };
-    let gate = Gate {
-        margin_threshold: 0.0,
-        distance_limit: f32::INFINITY,
-    };
+        seed,
+    }
+}
+
+/// A gate that lets every learned choice through (labelling uses no network anyway).
+const OPEN: Gate = Gate {
+    margin_threshold: 0.0,
+    distance_limit: f32::INFINITY,
+};
+
+#[test]
+fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
+    let (train, _) = specs();
+    let spec = &train[0];
+    let opts = labelling(1000, 0, 0);
+    let gate = OPEN;
     let labels = rollout_labels(spec, 0, None, gate, CandidateSet::Ranked, &opts).unwrap();
     assert!(labels.len() >= 5, "{}", labels.len());
     assert_eq!(
@@ -329,22 +337,9 @@ fn rollout_labels_are_reproducible_and_consistent_with_the_base_run() {
 fn resampled_futures_follow_the_training_seed() {
     let (train, _) = specs();
     let spec = &train[0];
-    let gate = Gate {
-        margin_threshold: 0.0,
-        distance_limit: f32::INFINITY,
-    };
     let label = |seed: u64| {
-        let opts = RolloutOptions {
-            decisions: 10,
-            from_pct: 0.0,
-            to_pct: 130.0,
-            until_pct: 1000.0,
-            horizon: 40,
-            futures: 3,
-            threads: 1,
-            seed,
-        };
-        rollout_labels(spec, 0, None, gate, CandidateSet::Ranked, &opts).unwrap()
+        let opts = labelling(40, 3, seed);
+        rollout_labels(spec, 0, None, OPEN, CandidateSet::Ranked, &opts).unwrap()
     };
     let failed = |labels: &[Labelled]| -> Vec<Vec<u64>> {
         labels.iter().map(|l| l.failed.clone()).collect()
