@@ -556,3 +556,30 @@ fn predictor_baselines_are_evaluated_on_recorded_step_profiles() {
         "all are examples of GPU types that cluster `dgx-h100-64` does not have: \"A100",
     );
 }
+
+#[test]
+fn prune_deletes_the_days_older_than_asked_and_leaves_other_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tel");
+    let out_s = out.to_str().unwrap();
+    record_itp(out_s, "0.1", "60s", &[]); // dated November 2023
+    let files = files_under(&out, ".parquet");
+    assert!(!files.is_empty());
+
+    let text = ok(&["telemetry", "prune", out_s, "--older-than", "3000d"]);
+    assert!(text.contains("0 files"), "{text}");
+    assert_eq!(files_under(&out, ".parquet").len(), files.len());
+
+    // Someone's note beside the data is not telemetry: it stays, with its directory.
+    let note = files[0].parent().unwrap().join("NOTES.txt");
+    std::fs::write(&note, "keep me").unwrap();
+    let text = ok(&["telemetry", "prune", out_s, "--older-than", "1d"]);
+    assert!(text.contains(&format!("{} files", files.len())), "{text}");
+    assert!(files_under(&out, ".parquet").is_empty());
+    assert_eq!(std::fs::read_to_string(&note).unwrap(), "keep me");
+
+    fails_with(
+        &["telemetry", "prune", out_s, "--older-than", "0d"],
+        "positive duration",
+    );
+}

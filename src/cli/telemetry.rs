@@ -16,7 +16,7 @@ use marshal_scheduler::service::pem::{PemKind, check_pem};
 use marshal_scheduler::sim::{self, SimConfig};
 use marshal_telemetry::{
     CompactOptions, NvmlConfig, NvmlSource, SinkConfig, Source, TelemetrySink, WriteOptions,
-    compact_all, summarize,
+    compact_all, first_day_kept, prune_before, summarize,
 };
 
 use crate::cli::output::Format;
@@ -44,6 +44,16 @@ enum TelemetryCommand {
         dir: PathBuf,
         #[command(flatten)]
         parquet: ParquetArgs,
+    },
+    /// Delete the days of telemetry older than a horizon (whole `date=` partitions, by the
+    /// rows' UTC day; files that are not telemetry are left and listed). Do not run it on
+    /// a directory a sink without `--retention` is writing: it cannot tell which files
+    /// are still open (`marshal agent --retention` sweeps its own directory safely).
+    Prune {
+        dir: PathBuf,
+        /// Keep this much (`30d`, `720h`).
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_interval)]
+        older_than: Duration,
     },
     /// The GPU topology NVML sees on this machine, as JSON.
     Topology {
@@ -179,6 +189,10 @@ pub struct AgentArgs {
     connect: ConnectArgs,
     #[command(flatten)]
     parquet: ParquetArgs,
+    /// Delete the days of telemetry in `--out` older than this (`30d`, `720h`): swept at
+    /// start and hourly, by the rows' UTC day. Default: keep everything.
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_interval)]
+    retention: Option<Duration>,
 }
 
 /// Connected mode: register with a `marshal serve`, stream telemetry, run assignments.
@@ -285,7 +299,12 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s, m or h")),
+        "d" => 86_400.0,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?}: use ms, s, m, h or d"
+            ));
+        }
     };
     let secs = value * scale;
     if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
@@ -326,6 +345,7 @@ pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        TelemetryCommand::Prune { dir, older_than } => prune(&dir, older_than),
         TelemetryCommand::Topology { nvml } => {
             let config = nvml.config();
             let node = config.node.clone();
@@ -546,6 +566,37 @@ fn warn_validation(stats: &marshal_telemetry::SinkStats) {
     }
 }
 
+fn prune(dir: &std::path::Path, older_than: Duration) -> anyhow::Result<()> {
+    if !dir.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    let Some(keep_from) = first_day_kept(std::time::SystemTime::now(), older_than) else {
+        println!("nothing is older than {older_than:?}");
+        return Ok(());
+    };
+    let report = prune_before(dir, keep_from, &Default::default());
+    for p in &report.partitions {
+        println!("deleted {}", p.display());
+    }
+    for f in &report.foreign {
+        eprintln!("warning: left {} (not a telemetry file)", f.display());
+    }
+    println!(
+        "{} files ({} bytes) dated before {keep_from} deleted",
+        report.files, report.bytes
+    );
+    if !report.errors.is_empty() {
+        for e in &report.errors {
+            eprintln!("error: {e}");
+        }
+        bail!(
+            "{} files or directories could not be deleted",
+            report.errors.len()
+        );
+    }
+    Ok(())
+}
+
 /// Says on stderr how many sampled rows the sink could not take in time.
 fn warn_refused(stats: &marshal_agent::LoopStats) {
     if stats.rows_refused > 0 {
@@ -559,8 +610,17 @@ fn warn_refused(stats: &marshal_agent::LoopStats) {
 
 pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
-    let sink = TelemetrySink::open(a.parquet.sink_config(&a.out))
-        .with_context(|| format!("opening {}", a.out.display()))?;
+    let mut sink_config = a.parquet.sink_config(&a.out);
+    sink_config.retention = a.retention;
+    if a.retention.is_none() {
+        eprintln!(
+            "agent: no --retention: telemetry in {} is kept for ever (about 15 MB a day for \
+             an 8-GPU node)",
+            a.out.display()
+        );
+    }
+    let sink =
+        TelemetrySink::open(sink_config).with_context(|| format!("opening {}", a.out.display()))?;
     let mut clock = SystemClock::new();
     let mut host = None;
     let connected = a.connect.scheduler.is_some();
@@ -903,6 +963,7 @@ mod tests {
         assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_interval("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_interval("30d"), Ok(Duration::from_secs(30 * 86_400)));
         assert!(parse_interval("0s").is_err());
         assert!(parse_interval("1y").is_err());
         assert!(parse_interval("fast").is_err());

@@ -21,6 +21,7 @@
 //! | [`reader`] | listing, pruning, filtering, streaming ([`Scan`], [`Query`]) |
 //! | [`summary`] | footer-level and per-GPU summaries for `inspect` ([`summarize`]) |
 //! | [`compact`] | merging a partition's small files ([`compact_partition`]) |
+//! | [`retention`] | deleting the days older than a horizon ([`prune_before`]) |
 //! | [`source`], [`nvml`], [`replay`] | where samples come from ([`Source`], [`NvmlSource`], [`ReplaySource`]); topology discovery ([`DiscoveredTopology`]) |
 //!
 //! Design decisions, in one place (each module says more):
@@ -67,6 +68,7 @@ pub mod partition;
 mod patient_file;
 pub mod reader;
 pub mod replay;
+pub mod retention;
 mod rle;
 pub mod schema;
 pub mod sink;
@@ -88,6 +90,7 @@ pub use reader::{
     DataFile, FileError, Listing, Query, Rows, Scan, ScanReport, list_files, read_all,
 };
 pub use replay::ReplaySource;
+pub use retention::{PruneReport, first_day_kept, prune_before};
 pub use schema::{
     GpuSample, Health, MemPhase, NetPort, NodeSample, SCHEMA_VERSION, StepProfile, TelemetryKind,
 };

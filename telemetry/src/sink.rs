@@ -80,6 +80,7 @@ use crate::writer::{AtomicParquetFile, CommitError, Unpublished, WriteOptions, w
 #[cfg(test)]
 mod full_disk_tests;
 mod stall;
+mod sweep;
 use stall::Stall;
 
 /// Sink settings. [`SinkConfig::new`] gives defaults suited to a node agent.
@@ -109,6 +110,9 @@ pub struct SinkConfig {
     /// How long shutdown keeps retrying writes the file system refuses before it gives
     /// the rows up (counted and reported). Default 10 s.
     pub shutdown_grace: Duration,
+    /// Delete the days of telemetry under `root` older than this ([`crate::retention`]):
+    /// swept when the sink starts and hourly. Default `None`: keep everything.
+    pub retention: Option<Duration>,
 }
 
 impl SinkConfig {
@@ -125,6 +129,7 @@ impl SinkConfig {
             channel_capacity: 64,
             max_backlog_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(10),
+            retention: None,
         }
     }
 
@@ -138,6 +143,9 @@ impl SinkConfig {
         }
         if self.channel_capacity == 0 || self.max_backlog_bytes == 0 {
             return bad("channel_capacity and max_backlog_bytes must be positive");
+        }
+        if self.retention.is_some_and(|r| r.is_zero()) {
+            return bad("retention must be positive (absent: keep everything)");
         }
         Ok(())
     }
@@ -187,6 +195,10 @@ pub struct SinkStats {
     pub stalls: u64,
     /// Encoded bytes waiting in memory for the file system.
     pub backlog_bytes: u64,
+    /// Data files deleted by retention ([`SinkConfig::retention`]).
+    pub pruned_files: u64,
+    /// Bytes in those files.
+    pub pruned_bytes: u64,
 }
 
 impl SinkStats {
@@ -765,12 +777,17 @@ impl Worker {
         let tick =
             (self.ctx.cfg.max_file_age / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
         let mut next_age_check = Instant::now() + tick;
+        let mut next_sweep = Instant::now();
         loop {
             // One clock read per message; file ages are checked at most once per tick.
             let now = Instant::now();
             if now >= next_age_check {
                 self.close_old(now);
                 next_age_check = now + tick;
+            }
+            if now >= next_sweep {
+                self.sweep_expired();
+                next_sweep = now + sweep::EVERY;
             }
             let mut wait = tick;
             self.retry_stalled(now, false);
@@ -1043,6 +1060,12 @@ mod tests {
         assert!(matches!(
             TelemetrySink::open(cfg),
             Err(TelemetryError::Config(_))
+        ));
+        let mut cfg = SinkConfig::new("/tmp/unused");
+        cfg.retention = Some(Duration::ZERO);
+        assert!(matches!(
+            TelemetrySink::open(cfg),
+            Err(TelemetryError::Config(m)) if m.contains("retention")
         ));
     }
 }

@@ -636,6 +636,11 @@ impl Unpublished {
         self.0.rows
     }
 
+    /// The directory the file is published in.
+    pub(crate) fn dir(&self) -> &Path {
+        self.0.final_path.parent().unwrap_or(Path::new("."))
+    }
+
     /// Bytes waiting in memory.
     pub(crate) fn backlog_bytes(&self) -> usize {
         self.0.writer.inner().get_ref().backlog_len()
