@@ -339,11 +339,12 @@ impl NodeService for Api {
         _req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         let inner = self.core.lock();
+        let jobs = inner.jobs_by_node();
         Ok(Response::new(pb::ListNodesResponse {
             nodes: inner
                 .topo
                 .node_ids()
-                .map(|n| inner.node_status(n))
+                .map(|n| inner.node_status_with(n, jobs[n.0 as usize].len()))
                 .collect(),
         }))
     }

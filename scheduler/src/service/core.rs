@@ -412,6 +412,31 @@ impl Core {
         }
     }
 
+    /// Called with the scheduling loop's result when its task ends. A panic there (a
+    /// bug) would otherwise leave every write waiting for a commit that never comes and
+    /// health still SERVING; instead all changes stop with the reason, as after a
+    /// failed commit: writes are refused `UNAVAILABLE`, health says NOT_SERVING.
+    pub fn driver_ended(&self, result: Result<(), tokio::task::JoinError>) {
+        let Err(e) = result else {
+            return;
+        };
+        let why = if e.is_panic() {
+            let payload = e.into_panic();
+            payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into())
+        } else {
+            "cancelled".into()
+        };
+        let error = format!("the scheduling loop stopped ({why})");
+        tracing::error!(%error, "refusing further changes");
+        self.committed.send_modify(|c| {
+            c.error.get_or_insert(error);
+        });
+    }
+
     pub async fn wait_durable(&self, epoch: u64) -> Result<(), ServiceError> {
         let mut rx = self.committed.subscribe();
         loop {
@@ -832,5 +857,34 @@ impl Changes {
         batch.deleted_jobs = self.purged_jobs.into_iter().map(u64::from).collect();
         batch.decisions_before = self.decisions_before;
         batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::service::config::ServiceConfig;
+    use crate::service::testkit::TestCore;
+
+    #[test]
+    fn a_panic_in_the_scheduling_loop_stops_changes_with_its_reason() {
+        let test = TestCore::new(ServiceConfig::default());
+        assert!(test.core.check_writable().is_ok());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ended = runtime.block_on(async {
+            tokio::spawn(async { panic!("index out of bounds in the cycle") }).await
+        });
+        test.core.driver_ended(ended);
+        let refused = test.core.check_writable().unwrap_err().to_string();
+        assert!(
+            refused.contains("the scheduling loop stopped (index out of bounds in the cycle)"),
+            "{refused}"
+        );
+        assert!(test.core.committed().borrow().error.is_some());
+        // A loop that returned (shutdown) changes nothing.
+        let test = TestCore::new(ServiceConfig::default());
+        test.core.driver_ended(Ok(()));
+        assert!(test.core.check_writable().is_ok());
     }
 }

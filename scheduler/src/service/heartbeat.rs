@@ -15,7 +15,10 @@ impl Inner {
     /// changed (the node was unreachable and is back).
     pub fn heard_from(&mut self, n: NodeId, now: i64) -> bool {
         let r = &mut self.nodes[n.0 as usize];
-        r.last_seen_us = r.last_seen_us.max(now);
+        // Not `max`: after the wall clock steps back, a `max` would keep the node's
+        // last sighting in the future, and a node that then died would be missed for as
+        // long as the step. Handlers racing for the lock move it back microseconds only.
+        r.last_seen_us = now;
         if !r.unreachable {
             return false;
         }
@@ -36,6 +39,10 @@ impl Inner {
     /// Marks silent nodes unreachable and requeues the jobs of nodes unreachable for
     /// longer than the grace period. Called by the driver before every cycle.
     pub fn check_heartbeats(&mut self, now: i64) {
+        // Computed once, and only when some node is past its grace: the check runs
+        // before every cycle, and a dead rack would otherwise cost a scan of every
+        // active job per node per check.
+        let mut jobs_by_node: Option<Vec<Vec<u32>>> = None;
         for i in 0..self.nodes.len() {
             let n = NodeId(i as u32);
             let r = &mut self.nodes[i];
@@ -59,8 +66,14 @@ impl Inner {
             if now - since < self.node_grace_us {
                 continue;
             }
+            let jobs = jobs_by_node.get_or_insert_with(|| self.jobs_by_node());
+            let on_node = std::mem::take(&mut jobs[i]);
             let name = self.topo.node(n).name.clone();
-            for id in self.jobs_on(n) {
+            // A job of two dead nodes was requeued with the first.
+            for id in on_node {
+                if !self.runs_on(id, n) {
+                    continue;
+                }
                 let reason = format!(
                     "node {name} unreachable for {:.1} s (heartbeat timeout plus grace); requeued",
                     (now - since) as f64 / 1e6
@@ -127,5 +140,54 @@ mod tests {
         assert!(inner.heard_from(n, t0 + 4_000_000));
         assert!(inner.state.node_is_up(n));
         assert!(!inner.node_status(n).unreachable);
+    }
+
+    #[test]
+    fn a_gang_on_two_silent_nodes_is_requeued_once_and_listed_on_both_until_then() {
+        let test = TestCore::new(ServiceConfig {
+            node_timeout_ms: 1_000,
+            node_grace_ms: 1_000,
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let gang = inner.submit(Some(&whole_gpu_job(2, 8)), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+        let by_node = inner.jobs_by_node();
+        assert_eq!(by_node, vec![vec![gang], vec![gang]]);
+        for (n, jobs) in by_node.iter().enumerate() {
+            assert_eq!(&inner.jobs_on(NodeId(n as u32)), jobs);
+        }
+        // Both nodes go silent; past the timeout and the grace, one requeue.
+        inner.check_heartbeats(t0 + 1_500_000);
+        inner.check_heartbeats(t0 + 3_000_000);
+        assert_eq!(inner.jobs[&gang].state, JobState::Requeued);
+        assert_eq!(inner.metrics.node_lost_requeues.get(), 1);
+        assert!(inner.jobs_by_node().iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn after_the_clock_steps_back_a_node_that_falls_silent_is_still_caught() {
+        let test = TestCore::new(ServiceConfig {
+            node_timeout_ms: 1_000,
+            node_grace_ms: 60_000,
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0 + 3_600_000_000);
+        // The clock steps back an hour; the node is heard from once more, then dies.
+        inner.heard_from(NodeId(0), t0);
+        inner.heard_from(NodeId(1), t0);
+        inner.check_heartbeats(t0 + 500_000);
+        assert!(!inner.nodes[0].unreachable);
+        inner.heard_from(NodeId(1), t0 + 1_500_000);
+        inner.check_heartbeats(t0 + 1_500_000);
+        assert!(
+            inner.nodes[0].unreachable,
+            "caught a timeout after, not an hour"
+        );
+        assert!(!inner.nodes[1].unreachable);
     }
 }

@@ -44,18 +44,43 @@ impl Inner {
     /// part of a multi-node job completed no longer runs it, is not asked to start it
     /// again, and does not take the job down with it when drained or lost).
     pub fn jobs_on(&self, n: NodeId) -> Vec<u32> {
-        let name = &self.topo.node(n).name;
         self.active
             .iter()
             .copied()
-            .filter(|id| {
-                let r = &self.jobs[id];
+            .filter(|&id| self.runs_on(id, n))
+            .collect()
+    }
+
+    /// Whether active job `id` still has unfinished workers on `n` ([`Inner::jobs_on`]).
+    pub fn runs_on(&self, id: u32, n: NodeId) -> bool {
+        self.active.contains(&id)
+            && self.jobs.get(&id).is_some_and(|r| {
                 r.placement
                     .as_ref()
                     .is_some_and(|p| p.workers.iter().any(|w| w.node == n))
-                    && !r.completed_nodes.contains(name)
+                    && !r.completed_nodes.contains(&self.topo.node(n).name)
             })
-            .collect()
+    }
+
+    /// [`Inner::jobs_on`] for every node at once, in one pass over the active jobs (a
+    /// call per node would be nodes × active jobs under the state's lock).
+    pub fn jobs_by_node(&self) -> Vec<Vec<u32>> {
+        let mut by_node = vec![Vec::new(); self.nodes.len()];
+        for &id in &self.active {
+            let r = &self.jobs[&id];
+            let Some(p) = r.placement.as_ref() else {
+                continue;
+            };
+            let mut nodes: Vec<NodeId> = p.workers.iter().map(|w| w.node).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            for n in nodes {
+                if !r.completed_nodes.contains(&self.topo.node(n).name) {
+                    by_node[n.0 as usize].push(id);
+                }
+            }
+        }
+        by_node
     }
 
     /// START assignments of everything `n` should run now.
@@ -73,6 +98,11 @@ impl Inner {
     }
 
     pub fn node_status(&self, n: NodeId) -> pb::NodeStatus {
+        self.node_status_with(n, self.jobs_on(n).len())
+    }
+
+    /// [`Inner::node_status`] with the node's job count already known.
+    pub fn node_status_with(&self, n: NodeId, jobs: usize) -> pb::NodeStatus {
         let r = &self.nodes[n.0 as usize];
         let (gpus, idle, allocated) = node_counts(&self.state, n);
         pb::NodeStatus {
@@ -86,7 +116,7 @@ impl Inner {
             failures: r.failures,
             reason: r.reason.clone(),
             telemetry_samples: r.telemetry_samples,
-            jobs: self.jobs_on(n).len() as u32,
+            jobs: jobs as u32,
             unreachable: r.unreachable,
             last_seen_us: if r.registered { r.last_seen_us } else { 0 },
         }

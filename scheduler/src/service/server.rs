@@ -288,7 +288,11 @@ pub async fn start(
 
     let (stop, stop_rx) = watch::channel(false);
     let (stop_driver, driver_rx) = watch::channel(false);
-    let driver = tokio::spawn(core.clone().drive(driver_rx));
+    let driver = {
+        let loop_task = tokio::spawn(core.clone().drive(driver_rx));
+        let core = core.clone();
+        tokio::spawn(async move { core.driver_ended(loop_task.await) })
+    };
     let poll_task = spawn_model_poll(&config, &core.model);
 
     let (health, health_service) = tonic_health::server::health_reporter();
