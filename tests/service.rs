@@ -1674,6 +1674,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
                 p.client_key.clone().into_bytes(),
             )),
             domain: Some("localhost".into()),
+            ..Default::default()
         };
         let mut agent = service::client::AgentClient::connect(&agent_config, "n-1")
             .await

@@ -583,3 +583,44 @@ fn prune_deletes_the_days_older_than_asked_and_leaves_other_files() {
         "positive duration",
     );
 }
+
+#[test]
+fn an_agent_whose_connected_side_cannot_start_exits_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // Where the agent keeps its assignments there is a file: no retry fixes that.
+    std::fs::write(dir.path().join("assignments"), "in the way").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args([
+            "agent",
+            "--source",
+            "sim",
+            "--trace",
+            "pollux-1",
+            "--out",
+            dir.path().to_str().unwrap(),
+            "--scheduler",
+            "http://127.0.0.1:1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the agent kept sampling after its connected side failed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        err.contains("connected agent") && err.contains("assignments"),
+        "{err}"
+    );
+}

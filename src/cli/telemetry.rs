@@ -277,6 +277,7 @@ impl ConnectArgs {
                 .transpose()?,
             identity,
             domain: self.tls_domain.clone(),
+            ..Default::default()
         };
         config.validate()?;
         Ok(config)
@@ -500,6 +501,15 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
 }
 
 /// A flag set by SIGINT or SIGTERM.
+/// Sets the flag when dropped, panics included.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 fn stop_on_signal() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -741,14 +751,19 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let connected = runtime.spawn(run_connected(
-        config,
-        backlog.clone(),
-        counters,
-        async move {
+    let backlog_for_session = backlog.clone();
+    // The connected side returns early only on an error no retry fixes (its directory
+    // cannot be written, no boot id for `--exec`) or a panic: the agent then stops
+    // sampling and exits with the reason, rather than sample on for ever unregistered
+    // while the scheduler requeues this node's jobs.
+    let stop_sampling = StopOnDrop(stop.clone());
+    let connected = runtime.spawn(async move {
+        let _stop_sampling = stop_sampling;
+        run_connected(config, backlog_for_session, counters, async move {
             let _ = stop_rx.wait_for(|s| *s).await;
-        },
-    ));
+        })
+        .await
+    });
     let mig = match &info.mig {
         Some(m) if !m.gpus.is_empty() => format!(", MIG mode on GPUs {:?}", m.gpus),
         _ => String::new(),
@@ -779,7 +794,8 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let stats = runtime
         .block_on(connected)
-        .context("the connected agent task")??;
+        .context("the connected agent task")?
+        .context("the connected agent (registration, assignments, reports)")?;
     let sampled = sampled?;
     let sink_stats = sink.finish()?;
     warn_validation(&sink_stats);

@@ -5,10 +5,17 @@
 //! node as the job's last checkpoint in a RUNNING report, so that the scheduler knows
 //! how much work moving the job would lose. The agent never creates the file: until
 //! the worker does, nothing is reported.
+//!
+//! A modification time in the future (a file copied with `cp -p` or `rsync -t`, `touch -d`,
+//! an NFS server whose clock is ahead) says only that a checkpoint exists now: it is
+//! reported as now, and the file counts as changed whenever its time changes, not only
+//! when it grows. (Compared with "newer than the last seen", one future time would hide
+//! every later checkpoint of the attempt, and the scheduler refuses times ahead of its
+//! clock, so none would have been reported at all.)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::connected::Incarnation;
 
@@ -18,8 +25,16 @@ pub const ENV_VAR: &str = "MARSHAL_CHECKPOINT_FILE";
 #[derive(Debug)]
 pub struct Checkpoints {
     dir: PathBuf,
-    /// (job, attempt) → the newest checkpoint time seen (Unix seconds).
-    seen: BTreeMap<(u64, u32), f64>,
+    /// (job, attempt) → the newest file time seen, and the time reported for it.
+    seen: BTreeMap<(u64, u32), Seen>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Seen {
+    /// The newest modification time among the job's files (Unix seconds).
+    file: f64,
+    /// What was reported: `file`, or the agent's clock when `file` was ahead of it.
+    reported: f64,
 }
 
 impl Checkpoints {
@@ -44,12 +59,15 @@ impl Checkpoints {
         let _ = std::fs::remove_file(self.path(i));
     }
 
-    /// The (job, attempt)s of `live` whose newest checkpoint is newer than the last
-    /// one seen, with that time; remembered as seen.
+    /// The (job, attempt)s of `live` whose newest checkpoint file time changed since
+    /// the last poll, with the time to report (never later than now); remembered.
     pub fn poll<'a>(
         &mut self,
         live: impl Iterator<Item = &'a Incarnation>,
     ) -> Vec<((u64, u32), f64)> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let mut newest: BTreeMap<(u64, u32), f64> = BTreeMap::new();
         for i in live {
             if let Some(t) = modified_unix_s(&self.path(i)) {
@@ -57,15 +75,22 @@ impl Checkpoints {
                 *e = e.max(t);
             }
         }
-        newest.retain(|key, t| self.seen.get(key).is_none_or(|s| *t > *s));
-        self.seen.extend(newest.iter().map(|(k, t)| (*k, *t)));
-        newest.into_iter().collect()
+        let mut changed = Vec::new();
+        for (key, file) in newest {
+            if self.seen.get(&key).is_some_and(|s| s.file == file) {
+                continue;
+            }
+            let reported = file.min(now);
+            self.seen.insert(key, Seen { file, reported });
+            changed.push((key, reported));
+        }
+        changed
     }
 
-    /// The newest checkpoint seen for `job` at `attempt`; 0 (the protocol's
+    /// The newest checkpoint reported for `job` at `attempt`; 0 (the protocol's
     /// "unknown") when none.
     pub fn last(&self, job: u64, attempt: u32) -> f64 {
-        self.seen.get(&(job, attempt)).copied().unwrap_or(0.0)
+        self.seen.get(&(job, attempt)).map_or(0.0, |s| s.reported)
     }
 
     /// `i` ended: its file goes, and the job's time once `others` (whether another
@@ -124,6 +149,38 @@ mod tests {
         assert_eq!(c.last(5, 2), 2_000.0);
         c.forget(&w1, false);
         assert_eq!(c.last(5, 2), 0.0);
+    }
+
+    #[test]
+    fn a_time_in_the_future_is_reported_as_now_and_hides_no_later_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Checkpoints::open(dir.path().to_path_buf()).unwrap();
+        let w = Incarnation {
+            job: 3,
+            worker: 0,
+            attempt: 1,
+        };
+        let now = || {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        };
+        // Copied with its times from a machine an hour ahead.
+        touch(&c.path(&w), now() + 3_600);
+        let polled = c.poll([w].iter());
+        assert_eq!(polled.len(), 1);
+        let reported = polled[0].1;
+        assert!(
+            reported <= now() as f64 + 1.0,
+            "{reported} is in the future"
+        );
+        assert_eq!(c.last(3, 1), reported);
+        assert!(c.poll([w].iter()).is_empty(), "unchanged: not again");
+        // The worker's next checkpoint, by this machine's clock, is reported.
+        let next = now();
+        touch(&c.path(&w), next);
+        assert_eq!(c.poll([w].iter()), vec![((3, 1), next as f64)]);
     }
 
     #[test]

@@ -153,15 +153,20 @@ impl Runner {
     ) -> std::io::Result<Self> {
         let assignments_dir = out.join("assignments");
         let logs_dir = out.join("jobs");
-        std::fs::create_dir_all(&assignments_dir)?;
+        let at = |path: &Path| {
+            let path = path.display().to_string();
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{path}: {e}"))
+        };
+        std::fs::create_dir_all(&assignments_dir).map_err(at(&assignments_dir))?;
         let (records, boot_id, checkpoints) = if matches!(mode, Mode::Exec(_)) {
             // Without /proc (not Linux) a worker cannot be told from a stranger that
             // reuses its pid: `--exec` is refused rather than run unsupervisable.
             let boot_id = procfs::boot_id().map_err(std::io::Error::other)?;
+            let (state, checkpoints) = (logs_dir.join("state"), logs_dir.join("checkpoints"));
             (
-                Some(RecordStore::open(logs_dir.join("state"))?),
+                Some(RecordStore::open(state.clone()).map_err(at(&state))?),
                 boot_id,
-                Some(Checkpoints::open(logs_dir.join("checkpoints"))?),
+                Some(Checkpoints::open(checkpoints.clone()).map_err(at(&checkpoints))?),
             )
         } else {
             (None, String::new(), None)
@@ -244,6 +249,24 @@ impl Runner {
         self.assignments_dir.join(format!("{}.env", i.file_stem()))
     }
 
+    /// A start that could not happen, reported as a failed run (through the exit
+    /// channel, like a worker's): the scheduler requeues the job.
+    fn fail_start(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot], why: String) {
+        self.journal(inc, gpus, true);
+        self.live.insert(
+            inc,
+            Live {
+                gpus: gpus.to_vec(),
+                kill: None,
+                task: None,
+            },
+        );
+        let _ = self.exits.send(Exit {
+            incarnation: inc,
+            outcome: Err(why),
+        });
+    }
+
     /// Applies a START (idempotently).
     pub async fn start(&mut self, a: &pb::Assignment) {
         let inc = Incarnation::of(a);
@@ -284,27 +307,17 @@ impl Runner {
                 mig_uuids = uuids;
             }
             Ok(_) => {}
-            Err(why) => {
-                // Reported as a failed start: the scheduler requeues the job.
-                self.journal(inc, &a.gpus, true);
-                self.live.insert(
-                    inc,
-                    Live {
-                        gpus: a.gpus.clone(),
-                        kill: None,
-                        task: None,
-                    },
-                );
-                let _ = self.exits.send(Exit {
-                    incarnation: inc,
-                    outcome: Err(why),
-                });
-                return;
-            }
+            Err(why) => return self.fail_start(inc, &a.gpus, why),
         }
         let path = self.env_path(&inc);
         if let Err(e) = write_atomically(&path, env_file_text(&env).as_bytes()) {
             tracing::error!(path = %path.display(), error = %e, "environment file not written");
+            if matches!(self.mode, Mode::EnvOnly) {
+                // The file is the only way the launcher hears of the job: without it the
+                // job would never run while the scheduler held its GPUs for ever.
+                let why = format!("environment file {} not written: {e}", path.display());
+                return self.fail_start(inc, &a.gpus, why);
+            }
         }
         self.journal(inc, &a.gpus, true);
         self.backlog.set_job(&a.gpus, Some(inc.job));
@@ -656,9 +669,15 @@ impl Runner {
     }
 }
 
+/// Written whole and synced before it appears under its name: a launcher that sees the
+/// file sees all of it, after a crash too.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
     let tmp = path.with_extension("env.tmp");
-    std::fs::write(&tmp, bytes)?;
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
     std::fs::rename(&tmp, path)
 }
 
@@ -783,6 +802,28 @@ mod tests {
         let env = std::fs::read_to_string(dir.path().join("assignments/4.0.env")).unwrap();
         assert!(env.contains("CUDA_VISIBLE_DEVICES='3'\n"), "{env}");
         assert!(!env.contains("MARSHAL_MIG_UUID"), "{env}");
+    }
+
+    #[tokio::test]
+    async fn an_env_file_that_cannot_be_written_is_a_failed_start_without_exec() {
+        let (mut r, mut rx, dir) = runner(Mode::EnvOnly);
+        // A directory where the file should go: the rename fails (for root too).
+        std::fs::create_dir(dir.path().join("assignments/7.0.env")).unwrap();
+        r.start(&start(7, 1, &[0])).await;
+        let exit = rx.recv().await.unwrap();
+        assert_eq!(exit.incarnation.job, 7);
+        r.exited(exit);
+        let (state, msg) = &r.reports[&(7, 1)];
+        assert_eq!(*state, pb::JobState::Failed);
+        assert!(
+            msg.contains("environment file") && msg.contains("7.0.env"),
+            "{msg}"
+        );
+        assert_eq!(r.starts, 0);
+        // Another job's file is written as usual.
+        r.start(&start(8, 1, &[1])).await;
+        assert!(dir.path().join("assignments/8.0.env").is_file());
+        assert_eq!(r.starts, 1);
     }
 
     #[tokio::test]

@@ -137,7 +137,7 @@ pub async fn run_connected(
         config.journal.clone(),
         config.mig.clone(),
     )
-    .map_err(|e| AgentError::Config(format!("{}: {e}", config.out.display())))?;
+    .map_err(|e| AgentError::Config(format!("the agent's directory: {e}")))?;
     let adopted = runner.adopt_survivors();
     if adopted != Adoption::default() {
         tracing::info!(

@@ -14,7 +14,7 @@ use tonic::{Request, Status, Streaming};
 use crate::service::pb;
 use crate::service::pb::node_service_client::NodeServiceClient;
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// `http://host:port` or `https://host:port`.
     pub url: String,
@@ -25,6 +25,29 @@ pub struct ClientConfig {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// Name to verify the server's certificate against (defaults to the URL's host).
     pub domain: Option<String>,
+    /// HTTP/2 PING (and TCP keepalive) interval; a PING unanswered for as long again
+    /// closes the connection. Without it, a scheduler that vanished without closing
+    /// (its host died, a firewall lost the connection's state) would hold the watch
+    /// stream open until the kernel gave up retransmitting, about 15 minutes, while the
+    /// scheduler requeued this node's jobs after its timeout. Default 20 s.
+    pub keepalive: Duration,
+    /// Deadline of each unary call (register, heartbeat, report, a telemetry batch).
+    /// Default 30 s.
+    pub call_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            url: String::new(),
+            token: None,
+            ca_pem: None,
+            identity: None,
+            domain: None,
+            keepalive: Duration::from_secs(20),
+            call_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 impl ClientConfig {
@@ -56,6 +79,9 @@ impl ClientConfig {
             ));
         }
         self.token.as_deref().map(bearer).transpose()?;
+        if self.keepalive.is_zero() || self.call_timeout.is_zero() {
+            return Err(url_err("keepalive and call_timeout must be positive"));
+        }
         Ok(())
     }
 }
@@ -100,7 +126,11 @@ pub async fn connect(config: &ClientConfig) -> Result<Channel, ClientError> {
     let mut endpoint = Endpoint::from_shared(config.url.clone())
         .map_err(|e| url_err(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .tcp_keepalive(Some(config.keepalive))
+        .http2_keep_alive_interval(config.keepalive)
+        .keep_alive_timeout(config.keepalive)
+        .keep_alive_while_idle(true);
     if let Some(ca) = &config.ca_pem {
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
         if let Some(d) = &config.domain {
@@ -119,6 +149,20 @@ pub async fn connect(config: &ClientConfig) -> Result<Channel, ClientError> {
 pub struct AgentClient {
     client: NodeServiceClient<InterceptedService<Channel, Token>>,
     node: String,
+    call_timeout: Duration,
+}
+
+/// `call`, failed with `DEADLINE_EXCEEDED` if it takes longer than `timeout`.
+async fn within<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, ClientError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(reply) => Ok(reply?.into_inner()),
+        Err(_) => Err(ClientError::Call(Status::deadline_exceeded(format!(
+            "the scheduler did not answer within {timeout:?}"
+        )))),
+    }
 }
 
 impl AgentClient {
@@ -128,6 +172,7 @@ impl AgentClient {
         Ok(AgentClient {
             client: NodeServiceClient::with_interceptor(channel, Token(token)),
             node: node.to_string(),
+            call_timeout: config.call_timeout,
         })
     }
 
@@ -138,16 +183,15 @@ impl AgentClient {
         info: pb::NodeInfo,
         running: Vec<pb::RunningJob>,
     ) -> Result<pb::RegisterNodeResponse, ClientError> {
-        Ok(self
-            .client
-            .register(pb::RegisterNodeRequest {
-                node: Some(info),
-                running,
-            })
-            .await?
-            .into_inner())
+        let call = self.client.register(pb::RegisterNodeRequest {
+            node: Some(info),
+            running,
+        });
+        within(self.call_timeout, call).await
     }
 
+    /// The node's assignment stream: long-lived, so it has no deadline; a dead
+    /// connection ends it through the keepalive ([`ClientConfig::keepalive`]).
     pub async fn assignments(&mut self) -> Result<Streaming<pb::Assignment>, ClientError> {
         Ok(self
             .client
@@ -160,13 +204,10 @@ impl AgentClient {
 
     /// Says the agent is alive when it has no telemetry to send.
     pub async fn heartbeat(&mut self) -> Result<pb::NodeStatus, ClientError> {
-        Ok(self
-            .client
-            .heartbeat(pb::HeartbeatRequest {
-                node: self.node.clone(),
-            })
-            .await?
-            .into_inner())
+        let call = self.client.heartbeat(pb::HeartbeatRequest {
+            node: self.node.clone(),
+        });
+        within(self.call_timeout, call).await
     }
 
     /// Reports what the job's placement `attempt` did (0 skips the attempt check).
@@ -191,17 +232,16 @@ impl AgentClient {
         message: &str,
         last_checkpoint_unix_s: f64,
     ) -> Result<pb::Job, ClientError> {
-        self.client
-            .report_job(pb::ReportJobRequest {
-                node: self.node.clone(),
-                job_id,
-                state: state as i32,
-                message: message.to_string(),
-                attempt,
-                last_checkpoint_unix_s,
-            })
+        let call = self.client.report_job(pb::ReportJobRequest {
+            node: self.node.clone(),
+            job_id,
+            state: state as i32,
+            message: message.to_string(),
+            attempt,
+            last_checkpoint_unix_s,
+        });
+        within(self.call_timeout, call)
             .await?
-            .into_inner()
             .job
             .ok_or_else(|| ClientError::Call(Status::internal("reply without a job")))
     }
@@ -211,11 +251,8 @@ impl AgentClient {
         &mut self,
         samples: Vec<pb::TelemetrySample>,
     ) -> Result<pb::TelemetryAck, ClientError> {
-        Ok(self
-            .client
-            .stream_telemetry(tokio_stream::iter(samples))
-            .await?
-            .into_inner())
+        let call = self.client.stream_telemetry(tokio_stream::iter(samples));
+        within(self.call_timeout, call).await
     }
 }
 
@@ -293,5 +330,53 @@ mod tests {
             ..config("http://h:1")
         };
         assert!(matches!(with_token.validate(), Err(ClientError::Token(_))));
+    }
+
+    #[test]
+    fn a_scheduler_that_stops_answering_is_given_up_on() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            // Takes connections and says nothing: the kernel acknowledges every byte,
+            // no HTTP/2 frame ever comes back (a host gone, a firewall that lost state).
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                while let Ok((socket, _)) = listener.accept().await {
+                    held.push(socket);
+                }
+            });
+            let config = ClientConfig {
+                url: format!("http://{addr}"),
+                keepalive: Duration::from_millis(200),
+                call_timeout: Duration::from_millis(500),
+                ..ClientConfig::default()
+            };
+            let mut client = AgentClient::connect(&config, "n-0").await.unwrap();
+            let limit = Duration::from_secs(20);
+            // The watch stream has no deadline: the unanswered PING ends it.
+            let watch = tokio::time::timeout(limit, client.assignments()).await;
+            assert!(
+                matches!(watch, Ok(Err(_))),
+                "the watch was not given up on within {limit:?}"
+            );
+            // A unary call ends at its deadline.
+            let heartbeat = tokio::time::timeout(limit, client.heartbeat()).await;
+            match heartbeat {
+                Ok(Err(ClientError::Call(status))) => {
+                    assert!(
+                        matches!(
+                            status.code(),
+                            tonic::Code::DeadlineExceeded | tonic::Code::Unavailable
+                        ),
+                        "{status:?}"
+                    )
+                }
+                other => panic!("heartbeat not given up on: {other:?}"),
+            }
+        });
     }
 }
