@@ -65,8 +65,9 @@ pub struct StepScanReport {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RowsLeftOut {
     pub rows_read: u64,
-    /// Step time not a positive number (NaN, infinite, zero or negative: written by
-    /// another tool, since the sink refuses them).
+    /// Step time not a number of seconds within [`STEP_TIME_RANGE_S`] (NaN, infinite,
+    /// zero, negative or absurd: written by another tool, since the sink refuses the
+    /// first four).
     pub bad_step_time: u64,
     /// No model (workload kind): nothing to learn the row's job from.
     pub without_model: u64,
@@ -75,6 +76,8 @@ pub struct RowsLeftOut {
     /// A GPU count that does not fit the placement: 0, or not between one GPU per node
     /// and the shape's full size.
     pub gpus_not_in_placement: u64,
+    /// A batch size of 0 (absent is fine: unknown).
+    pub zero_batch_size: u64,
     /// Rows of (job, placement, co-tenancy) groups with no steady-phase row, so no
     /// step time to learn.
     pub without_steady_phase: u64,
@@ -89,7 +92,11 @@ impl RowsLeftOut {
     /// Rows left out for what they hold, not for what their job had yet reached (a job
     /// stopped during warm-up has no steady phase, and that is not damage).
     pub fn malformed(&self) -> u64 {
-        self.bad_step_time + self.without_model + self.bad_placement + self.gpus_not_in_placement
+        self.bad_step_time
+            + self.without_model
+            + self.bad_placement
+            + self.gpus_not_in_placement
+            + self.zero_batch_size
     }
 
     /// One line: rows read, then each reason with its count (reasons with none left
@@ -98,7 +105,7 @@ impl RowsLeftOut {
         let reasons = [
             (
                 self.bad_step_time,
-                "a step time that is not a positive number",
+                "a step time that is not a number of seconds between 1 µs and a day",
             ),
             (self.without_model, "no model"),
             (
@@ -109,6 +116,7 @@ impl RowsLeftOut {
                 self.gpus_not_in_placement,
                 "a GPU count that does not fit the placement",
             ),
+            (self.zero_batch_size, "a batch size of 0"),
             (
                 self.without_steady_phase,
                 "no steady-phase row in their job and placement",
@@ -171,6 +179,11 @@ fn usable_shape(r: &StepProfile, left_out: &mut RowsLeftOut) -> Option<(u32, u32
     Some((nodes, per_node))
 }
 
+/// The step times a row may hold, in seconds: beyond them a value is damage, and
+/// would also leave what `f32` features can carry (1e39 s becomes infinite, 1e-300 s
+/// zero), so one such row would stop a whole training run.
+pub const STEP_TIME_RANGE_S: std::ops::RangeInclusive<f64> = 1e-6..=86_400.0;
+
 /// Groups step-profile rows into examples, counting the rows left out by reason.
 fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, RowsLeftOut) {
     let mut left_out = RowsLeftOut {
@@ -180,7 +193,7 @@ fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, RowsLeftOut)
     type Key = (String, (u32, u32), String, u16, String);
     let mut groups: BTreeMap<Key, Vec<StepProfile>> = BTreeMap::new();
     for r in rows {
-        if !(r.step_time_s.is_finite() && r.step_time_s > 0.0) {
+        if !STEP_TIME_RANGE_S.contains(&r.step_time_s) {
             left_out.bad_step_time += 1;
             continue;
         }
@@ -191,6 +204,10 @@ fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, RowsLeftOut)
         let Some(shape) = usable_shape(&r, &mut left_out) else {
             continue;
         };
+        if r.batch_size == Some(0) {
+            left_out.zero_batch_size += 1;
+            continue;
+        }
         let key = (
             r.job_id.to_string(),
             shape,
@@ -237,6 +254,8 @@ fn examples_from_rows(rows: Vec<StepProfile>) -> (Vec<StepExample>, RowsLeftOut)
                 steady
                     .iter()
                     .filter_map(|r| r.gpu_util_pct.map(f64::from))
+                    // The sink's own rule: a utilisation outside 0–100 % is no value.
+                    .filter(|u| (0.0..=100.0).contains(u))
                     .collect(),
             ),
             peak_mem_gib,
@@ -274,10 +293,13 @@ mod tests {
             row("a", -1.0),
             row("b", 0.0),
             row("c", 3.0),
+            // Finite and positive, but beyond what a step takes and what f32 carries.
+            row("c", 1e39),
+            row("c", 1e-300),
         ];
         let (examples, left_out) = examples_from_rows(rows);
-        assert_eq!(left_out.bad_step_time, 4);
-        assert_eq!(left_out.total(), 4);
+        assert_eq!(left_out.bad_step_time, 6);
+        assert_eq!(left_out.total(), 6);
         let times: Vec<(&str, f64)> = examples
             .iter()
             .map(|e| (e.job_id.as_str(), e.step_time_s))
@@ -312,6 +334,7 @@ mod tests {
                 r.placement = "2x2".into();
                 r.num_gpus = 3;
             }),
+            with(&|r| r.batch_size = Some(0)),
             with(&|r| {
                 r.job_id = "no-steady".into();
                 r.phase = Some(MemPhase::Warmup);
@@ -327,20 +350,34 @@ mod tests {
         assert_eq!(
             left_out,
             RowsLeftOut {
-                rows_read: 10,
+                rows_read: 11,
                 bad_step_time: 0,
                 without_model: 1,
                 bad_placement: 2,
                 gpus_not_in_placement: 3,
+                zero_batch_size: 1,
                 without_steady_phase: 2,
             }
         );
-        assert_eq!(left_out.malformed(), 6);
+        assert_eq!(left_out.malformed(), 7);
         assert_eq!(
             left_out.summary(),
-            "10 step-profile rows read, left out: 1 with no model, 2 with a placement that is \
+            "11 step-profile rows read, left out: 1 with no model, 2 with a placement that is \
              not <nodes>x<GPUs per node>, 3 with a GPU count that does not fit the placement, \
-             2 with no steady-phase row in their job and placement"
+             1 with a batch size of 0, 2 with no steady-phase row in their job and placement"
         );
+    }
+
+    #[test]
+    fn a_utilisation_outside_0_to_100_percent_is_no_value() {
+        let with_util = |u: f32| StepProfile {
+            gpu_util_pct: Some(u),
+            ..row("a", 1.0)
+        };
+        let rows = vec![with_util(40.0), with_util(-1.0), with_util(f32::INFINITY)];
+        let (examples, _) = examples_from_rows(rows);
+        assert_eq!(examples[0].gpu_util_pct, Some(40.0));
+        let (examples, _) = examples_from_rows(vec![with_util(250.0)]);
+        assert_eq!(examples[0].gpu_util_pct, None);
     }
 }

@@ -48,7 +48,8 @@ fn family(kind: &str) -> &str {
 
 /// The measurements as examples, and how many were skipped: placements with unequal GPU
 /// counts per node (the placement graph is `nodes × GPUs per node`) or unreadable ones,
-/// and non-positive step times. Multi-node placements span the `rack` level (the
+/// step times outside [`crate::examples::STEP_TIME_RANGE_S`], and global batches beyond
+/// `u32`. Multi-node placements span the `rack` level (the
 /// measured testbeds are one flat network); single-node ones `node` (`gpu` for one GPU).
 /// Every example is data-parallel, alone on its GPUs.
 pub fn measured_examples(steps: &[MeasuredStep]) -> (Vec<StepExample>, usize) {
@@ -59,11 +60,18 @@ pub fn measured_examples(steps: &[MeasuredStep]) -> (Vec<StepExample>, usize) {
             && digits.len() == s.placement.len()
             && digits[0] > 0
             && digits.iter().all(|&d| d == digits[0]);
-        if !(uniform && s.step_time_s.is_finite() && s.step_time_s > 0.0) || s.local_bsz == 0 {
+        if !(uniform && crate::examples::STEP_TIME_RANGE_S.contains(&s.step_time_s))
+            || s.local_bsz == 0
+        {
             continue;
         }
         let (nodes, per_node) = (digits.len() as u32, digits[0]);
         let gpus = nodes * per_node;
+        // A per-GPU batch in the millions is damage; its product with the GPU count
+        // would overflow (a panic in a debug build, a wrong batch in a release one).
+        let Some(global_batch) = s.local_bsz.checked_mul(gpus) else {
+            continue;
+        };
         let span = match (nodes, gpus) {
             (1, 1) => "gpu",
             (1, _) => "node",
@@ -78,7 +86,7 @@ pub fn measured_examples(steps: &[MeasuredStep]) -> (Vec<StepExample>, usize) {
             nodes,
             gpus_per_node: per_node,
             span: span.into(),
-            batch_size: Some(s.local_bsz * gpus),
+            batch_size: Some(global_batch),
             comm: "data-parallel".into(),
             tenants: 1,
             step_time_s: s.step_time_s,
@@ -422,8 +430,10 @@ mod tests {
         s.push(step("bert", "31", 32, 1.0)); // unequal nodes
         s.push(step("bert", "x", 32, 1.0));
         s.push(step("bert", "2", 32, 0.0));
+        s.push(step("bert", "2", 32, 1e39));
+        s.push(step("bert", "2222", u32::MAX / 4, 1.0)); // × 8 GPUs overflows
         let (examples, skipped) = measured_examples(&s);
-        assert_eq!((examples.len(), skipped), (32, 3));
+        assert_eq!((examples.len(), skipped), (32, 5));
         let e = examples
             .iter()
             .find(|e| e.job_id == "bert/b64/T4/2222")

@@ -44,35 +44,32 @@ impl ShadowAdvisor {
         }
     }
 
-    /// Appends to `log` (created when missing). Decision ids continue after those
-    /// already in it, so Explain ids stay unique across restarts. `model` serves the
-    /// `learned` policy ([`crate::service::model::NoModel`] for a heuristic advisor).
+    /// Appends to `log` (created when missing). Decision ids continue after the
+    /// largest already in it, so Explain ids stay unique across restarts. `model` serves
+    /// the `learned` policy ([`crate::service::model::NoModel`] for a heuristic advisor).
+    ///
+    /// Only the log's tail is read ([`TAIL_BYTES`], more if no record ends in it): a log
+    /// of months is not read whole at every start. Ids are handed out in order and
+    /// appended within one call of each other, so the largest is among the last records.
+    /// (Counting lines, as before, gave an id twice after a crash that lost a record
+    /// written out of order.)
     pub fn open(
         policy: &str,
         log: &Path,
         model: Arc<dyn ModelSlot>,
     ) -> Result<Self, std::io::Error> {
-        let existing = match std::fs::read(log) {
-            Ok(bytes) => {
-                let complete = drop_torn_record(log, &bytes)?;
-                bytes[..complete]
-                    .split(|&b| b == b'\n')
-                    .filter(|l| !l.trim_ascii().is_empty())
-                    .count() as u64
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(e),
-        };
         let file = std::fs::OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(log)?;
+        let largest_id = largest_id_at_the_end(log, &file)?;
         Ok(ShadowAdvisor {
             policy: policy.to_string(),
             model,
             log: Mutex::new(std::io::BufWriter::new(file)),
             log_name: log.display().to_string(),
-            next_id: AtomicU64::new(existing + 1),
+            next_id: AtomicU64::new(largest_id + 1),
             recent: Mutex::new(VecDeque::new()),
             cpu_nodes_first: false,
         })
@@ -89,24 +86,57 @@ impl ShadowAdvisor {
     }
 }
 
+/// How much of the log's end [`ShadowAdvisor::open`] reads for the largest id: a few
+/// hundred records.
+pub const TAIL_BYTES: u64 = 1 << 20;
+
+/// The largest decision id among the complete records at the end of the log (0 when
+/// there are none), after cutting off a torn last record.
+///
 /// A log that does not end in a newline was cut mid-record (a crash or a full disk while
 /// appending). That record's call failed, so no caller saw it; appending after it would
-/// glue the next record onto it and damage both, so it is cut off. Returns the length of
-/// the complete records.
-fn drop_torn_record(log: &Path, bytes: &[u8]) -> Result<usize, std::io::Error> {
-    if bytes.is_empty() || bytes.ends_with(b"\n") {
-        return Ok(bytes.len());
+/// glue the next record onto it and damage both, so it is cut off.
+fn largest_id_at_the_end(log: &Path, file: &std::fs::File) -> Result<u64, std::io::Error> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let len = file.metadata()?.len();
+    let mut window = TAIL_BYTES.min(len);
+    let tail = loop {
+        let mut reader = file;
+        reader.seek(SeekFrom::Start(len - window))?;
+        let mut tail = Vec::with_capacity(window as usize);
+        reader.take(window).read_to_end(&mut tail)?;
+        // Enough once it holds a whole line (between two newlines), or the whole log.
+        if window == len || tail.iter().filter(|&&b| b == b'\n').nth(1).is_some() {
+            break tail;
+        }
+        window = (window * 2).min(len);
+    };
+    let start = len - window;
+    let complete = if tail.is_empty() || tail.ends_with(b"\n") {
+        tail.len()
+    } else {
+        tail.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+    };
+    if complete < tail.len() {
+        tracing::warn!(
+            log = %log.display(),
+            bytes = tail.len() - complete,
+            "the shadow log ends in a torn record (no newline); cut off before appending"
+        );
+        file.set_len(start + complete as u64)?;
+        file.sync_all()?;
     }
-    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    tracing::warn!(
-        log = %log.display(),
-        bytes = bytes.len() - complete,
-        "the shadow log ends in a torn record (no newline); cut off before appending"
-    );
-    let file = std::fs::OpenOptions::new().write(true).open(log)?;
-    file.set_len(complete as u64)?;
-    file.sync_all()?;
-    Ok(complete)
+    // The window's first line may be a record's end; it parses as nothing and is skipped.
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: u64,
+    }
+    Ok(tail[..complete]
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<Id>(line).ok())
+        .map(|r| r.id)
+        .max()
+        .unwrap_or(0))
 }
 
 #[tonic::async_trait]
@@ -183,5 +213,49 @@ mod tests {
         let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
         assert_eq!(std::fs::read_to_string(&log).unwrap(), complete);
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn ids_continue_after_the_largest_even_when_a_record_was_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("shadow.jsonl");
+        // Two calls raced; the one holding id 5 was lost in a crash: five lines, but 6
+        // is taken.
+        let lines: String = [1, 2, 3, 4, 6]
+            .iter()
+            .map(|id| format!("{{\"id\":{id},\"job\":\"x\"}}\n"))
+            .collect();
+        std::fs::write(&log, &lines).unwrap();
+        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 7);
+        // An empty log starts at 1.
+        let empty = dir.path().join("empty.jsonl");
+        let advisor = ShadowAdvisor::open("topo-pack", &empty, Arc::new(NoModel)).unwrap();
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_long_log_is_read_only_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("shadow.jsonl");
+        // 3 MiB of records, then a torn one; the window is 1 MiB.
+        let pad = "p".repeat(1000);
+        let mut text = String::new();
+        let mut id = 0;
+        while (text.len() as u64) < 3 * TAIL_BYTES {
+            id += 1;
+            text.push_str(&format!("{{\"id\":{id},\"pad\":\"{pad}\"}}\n"));
+        }
+        let complete = text.len();
+        text.push_str("{\"id\":99999,\"pa");
+        std::fs::write(&log, &text).unwrap();
+        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), id + 1);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), complete as u64);
+        // One record longer than the window: the window grows until a record ends in it.
+        let huge = format!("{{\"id\":41,\"pad\":\"{}\"}}\n", "q".repeat(3 << 20));
+        std::fs::write(&log, format!("{{\"id\":40}}\n{huge}")).unwrap();
+        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 42);
     }
 }
