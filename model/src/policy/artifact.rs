@@ -338,7 +338,31 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
     fs::rename(&tmp, path).map_err(|e| {
         let _ = fs::remove_file(&tmp);
         io_err(path)(e)
-    })
+    })?;
+    sync_dir(path.parent().unwrap_or(Path::new("."))).map_err(io_err(path))
+}
+
+/// `fsync`s a directory so that a rename in it survives a power loss. File systems that
+/// cannot sync a directory (they say "invalid argument" or "unsupported") have nothing
+/// more to do.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    // A bare file name's parent is the empty path: the current directory.
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    match fs::File::open(dir).and_then(|d| d.sync_all()) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported
+            ) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// FNV-1a 64 over the names, sizes and contents of the regular, non-hidden files in

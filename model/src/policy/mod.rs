@@ -35,7 +35,7 @@ mod train;
 
 pub use artifact::{
     CandidateSet, FallbackGate, POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta,
-    artifact_fingerprint, load_policy, replace_file, save_policy, write_fallback_gate,
+    artifact_fingerprint, load_policy, replace_file, save_policy, sync_dir, write_fallback_gate,
 };
 pub use config::PolicyConfig;
 pub use digest::artifact_sha256;
@@ -49,8 +49,8 @@ pub use keys::{
 };
 pub use network::PolicyNetwork;
 pub use promotion::{
-    PromotionRecord, TraceRow, artifact_hash, fingerprint_hex, promotion_record_path,
-    read_promotion_record, verify_promotion,
+    PromotionRecord, TraceRow, artifact_hash, fingerprint_hex, pending_record_path,
+    promotion_record_path, read_promotion_record, verify_promotion,
 };
 pub use scorer::{FeatureStats, PolicyScorer, Scored};
 pub use signing::{

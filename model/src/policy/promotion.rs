@@ -104,12 +104,29 @@ pub fn promotion_record_path(dir: &Path) -> Option<PathBuf> {
     Some(dir.with_file_name(format!("{name}.promotion.json")))
 }
 
+/// Where a promotion's record waits while its artifact is swapped in:
+/// `<dir>.promotion.json.pending`. `promote` writes it, swaps, then renames it over the
+/// record, so a crash between the swap and the rename leaves the new artifact beside
+/// the old record and this one, and [`verify_promotion`] accepts the artifact that the
+/// pending record proves (without it, the server would refuse its model at the next
+/// start and the fallback would decide everything until someone promoted again).
+pub fn pending_record_path(dir: &Path) -> Option<PathBuf> {
+    let path = promotion_record_path(dir)?;
+    let mut name = path.file_name()?.to_os_string();
+    name.push(".pending");
+    Some(path.with_file_name(name))
+}
+
 /// Reads the record about `dir`: `Ok(None)` when there is none.
 pub fn read_promotion_record(dir: &Path) -> Result<Option<PromotionRecord>, String> {
     let Some(path) = promotion_record_path(dir) else {
         return Err(format!("{}: the path has no directory name", dir.display()));
     };
-    match crate::artifact::read_regular_file(&path) {
+    read_record_at(&path)
+}
+
+fn read_record_at(path: &Path) -> Result<Option<PromotionRecord>, String> {
+    match crate::artifact::read_regular_file(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| format!("promotion record {}: {e}", path.display())),
@@ -124,8 +141,24 @@ pub fn read_promotion_record(dir: &Path) -> Result<Option<PromotionRecord>, Stri
 /// signed by one of them and the artifact's SHA-256 digest must be the signed one (the
 /// digest is computed only then, after every cheaper check passed).
 pub fn verify_promotion(dir: &Path, fingerprint: u64, keys: &PromotionKeys) -> Result<(), String> {
+    let verdict = verify_record(dir, fingerprint, keys);
+    if verdict.is_ok() {
+        return verdict;
+    }
+    // A promotion interrupted between its swap and its record's rename (module docs of
+    // `pending_record_path`): the pending record may prove the artifact now in place.
+    if let Some(pending) = pending_record_path(dir)
+        && let Ok(Some(record)) = read_record_at(&pending)
+        && record.installed() == Some(fingerprint_hex(fingerprint).as_str())
+        && check_record(dir, &pending, &record, fingerprint, keys).is_ok()
+    {
+        return Ok(());
+    }
+    verdict
+}
+
+fn verify_record(dir: &Path, fingerprint: u64, keys: &PromotionKeys) -> Result<(), String> {
     let path = promotion_record_path(dir).unwrap_or_else(|| dir.with_extension("promotion.json"));
-    let have = fingerprint_hex(fingerprint);
     let record = read_promotion_record(dir)?.ok_or_else(|| {
         format!(
             "not promoted: no promotion record {} (require_promotion is on; install it with `marshal model promote --candidate <copy of it> --current {}`)",
@@ -133,6 +166,18 @@ pub fn verify_promotion(dir: &Path, fingerprint: u64, keys: &PromotionKeys) -> R
             dir.display()
         )
     })?;
+    check_record(dir, &path, &record, fingerprint, keys)
+}
+
+/// Whether `record` (read from `path`) proves the artifact in `dir`.
+fn check_record(
+    dir: &Path,
+    path: &Path,
+    record: &PromotionRecord,
+    fingerprint: u64,
+    keys: &PromotionKeys,
+) -> Result<(), String> {
+    let have = fingerprint_hex(fingerprint);
     match record.installed() {
         None => Err(format!(
             "not promoted: promotion record {} proves no installed artifact ({})",
@@ -144,7 +189,7 @@ pub fn verify_promotion(dir: &Path, fingerprint: u64, keys: &PromotionKeys) -> R
             path.display()
         )),
         Some(_) if keys.is_empty() => Ok(()),
-        Some(fnv) => verify_signed(dir, &path, &record, fnv, keys),
+        Some(fnv) => verify_signed(dir, path, record, fnv, keys),
     }
 }
 

@@ -16,14 +16,16 @@
 //! 3. `promotion.json` ([`write_record`]) goes beside the artifact, as `<name>.promotion.json`
 //!    ([`marshal_model::policy::promotion_record_path`]), so that the artifact's own files
 //!    (and its fingerprint) are the candidate's exactly. [`super::promote`] writes it
-//!    before the swap and keeps the replaced artifact's record with it
-//!    (`<name>.prev.promotion.json`), so a rollback moves both.
+//!    under a pending name before the swap and renames it into place after
+//!    ([`marshal_model::policy::pending_record_path`]), and keeps the replaced artifact's
+//!    record with it (`<name>.prev.promotion.json`), so a rollback moves both. The
+//!    directory is synced after the renames.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use marshal_model::policy::{
-    artifact_fingerprint, load_policy, promotion_record_path, replace_file,
+    artifact_fingerprint, load_policy, promotion_record_path, replace_file, sync_dir,
 };
 
 use super::{PromoteError, PromotionRecord};
@@ -165,5 +167,11 @@ pub fn install(candidate: &Path, current: &Path) -> Result<Option<PathBuf>, Prom
             }
         }
     }
+    // The renames survive a power loss only once their directory is synced.
+    sync_dir(current.parent().unwrap_or(Path::new("."))).map_err(|e| {
+        fail(format!(
+            "the new artifact is installed, but syncing its directory failed: {e}"
+        ))
+    })?;
     Ok(Some(prev))
 }

@@ -31,8 +31,8 @@ use std::sync::Arc;
 
 pub use marshal_model::policy::{PromotionRecord, PromotionSigner, TraceRow, artifact_hash};
 use marshal_model::policy::{
-    artifact_sha256, load_policy, promotion_record_path, read_promotion_record, replace_file,
-    sign_promotion,
+    artifact_sha256, load_policy, pending_record_path, promotion_record_path,
+    read_promotion_record, replace_file, sign_promotion, sync_dir,
 };
 use marshal_scheduler::policies::learned::{Act, LearnedModel};
 use serde::{Deserialize, Serialize};
@@ -333,38 +333,71 @@ pub fn promote_signed(
         previous: previous.as_ref().map(|p| p.display().to_string()),
         decided_at_unix_s,
     };
-    // Written before the swap: a server that requires promotion sees its current
-    // artifact unchanged until the swap, and the installed one proven once it happens.
-    write_record(current, &record)?;
-    if promoted {
-        match install(candidate, current) {
-            Ok(prev) => {
-                if let Some(prev) = prev.and_then(|p| promotion_record_path(&p)) {
-                    // The replaced artifact's record goes with it (a rollback moves both);
-                    // best effort: the new artifact is installed and recorded either way.
-                    put_back(&prev, old_record.as_deref());
-                }
-            }
-            Err(e) => {
-                // Not installed (an error after the swap leaves the candidate in place,
-                // and then the new record is the right one): the old record stands.
-                if artifact_hash(current).as_deref() != Some(record.candidate_hash.as_str()) {
-                    put_back(&record_file, old_record.as_deref());
-                }
-                return Err(e);
-            }
-        }
+    if !promoted {
+        write_record(current, &record)?;
+        return Ok(record);
     }
-    Ok(record)
+    // The record waits under its pending name while the artifact is swapped in, then
+    // replaces the old one: at every instant (a crash included) the artifact in place is
+    // proven by the record or by the pending record, which a server that requires
+    // promotion also accepts (`marshal_model::policy::pending_record_path`).
+    let pending = write_pending_record(current, &record)?;
+    let installed = install(candidate, current);
+    if artifact_hash(current).as_deref() != Some(record.candidate_hash.as_str()) {
+        // Not installed: the old record stands.
+        let _ = fs::remove_file(&pending);
+        return Err(installed.err().unwrap_or_else(|| PromoteError::Install {
+            path: current.to_path_buf(),
+            reason: "the installed artifact is not the candidate".into(),
+        }));
+    }
+    // Installed (an error after the swap still leaves the candidate in place, and then
+    // the new record is the right one).
+    fs::rename(&pending, &record_file)
+        .and_then(|()| sync_dir(record_file.parent().unwrap_or(Path::new("."))))
+        .map_err(|e| PromoteError::Install {
+            path: record_file.clone(),
+            reason: format!(
+                "the candidate is installed, but its record stays at {} ({e}); the server accepts it there",
+                pending.display()
+            ),
+        })?;
+    if let Ok(Some(prev)) = &installed
+        && let Some(prev_record) = promotion_record_path(prev)
+    {
+        // The replaced artifact's record goes with it (a rollback moves both).
+        put_back(&prev_record, old_record.as_deref()).map_err(|e| PromoteError::Install {
+            path: prev_record.clone(),
+            reason: format!(
+                "the candidate is installed and recorded, but the replaced artifact's record was not kept beside it: {e}"
+            ),
+        })?;
+    }
+    installed.map(|_| record)
 }
 
-/// Best effort: `path` gets `bytes`, or is removed when there are none.
-fn put_back(path: &Path, bytes: Option<&[u8]>) {
-    let _ = match bytes {
+/// Writes `record` to the pending record path of `current` (atomically).
+fn write_pending_record(current: &Path, record: &PromotionRecord) -> Result<PathBuf, PromoteError> {
+    let path = pending_record_path(current).ok_or_else(|| PromoteError::Install {
+        path: current.to_path_buf(),
+        reason: "the current artifact's path has no directory name".into(),
+    })?;
+    let err = |reason: String| PromoteError::Install {
+        path: path.clone(),
+        reason,
+    };
+    let text = serde_json::to_string_pretty(record).map_err(|e| err(e.to_string()))?;
+    replace_file(&path, text.as_bytes()).map_err(|e| err(e.to_string()))?;
+    Ok(path)
+}
+
+/// `path` gets `bytes`, or is removed when there are none.
+fn put_back(path: &Path, bytes: Option<&[u8]>) -> Result<(), String> {
+    match bytes {
         Some(b) => replace_file(path, b).map_err(|e| e.to_string()),
         None if path.exists() => fs::remove_file(path).map_err(|e| e.to_string()),
         None => Ok(()),
-    };
+    }
 }
 
 #[cfg(test)]

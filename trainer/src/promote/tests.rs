@@ -41,6 +41,51 @@ fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// A record that proves the artifact now in `dir` was promoted.
+fn record_proving(dir: &Path) -> PromotionRecord {
+    let hash = artifact_hash(dir);
+    PromotionRecord {
+        promoted: true,
+        reason: "earlier".into(),
+        max_regression: 0.02,
+        candidate: "earlier".into(),
+        current: dir.display().to_string(),
+        candidate_hash: hash.clone().unwrap(),
+        current_hash: None,
+        installed_hash: hash,
+        candidate_sha256: None,
+        installed_sha256: None,
+        signature: None,
+        traces: vec![],
+        previous: None,
+        decided_at_unix_s: 0.0,
+    }
+}
+
+#[test]
+fn a_promotion_cut_off_between_its_swap_and_its_record_still_proves_the_new_artifact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "random", 1);
+    artifact(&candidate, "fgd", 2);
+    write_record(&current, &record_proving(&current)).unwrap();
+    let proven = |dir: &Path| verify_promotion(dir, artifact_fingerprint(dir).unwrap());
+    // What `promote` does, stopped where a crash would stop it: the pending record
+    // written, the swap done, the rename not.
+    write_pending_record(&current, &record_proving(&candidate)).unwrap();
+    proven(&current).unwrap();
+    install(&candidate, &current).unwrap();
+    proven(&current).unwrap();
+    // The old record alone does not prove the new artifact; a pending record about a
+    // third artifact proves nothing either.
+    let pending = pending_record_path(&current).unwrap();
+    fs::remove_file(&pending).unwrap();
+    let refused = proven(&current).unwrap_err();
+    assert!(refused.contains("modified or replaced"), "{refused}");
+    write_pending_record(&current, &record_proving(&tmp.path().join("current.prev"))).unwrap();
+    assert!(proven(&current).is_err());
+}
+
 #[test]
 fn a_losing_candidate_is_not_installed_and_current_is_untouched() {
     let tmp = tempfile::tempdir().unwrap();
@@ -105,25 +150,10 @@ fn a_winning_candidate_is_installed_atomically_loads_and_the_old_one_is_kept() {
     let old = snapshot(&current);
     let old_hash = artifact_hash(&current);
     // The current artifact was promoted once (its record proves it).
-    let old_record = PromotionRecord {
-        promoted: true,
-        reason: "earlier".into(),
-        max_regression: 0.02,
-        candidate: "earlier".into(),
-        current: current.display().to_string(),
-        candidate_hash: old_hash.clone().unwrap(),
-        current_hash: None,
-        installed_hash: old_hash.clone(),
-        candidate_sha256: None,
-        installed_sha256: None,
-        signature: None,
-        traces: vec![],
-        previous: None,
-        decided_at_unix_s: 0.0,
-    };
-    write_record(&current, &old_record).unwrap();
+    write_record(&current, &record_proving(&current)).unwrap();
     let record = promote_on_inflation(&candidate, &current).unwrap();
     assert!(record.promoted, "{record:?}");
+    assert!(!pending_record_path(&current).unwrap().exists());
     // A server that requires promotion accepts the installed artifact, and the replaced
     // one's record went with it (a rollback moves both).
     let proven = |dir: &Path| verify_promotion(dir, artifact_fingerprint(dir).unwrap());
