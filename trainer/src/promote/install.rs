@@ -60,7 +60,14 @@ pub fn prev_path(current: &Path) -> Result<PathBuf, PromoteError> {
 
 /// Writes `record` to [`record_path`] (atomically).
 pub fn write_record(current: &Path, record: &PromotionRecord) -> Result<PathBuf, PromoteError> {
-    let path = record_path(current)?;
+    write_record_at(record_path(current)?, record)
+}
+
+/// Writes `record` to `path` (atomically).
+pub(super) fn write_record_at(
+    path: PathBuf,
+    record: &PromotionRecord,
+) -> Result<PathBuf, PromoteError> {
     let err = |reason: String| PromoteError::Install {
         path: path.clone(),
         reason,

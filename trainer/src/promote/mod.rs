@@ -382,13 +382,7 @@ fn write_pending_record(current: &Path, record: &PromotionRecord) -> Result<Path
         path: current.to_path_buf(),
         reason: "the current artifact's path has no directory name".into(),
     })?;
-    let err = |reason: String| PromoteError::Install {
-        path: path.clone(),
-        reason,
-    };
-    let text = serde_json::to_string_pretty(record).map_err(|e| err(e.to_string()))?;
-    replace_file(&path, text.as_bytes()).map_err(|e| err(e.to_string()))?;
-    Ok(path)
+    install::write_record_at(path, record)
 }
 
 /// `path` gets `bytes`, or is removed when there are none.
