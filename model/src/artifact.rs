@@ -66,6 +66,11 @@ pub struct ArtifactInfo {
     pub training_data_hash: String,
     /// Evaluation scores by name, e.g. `"holdout_step_time_mape": 7.5`.
     pub eval_scores: BTreeMap<String, f64>,
+    /// Files the caller keeps in the artifact (a plain file name → its bytes), such as
+    /// the trainer's step history: written before `meta.json`, which records their
+    /// checksums, and checked by [`load`], so that a file from another training run
+    /// (a retrain into the same directory cut off halfway) is refused, not used.
+    pub attachments: BTreeMap<String, Vec<u8>>,
 }
 
 /// Contents of `meta.json`.
@@ -101,6 +106,9 @@ pub struct ArtifactMeta {
     pub calibration: Calibration,
     /// FNV-1a 64 of `weights.bpk`, hex.
     pub weights_fnv1a64: String,
+    /// FNV-1a 64 of each attachment ([`ArtifactInfo::attachments`]), hex, by file name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attachments_fnv1a64: BTreeMap<String, String>,
 }
 
 /// A loaded artifact.
@@ -159,7 +167,25 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
         training: predictor.summary().clone(),
         calibration: predictor.calibration().clone(),
         weights_fnv1a64: fnv1a64(&bytes),
+        attachments_fnv1a64: info
+            .attachments
+            .iter()
+            .map(|(name, bytes)| (name.clone(), fnv1a64(bytes)))
+            .collect(),
     };
+    for (name, bytes) in &info.attachments {
+        let plain = Path::new(name)
+            .file_name()
+            .is_some_and(|n| n == name.as_str());
+        if !plain
+            || [META_FILE, CONFIG_FILE, WEIGHTS_FILE, NORMALIZATION_FILE].contains(&name.as_str())
+        {
+            return Err(ModelError::Backend(format!(
+                "attachment {name:?} is not a plain file name of its own"
+            )));
+        }
+        write_atomically(&dir.join(name), bytes)?;
+    }
     let config = dir.join(CONFIG_FILE);
     predictor.config().save(&config).map_err(io_err(&config))?;
     write_json(&dir.join(NORMALIZATION_FILE), predictor.normalization())?;
@@ -175,8 +201,12 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
     if folds.exists() {
         fs::remove_dir_all(&folds).map_err(io_err(&folds))?;
     }
+    let fold_info = ArtifactInfo {
+        attachments: BTreeMap::new(),
+        ..info.clone()
+    };
     for (k, fold) in predictor.fold_networks().iter().enumerate() {
-        save(&folds.join(k.to_string()), fold, info)?;
+        save(&folds.join(k.to_string()), fold, &fold_info)?;
     }
     write_json(&dir.join(META_FILE), &meta)?;
     Ok(meta)
@@ -185,7 +215,13 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
 pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| ModelError::Backend(format!("serialising {}: {e}", path.display())))?;
-    fs::write(path, text).map_err(io_err(path))
+    write_atomically(path, text.as_bytes())
+}
+
+/// Through a hidden temporary file and a rename: a reader (or a crash) never meets half
+/// a file under the final name.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    crate::policy::replace_file(path, bytes)
 }
 
 /// Largest artifact file read, in bytes (the shipped policy is about 36 KB, predictors a
@@ -372,6 +408,18 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
                 meta.weights_fnv1a64
             ),
         });
+    }
+    for (name, want) in &meta.attachments_fnv1a64 {
+        let (path, bytes) = read(dir.join(name))?;
+        let have = fnv1a64(&bytes);
+        if &have != want {
+            return Err(ModelError::CorruptFile {
+                path,
+                reason: format!(
+                    "checksum {have} differs from {want} recorded in meta.json (from another training run, or modified)"
+                ),
+            });
+        }
     }
     let device = Device::flex();
     // The seed is irrelevant: every parameter is overwritten by the loaded record.

@@ -1,5 +1,6 @@
 //! Artifact save/load round trip and every load failure.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
@@ -31,6 +32,7 @@ fn info() -> ArtifactInfo {
     ArtifactInfo {
         training_data_hash: "sha256:abc".into(),
         eval_scores: [("holdout_step_time_mape".to_string(), 12.5)].into(),
+        attachments: BTreeMap::new(),
     }
 }
 
@@ -437,4 +439,41 @@ fn fold_networks_round_trip_and_a_missing_or_damaged_fold_is_named() {
         loaded.predictor.predict(&graphs).unwrap(),
         plain.predict(&graphs).unwrap()
     );
+}
+
+#[test]
+fn attachments_are_checked_with_the_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (predictor, _) = trained();
+    let with_history = ArtifactInfo {
+        attachments: [("history.json".to_string(), b"[1, 2]".to_vec())].into(),
+        ..info()
+    };
+    artifact::save(dir.path(), &predictor, &with_history).unwrap();
+    assert_eq!(
+        fs::read(dir.path().join("history.json")).unwrap(),
+        b"[1, 2]"
+    );
+    artifact::load(dir.path()).unwrap();
+    // Another run's history beside these weights (a retrain cut off halfway).
+    fs::write(dir.path().join("history.json"), b"[3]").unwrap();
+    let err = artifact::load(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("history.json") && err.contains("another training run"),
+        "{err}"
+    );
+    fs::remove_file(dir.path().join("history.json")).unwrap();
+    let err = artifact::load(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("history.json"), "{err}");
+    // An attachment may not be a path, nor take an artifact file's name.
+    for bad in ["../history.json", "meta.json", "sub/history.json"] {
+        let info = ArtifactInfo {
+            attachments: [(bad.to_string(), b"x".to_vec())].into(),
+            ..info()
+        };
+        let err = artifact::save(dir.path(), &predictor, &info)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a plain file name"), "{bad}: {err}");
+    }
 }

@@ -4,7 +4,7 @@
 mod calibration_runs;
 mod device;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use calibration_runs::{TrainingCost, novel_summary, train_calibrated};
@@ -873,24 +873,16 @@ pub fn train(a: TrainPredictorArgs) -> anyhow::Result<()> {
     let (predictor, history) =
         saved.context("the held-out-job split had an empty side: nothing to save")?;
     scores.insert("split_seed".into(), a.seed as f64);
+    // The history rides in the artifact, checksummed by its meta.json: weights and
+    // history always come from the same run.
     let info = ArtifactInfo {
         training_data_hash: data_hash(&examples),
         eval_scores: scores,
+        attachments: [(HISTORY_FILE.to_string(), history.to_json()?.into_bytes())].into(),
     };
-    save(&a.out, &predictor, &history, &info)?;
+    marshal_model::artifact::save(&a.out, &predictor, &info)
+        .with_context(|| format!("saving {}", a.out.display()))?;
     println!("saved {}", a.out.display());
-    Ok(())
-}
-
-fn save(
-    out: &Path,
-    predictor: &marshal_model::TrainedPredictor,
-    history: &StepHistory,
-    info: &ArtifactInfo,
-) -> anyhow::Result<()> {
-    marshal_model::artifact::save(out, predictor, info)
-        .with_context(|| format!("saving {}", out.display()))?;
-    history.save(&out.join(HISTORY_FILE))?;
     Ok(())
 }
 

@@ -267,10 +267,15 @@ impl StepHistory {
     /// Writes the history as JSON (an artifact keeps it beside the weights, since the
     /// network's inputs depend on it).
     pub fn save(&self, path: &Path) -> Result<(), TrainerError> {
-        let json = serde_json::to_string(&self.entries)
-            .map_err(|e| TrainerError::Invalid(format!("serialising history: {e}")))?;
-        std::fs::write(path, json)
+        std::fs::write(path, self.to_json()?)
             .map_err(|e| TrainerError::Invalid(format!("writing {}: {e}", path.display())))
+    }
+
+    /// What [`StepHistory::save`] writes (an artifact keeps it as an attachment,
+    /// checksummed with the weights).
+    pub fn to_json(&self) -> Result<String, TrainerError> {
+        serde_json::to_string(&self.entries)
+            .map_err(|e| TrainerError::Invalid(format!("serialising history: {e}")))
     }
 
     /// Reads a history written by [`StepHistory::save`]; a damaged file is an error that

@@ -44,7 +44,7 @@ use crate::error::{ModelError, Result};
 /// changes meaning.
 pub const POLICY_SCHEMA_VERSION: u32 = 1;
 
-const WEIGHTS_FILE: &str = "weights.bpk";
+pub(crate) const WEIGHTS_FILE: &str = "weights.bpk";
 const CONFIG_FILE: &str = "config.json";
 const STATS_FILE: &str = "normalization.json";
 const META_FILE: &str = "meta.json";
@@ -216,6 +216,13 @@ fn corrupt(path: &Path, reason: impl ToString) -> ModelError {
 
 /// Reads and checks a policy directory written by [`save_policy`].
 pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
+    load_policy_and_weights(dir).map(|(artifact, _)| artifact)
+}
+
+/// [`load_policy`], and the weights file's bytes it checked: a network built from them
+/// is the one checked (reading the file again could meet a newer artifact written
+/// meanwhile, beside the older configuration).
+pub(crate) fn load_policy_and_weights(dir: &Path) -> Result<(PolicyArtifact, Vec<u8>)> {
     let (meta_path, meta_bytes) = read(dir.join(META_FILE))?;
     // The version is read on its own first: a model from another schema may lack fields
     // this build expects, and should be refused as "other version", not as "corrupt".
@@ -287,14 +294,22 @@ pub fn load_policy(dir: &Path) -> Result<PolicyArtifact> {
             ),
         ));
     }
-    let network = load_network(dir, &config, &Device::flex())?;
+    let network = load_network(
+        &weights_path,
+        weights_bytes.clone(),
+        &config,
+        &Device::flex(),
+    )?;
     // The statistics were checked above: what is left to refuse is in the weights.
     let scorer = PolicyScorer::new(&network, stats).map_err(|e| corrupt(&weights_path, e))?;
-    Ok(PolicyArtifact {
-        scorer,
-        config,
-        meta,
-    })
+    Ok((
+        PolicyArtifact {
+            scorer,
+            config,
+            meta,
+        },
+        weights_bytes,
+    ))
 }
 
 /// Records `gate` as the threshold for `fallback` in the artifact in `dir`, replacing any
@@ -396,17 +411,20 @@ pub fn artifact_fingerprint(dir: &Path) -> Option<u64> {
 
 /// The weights of the policy in `dir` on `device` (an autodiff device to go on training).
 /// Call after [`load_policy`] has checked the directory.
+/// The network whose weights file (read from `weights_path`) holds `bytes`.
 pub(crate) fn load_network(
-    dir: &Path,
+    weights_path: &Path,
+    bytes: Vec<u8>,
     config: &PolicyConfig,
     device: &Device,
 ) -> Result<PolicyNetwork> {
-    let weights_path = dir.join(WEIGHTS_FILE);
     // Every parameter is overwritten by the loaded record; the seed is irrelevant.
     let skeleton = PolicyNetwork::init(config, &mut ChaCha8Rng::seed_from_u64(0), device);
+    let record = burn::store::ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
+        .map_err(|e| corrupt(weights_path, e))?;
     skeleton
-        .try_load_file(&weights_path)
-        .map_err(|e| corrupt(&weights_path, e))
+        .try_load_record(record)
+        .map_err(|e| corrupt(weights_path, e))
 }
 
 #[cfg(test)]

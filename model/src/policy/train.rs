@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::artifact::{PolicyArtifact, load_network, load_policy};
+use super::artifact::{PolicyArtifact, WEIGHTS_FILE, load_network, load_policy_and_weights};
 use super::config::PolicyConfig;
 use super::features::{DecisionFeatures, INPUT_FEATURES, JOB_FEATURES, MAX_CANDIDATES};
 use super::network::PolicyNetwork;
@@ -96,7 +96,7 @@ impl PolicyLearner {
         seed: u64,
         learning_rate: f64,
     ) -> Result<(PolicyLearner, PolicyArtifact)> {
-        let artifact = load_policy(dir)?;
+        let (artifact, weights) = load_policy_and_weights(dir)?;
         let config = artifact
             .config
             .clone()
@@ -105,7 +105,7 @@ impl PolicyLearner {
         config.validate()?;
         let device = Device::flex().autodiff();
         device.seed(seed);
-        let network = load_network(dir, &config, &device)?;
+        let network = load_network(&dir.join(WEIGHTS_FILE), weights, &config, &device)?;
         Ok((
             PolicyLearner {
                 rng: ChaCha8Rng::seed_from_u64(seed ^ 0x504f_4c49_4359),
