@@ -624,3 +624,25 @@ fn an_agent_whose_connected_side_cannot_start_exits_and_says_why() {
         "{err}"
     );
 }
+
+#[test]
+fn a_directory_another_agent_holds_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // What a running agent holds.
+    let lock = std::fs::File::create(dir.path().join(".marshal-writer.lock")).unwrap();
+    lock.try_lock().unwrap();
+    let out = dir.path().to_str().unwrap();
+    fails_with(
+        &[
+            "agent", "--source", "sim", "--trace", "pollux-1", "--out", out,
+        ],
+        "in use by another marshal agent or recording",
+    );
+    fails_with(
+        &record_itp_args(out, "0.1", "60s", &["--append"]),
+        "in use by another marshal agent or recording",
+    );
+    // Once it is gone, the directory is free.
+    drop(lock);
+    record_itp(out, "0.1", "60s", &["--append"]);
+}

@@ -435,6 +435,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
             found.display()
         );
     }
+    let _lock = lock_writer(&a.out)?;
     let sink = TelemetrySink::open(a.parquet.sink_config(&a.out))
         .with_context(|| format!("opening {}", a.out.display()))?;
     match a.source {
@@ -501,6 +502,33 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
 }
 
 /// A flag set by SIGINT or SIGTERM.
+/// Holds `dir` for this process: an agent or recording writes its node's partitions and
+/// (connected) adopts the workers its directory records, so a second one on the same
+/// directory would race it for file names and workers. The lock (`flock`) goes with the
+/// process, a crash included.
+fn lock_writer(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(".marshal-writer.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "{} is in use by another marshal agent or recording (it holds {}); give each \
+             its own directory",
+            dir.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 /// Sets the flag when dropped, panics included.
 struct StopOnDrop(Arc<AtomicBool>);
 
@@ -620,6 +648,7 @@ fn warn_refused(stats: &marshal_agent::LoopStats) {
 
 pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal()?;
+    let _lock = lock_writer(&a.out)?;
     let mut sink_config = a.parquet.sink_config(&a.out);
     sink_config.retention = a.retention;
     if a.retention.is_none() {

@@ -76,6 +76,19 @@ impl LoggedFeatures {
         if taken >= candidates.len() {
             return Err(format!("taken candidate {taken} of {}", candidates.len()));
         }
+        // A serving build logs only finite features; one NaN from a damaged or foreign
+        // file would make a retraining loss NaN, blamed on the learning rate.
+        if let Some(i) = job.iter().position(|v| !v.is_finite()) {
+            return Err(format!("job feature {i} is {}", job[i]));
+        }
+        if let Some(i) = self.candidates.iter().position(|v| !v.is_finite()) {
+            return Err(format!(
+                "candidate {} feature {} is {}",
+                i / CANDIDATE_FEATURES,
+                i % CANDIDATE_FEATURES,
+                self.candidates[i]
+            ));
+        }
         Ok((DecisionFeatures { job, candidates }, taken))
     }
 }
@@ -205,8 +218,14 @@ mod tests {
         let mut bad = logged.clone();
         bad.candidates.pop();
         assert!(bad.decision().unwrap_err().contains("multiple"));
-        let mut bad = logged;
+        let mut bad = logged.clone();
         bad.job.push(1.0);
         assert!(bad.decision().unwrap_err().contains("job features"));
+        let mut bad = logged.clone();
+        bad.job[1] = f32::NAN;
+        assert_eq!(bad.decision().unwrap_err(), "job feature 1 is NaN");
+        let mut bad = logged;
+        bad.candidates[CANDIDATE_FEATURES + 2] = f32::INFINITY;
+        assert_eq!(bad.decision().unwrap_err(), "candidate 1 feature 2 is inf");
     }
 }

@@ -363,8 +363,10 @@ impl Writer {
 /// Writes `batch` to `dir/name` through a hidden temporary file, `fsync` and rename.
 fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let done = dir.join(name);
+    // The process id keeps two servers that share the directory (a misconfiguration,
+    // or the old and new process during a restart) off each other's temporary files.
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let done = unused_name(dir, name);
     let write = || -> Result<(), String> {
         let file = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
         let props = WriterProperties::builder()
@@ -380,8 +382,9 @@ fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String>
         file.sync_all()
             .map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &done).map_err(|e| format!("renaming {}: {e}", done.display()))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
+        // The rows are in place; only their durability across a power loss is in doubt.
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(dir = %dir.display(), error = %e, "decision log: directory not synced");
         }
         Ok(())
     };
@@ -390,6 +393,21 @@ fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String>
         let _ = std::fs::remove_file(&tmp);
     }
     r
+}
+
+/// `dir/name`, or, when a file of that name exists (decision ids that repeat: another
+/// server writing here, or ids reused after a crash without durable commits),
+/// `dir/<stem>-dup<N>.parquet` for the first free N: a file is never replaced.
+fn unused_name(dir: &Path, name: &str) -> PathBuf {
+    let first = dir.join(name);
+    if !first.exists() {
+        return first;
+    }
+    let stem = name.strip_suffix(".parquet").unwrap_or(name);
+    (1u32..)
+        .map(|n| dir.join(format!("{stem}-dup{n}.parquet")))
+        .find(|p| !p.exists())
+        .expect("some suffix is free")
 }
 
 fn decisions_schema() -> SchemaRef {
@@ -792,6 +810,36 @@ mod tests {
                 .iter()
                 .all(|(d, o)| o.is_none_or(|o| o.decision_id == d.decision_id))
         );
+    }
+
+    #[test]
+    fn a_second_writer_with_the_same_ids_replaces_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two runs that both number decisions from 1 (two servers on one directory, or
+        // ids reused after a crash without durable commits).
+        for _ in 0..2 {
+            let log = DecisionLog::open(dir.path(), four_row_files());
+            for id in 1..=4 {
+                log.send(LogBatch {
+                    decisions: vec![decision(id)],
+                    outcomes: vec![],
+                });
+            }
+            assert_eq!(log.finish().write_errors, 0);
+        }
+        let files = parquet_files(&dir.path().join(DECISIONS_DIR)).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "part-00000000000000000001-000000-dup1.parquet",
+                "part-00000000000000000001-000000.parquet"
+            ]
+        );
+        assert_eq!(read_decision_log(dir.path()).unwrap().decisions.len(), 8);
     }
 
     #[test]

@@ -134,7 +134,9 @@ pub fn log_samples(
             )),
             Err(why) => {
                 report.unusable += 1;
-                report.first_unusable.get_or_insert(why);
+                report
+                    .first_unusable
+                    .get_or_insert_with(|| format!("decision {}: {why}", d.decision_id));
             }
         }
     }
@@ -205,6 +207,18 @@ pub fn retrain_from_log(
     progress: &mut dyn FnMut(usize, &StepReport),
 ) -> Result<LogTrained, String> {
     opts.validate()?;
+    // Writing over the artifact being retrained would leave no good copy if the save
+    // were cut off (and a served directory should change only through `model promote`).
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(init, out) {
+        return Err(format!(
+            "--out {} is the initial artifact: write the retrained one elsewhere (then `marshal model promote` it)",
+            out.display()
+        ));
+    }
     let (samples, report) = log_samples(data, opts);
     if samples.is_empty() {
         return Err(format!(

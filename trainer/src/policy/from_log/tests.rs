@@ -178,6 +178,12 @@ fn retraining_from_a_written_log_moves_the_policy_towards_faster_placements() {
     assert!(err.contains("no usable decisions"), "{err}");
     let err = retrain_from_log(&log_dir, &data, &again, &opts, &mut |_, _| {}).unwrap_err();
     assert!(err.contains("initial policy"), "{err}");
+    // Never over the initial artifact, however its path is spelled.
+    let init_again = tmp.path().join("log/../init");
+    let before_files = std::fs::read(init.join("meta.json")).unwrap();
+    let err = retrain_from_log(&init, &data, &init_again, &opts, &mut |_, _| {}).unwrap_err();
+    assert!(err.contains("is the initial artifact"), "{err}");
+    assert_eq!(std::fs::read(init.join("meta.json")).unwrap(), before_files);
 }
 
 #[test]
