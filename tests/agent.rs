@@ -1080,8 +1080,10 @@ fn a_touched_checkpoint_file_is_reported_as_the_jobs_last_checkpoint() {
                 .as_secs_f64()
         };
         assert_eq!(first, mtime(&file));
-        // Written again, a second later: the newer time is reported.
-        let next = std::time::SystemTime::now() + Duration::from_secs(1);
+        // Written again, a second later: the newer time is reported. (A time ahead of
+        // the agent's clock would be reported as now.)
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let next = std::time::SystemTime::now();
         std::fs::File::options()
             .write(true)
             .open(&file)

@@ -92,14 +92,71 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?;
+        shut_down_on_signal("marshal serve", handle.shutdown()).await
+    })
+}
+
+/// Waits for SIGINT or SIGTERM, then runs `shutdown`. A second signal while it runs
+/// exits at once (status 130): a shutdown waiting on a hung `fsync` (a dead disk or NFS
+/// mount) would otherwise end only with SIGKILL.
+pub(crate) async fn shut_down_on_signal<E>(
+    name: &str,
+    shutdown: impl std::future::Future<Output = Result<(), E>>,
+) -> anyhow::Result<()>
+where
+    anyhow::Error: From<E>,
+{
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("{name}: shutting down (a second Ctrl-C or SIGTERM exits at once)");
+    let second = async {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("marshal serve: shutting down");
-        handle.shutdown().await?;
-        anyhow::Ok(())
-    })
+    };
+    match unless_first(shutdown, second).await {
+        Some(done) => Ok(done?),
+        None => {
+            eprintln!("{name}: second signal: exiting before the shutdown finished");
+            std::process::exit(130)
+        }
+    }
+}
+
+/// `work`'s output, or `None` when `interrupt` completes first.
+async fn unless_first<T>(
+    work: impl std::future::Future<Output = T>,
+    interrupt: impl std::future::Future<Output = ()>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        _ = interrupt => None,
+        done = work => Some(done),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_signal_wins_over_a_shutdown_that_hangs() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let hung = std::future::pending::<()>();
+            let signalled = tokio::time::sleep(std::time::Duration::from_millis(10));
+            assert_eq!(unless_first(hung, signalled).await, None);
+            let finished = async { 7 };
+            let never = std::future::pending::<()>();
+            assert_eq!(unless_first(finished, never).await, Some(7));
+        });
+    }
 }

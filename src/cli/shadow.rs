@@ -473,14 +473,6 @@ fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
             log.display()
         );
         let _ = std::io::stdout().flush();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!("marshal shadow: shutting down");
-        handle.shutdown().await?;
-        anyhow::Ok(())
+        crate::cli::serve::shut_down_on_signal("marshal shadow", handle.shutdown()).await
     })
 }
