@@ -882,6 +882,23 @@ fn a_decision_log_dir_that_cannot_be_written_is_refused_at_start() {
 fn malformed_and_unauthorised_requests_get_precise_status_codes() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {
+        // Tokens for one audience only would leave the other's services open.
+        for (clients, agents, open) in [
+            (true, false, "agent_tokens is empty"),
+            (false, true, "client_tokens is empty"),
+        ] {
+            let mut half = config(&dir.path().join("half.redb"));
+            if clients {
+                half.security.client_tokens = vec![CLIENT_TOKEN.into()];
+            }
+            if agents {
+                half.security.agent_tokens = vec![AGENT_TOKEN.into()];
+            }
+            match service::start(half, common::three_nodes(), Arc::new(NoModel)).await {
+                Ok(_) => panic!("a server with one audience's tokens started"),
+                Err(e) => assert!(e.to_string().contains(open), "{e}"),
+            }
+        }
         let mut cfg = config(&dir.path().join("db.redb"));
         cfg.security.client_tokens = vec![CLIENT_TOKEN.into()];
         cfg.security.agent_tokens = vec![AGENT_TOKEN.into()];

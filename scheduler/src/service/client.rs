@@ -63,12 +63,24 @@ impl ClientConfig {
             .url
             .parse()
             .map_err(|e: tonic::codegen::http::uri::InvalidUri| url_err(&e.to_string()))?;
-        match uri.scheme_str() {
-            Some("http" | "https") => {}
-            Some(other) => {
+        match (uri.scheme_str(), self.ca_pem.is_some()) {
+            (Some("http"), false) | (Some("https"), true) => {}
+            // tonic speaks TLS only to https:// URLs: with http:// the CA, the client
+            // certificate and the token's secrecy would all be dropped silently.
+            (Some("http"), true) => {
+                return Err(url_err(
+                    "a CA is given (TLS) but the URL is http://: write https://",
+                ));
+            }
+            (Some("https"), false) => {
+                return Err(url_err(
+                    "https:// needs the CA the scheduler's certificate chains to (--ca)",
+                ));
+            }
+            (Some(other), _) => {
                 return Err(url_err(&format!("scheme {other:?} is not http or https")));
             }
-            None => return Err(url_err("no scheme; write http://host:port")),
+            (None, _) => return Err(url_err("no scheme; write http://host:port")),
         }
         if uri.host().is_none_or(str::is_empty) {
             return Err(url_err("no host"));
@@ -302,13 +314,26 @@ mod tests {
             url: url.into(),
             ..ClientConfig::default()
         };
-        for good in [
-            "http://127.0.0.1:50051",
-            "https://sched.example:443/",
-            "http://[::1]:1",
-        ] {
+        for good in ["http://127.0.0.1:50051", "http://[::1]:1"] {
             config(good).validate().unwrap();
         }
+        let tls = |url: &str| ClientConfig {
+            ca_pem: Some(b"CA".to_vec()),
+            ..config(url)
+        };
+        tls("https://sched.example:443/").validate().unwrap();
+        // TLS asked for over plain HTTP, or HTTPS without a CA: refused, not downgraded
+        // or retried for ever.
+        let err = tls("http://sched:50051")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write https://"), "{err}");
+        let err = config("https://sched:443")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs the CA"), "{err}");
         for (bad, why) in [
             ("not a url", "invalid"),
             ("127.0.0.1:50051", "no scheme"),

@@ -220,50 +220,121 @@ impl Metrics {
 }
 
 /// Serves `GET /metrics` until the listener's task is dropped. A deliberately small
+/// How long one metrics connection may take, request and reply together.
+pub const METRICS_CONNECTION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Metrics connections served at once; more wait in the listen backlog.
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
+
 /// HTTP/1.1 responder: one request per connection, headers capped at 8 KiB.
 pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
+    serve_metrics_within(listener, metrics, METRICS_CONNECTION_DEADLINE).await
+}
+
+/// [`serve_metrics`] with each connection cut off after `deadline` (a client that
+/// dribbles a byte every few seconds would otherwise hold its connection for hours),
+/// at most [`METRICS_MAX_CONNECTIONS`] at once, and a pause after a failed accept (out
+/// of file descriptors, the loop would otherwise spin a core).
+pub async fn serve_metrics_within(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    deadline: std::time::Duration,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_MAX_CONNECTIONS));
     loop {
-        let Ok((mut socket, _peer)) = listener.accept().await else {
-            continue;
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut socket = match listener.accept().await {
+            Ok((socket, _peer)) => socket,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut len = 0;
-            while len < buf.len() {
-                match tokio::time::timeout(
-                    std::time::Duration::from_secs(5),
-                    socket.read(&mut buf[len..]),
-                )
-                .await
-                {
-                    Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                    Ok(Ok(n)) => len += n,
-                }
-                if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..len]);
-            let (status, ctype, body) = if head.starts_with("GET /metrics ") {
-                (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.render(),
-                )
-            } else {
-                (
-                    "404 Not Found",
-                    "text/plain",
-                    "try GET /metrics\n".to_string(),
-                )
-            };
-            let reply = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
+            let _slot = slot;
+            let _ = tokio::time::timeout(deadline, answer(&mut socket, &metrics)).await;
+        });
+    }
+}
+
+async fn answer(socket: &mut tokio::net::TcpStream, metrics: &Metrics) {
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0;
+    while len < buf.len() {
+        match socket.read(&mut buf[len..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => len += n,
+        }
+        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let (status, ctype, body) = if head.starts_with("GET /metrics ") {
+        (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        )
+    } else {
+        (
+            "404 Not Found",
+            "text/plain",
+            "try GET /metrics\n".to_string(),
+        )
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = socket.write_all(reply.as_bytes()).await;
+    let _ = socket.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_client_that_never_finishes_its_request_is_cut_off_and_others_are_answered() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let deadline = Duration::from_millis(300);
+            tokio::spawn(serve_metrics_within(
+                listener,
+                Arc::new(Metrics::new()),
+                deadline,
+            ));
+            // Half a request line, then silence.
+            let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+            slow.write_all(b"GET /metr").await.unwrap();
+            let started = Instant::now();
+            let mut rest = Vec::new();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
+            assert!(
+                closed.is_ok(),
+                "the slow connection was still open after 5 s"
             );
-            let _ = socket.write_all(reply.as_bytes()).await;
-            let _ = socket.shutdown().await;
+            assert!(started.elapsed() >= deadline / 2, "{:?}", started.elapsed());
+            // A whole request is answered.
+            let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
+            ok.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+                .await
+                .unwrap();
+            let mut reply = Vec::new();
+            ok.read_to_end(&mut reply).await.unwrap();
+            assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200 OK"));
         });
     }
 }

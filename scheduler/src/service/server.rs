@@ -245,12 +245,35 @@ fn check_log_dir(dir: &std::path::Path) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Tokens for one audience and none for the other would leave the other's services open
+/// to anyone who reaches the port (an empty list means "no authentication", for
+/// development on loopback): with tokens, both lists are required. The shadow advisor
+/// serves clients only and is not asked for agent tokens.
+fn check_token_audiences(s: &crate::service::config::SecurityConfig) -> Result<(), StartError> {
+    match (s.client_tokens.is_empty(), s.agent_tokens.is_empty()) {
+        (false, true) => Err(StartError::Config(
+            "security.client_tokens is set but agent_tokens is empty: the node service \
+             (Register, ReportJob, Drain, Cordon) would accept any caller; set both, or \
+             neither for development on loopback"
+                .into(),
+        )),
+        (true, false) => Err(StartError::Config(
+            "security.agent_tokens is set but client_tokens is empty: the job, advisor and \
+             admin services would accept any caller; set both, or neither for development \
+             on loopback"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub async fn start(
     config: ServiceConfig,
     cluster: ClusterSpec,
     model: Arc<dyn ModelSlot>,
 ) -> Result<ServerHandle, StartError> {
     config.validate()?;
+    check_token_audiences(&config.security)?;
     if let Some(dir) = &config.decision_log_dir {
         check_log_dir(dir)?;
     }
@@ -348,6 +371,13 @@ pub async fn start(
         crate::service::core::stopped(stop_rx),
     ));
     tracing::info!(%addr, policy = %config.policy, cluster = %cluster.name, "serving");
+    if !addr.ip().is_loopback() && config.security.client_tokens.is_empty() {
+        tracing::warn!(
+            %addr,
+            "no tokens: every service accepts any caller that reaches this address \
+             (set security.client_tokens and agent_tokens)"
+        );
+    }
     if config.finished_job_retention_s.is_none() || config.decision_retention_s.is_none() {
         // Each job and decision then stays in memory and in the database for good.
         tracing::warn!(
