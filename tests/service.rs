@@ -805,6 +805,117 @@ fn jobs_survive_kill_9_of_the_server_and_agents_reconcile() {
 const CLIENT_TOKEN: &str = "client-token-0123456789abcdef0123456789";
 const AGENT_TOKEN: &str = "agent-token-0123456789abcdef01234567890";
 
+const NODE0_TOKEN: &str = "node-0-token-0123456789abcdef0123456789";
+const NODE1_TOKEN: &str = "node-1-token-0123456789abcdef0123456789";
+
+/// A node's own token acts as that node only: a compromised node cannot register,
+/// heartbeat, report, drain or send telemetry as another; the unbound agent token (an
+/// operator's) still can.
+#[test]
+fn a_node_token_acts_as_its_own_node_only() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let tokens = |cfg: &mut ServiceConfig| {
+            cfg.security.client_tokens = vec![CLIENT_TOKEN.into()];
+            cfg.security.agent_tokens = vec![AGENT_TOKEN.into()];
+            cfg.security.node_tokens = [
+                ("n-0".to_string(), NODE0_TOKEN.to_string()),
+                ("n-1".to_string(), NODE1_TOKEN.to_string()),
+            ]
+            .into();
+        };
+        // A token for a node the inventory lacks, or one token in two places: refused.
+        let mut unknown = config(&dir.path().join("u.redb"));
+        tokens(&mut unknown);
+        unknown
+            .security
+            .node_tokens
+            .insert("n-9".into(), "x".repeat(40));
+        match service::start(unknown, common::three_nodes(), Arc::new(NoModel)).await {
+            Ok(_) => panic!("started with a token for an unknown node"),
+            Err(e) => assert!(e.to_string().contains("\"n-9\""), "{e}"),
+        }
+        let mut twice = config(&dir.path().join("t.redb"));
+        tokens(&mut twice);
+        twice
+            .security
+            .node_tokens
+            .insert("n-2".into(), AGENT_TOKEN.into());
+        match service::start(twice, common::three_nodes(), Arc::new(NoModel)).await {
+            Ok(_) => panic!("started with a token in two places"),
+            Err(e) => assert!(
+                e.to_string().contains("every token must be distinct"),
+                "{e}"
+            ),
+        }
+
+        let mut cfg = config(&dir.path().join("db.redb"));
+        tokens(&mut cfg);
+        let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
+            .await
+            .unwrap();
+        let mut nodes = NodeServiceClient::new(connect(handle.addr).await.unwrap());
+        let register = |i: usize, token: &str| {
+            with_token(
+                pb::RegisterNodeRequest {
+                    node: Some(node_info(i)),
+                    running: vec![],
+                },
+                token,
+            )
+        };
+        nodes.register(register(0, NODE0_TOKEN)).await.unwrap();
+        let e = code(nodes.register(register(1, NODE0_TOKEN)).await);
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(
+            e.message().contains("belongs to node n-0, not n-1"),
+            "{e:?}"
+        );
+        nodes.register(register(1, NODE1_TOKEN)).await.unwrap();
+        let as_n1 = |token: &str| with_token(pb::HeartbeatRequest { node: "n-1".into() }, token);
+        assert_eq!(
+            code(nodes.heartbeat(as_n1(NODE0_TOKEN)).await).code(),
+            Code::PermissionDenied
+        );
+        nodes.heartbeat(as_n1(NODE1_TOKEN)).await.unwrap();
+        nodes.heartbeat(as_n1(AGENT_TOKEN)).await.unwrap();
+        let drain = |token: &str| {
+            with_token(
+                pb::DrainRequest {
+                    node: "n-1".into(),
+                    reason: "maintenance".into(),
+                },
+                token,
+            )
+        };
+        assert_eq!(
+            code(nodes.drain(drain(NODE0_TOKEN)).await).code(),
+            Code::PermissionDenied
+        );
+        nodes.drain(drain(AGENT_TOKEN)).await.unwrap();
+        // Telemetry: another node's samples are refused one by one, with the reason.
+        let sample = |node: &str| pb::TelemetrySample {
+            node: node.into(),
+            gpu_index: 0,
+            timestamp_us: 1,
+            health: pb::GpuHealth::Ok as i32,
+            ..Default::default()
+        };
+        let samples = vec![sample("n-0"), sample("n-1")];
+        let ack = nodes
+            .stream_telemetry(with_token(
+                tonic::codegen::tokio_stream::iter(samples),
+                NODE0_TOKEN,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((ack.accepted, ack.rejected), (1, 1), "{ack:?}");
+        assert!(ack.first_error.contains("belongs to node n-0"), "{ack:?}");
+        handle.shutdown().await.unwrap();
+    });
+}
+
 /// A peer that vanished without closing its connection answers no PING: the server
 /// drops the connection after `keepalive_ms` + `keepalive_timeout_ms` (and, with
 /// keepalive off, keeps it, which is what left dead agents' watch streams open).

@@ -8,6 +8,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::service::auth::BoundNode;
 use crate::service::convert::{self, job_id, job_to_pb, state_from_pb};
 use crate::service::core::{Core, Event, now_us};
 use crate::service::error::ServiceError;
@@ -188,6 +189,10 @@ impl NodeService for Api {
         &self,
         req: Request<pb::RegisterNodeRequest>,
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        BoundNode::check(
+            &req,
+            req.get_ref().node.as_ref().map_or("", |n| n.name.as_str()),
+        )?;
         let req = req.into_inner();
         let reg = self
             .core
@@ -205,10 +210,17 @@ impl NodeService for Api {
         &self,
         req: Request<Streaming<pb::TelemetrySample>>,
     ) -> Result<Response<pb::TelemetryAck>, Status> {
+        let bound = req.extensions().get::<BoundNode>().cloned();
         let mut stream = req.into_inner();
         let mut ack = pb::TelemetryAck::default();
         while let Some(sample) = stream.message().await? {
-            let result = self.core.lock().telemetry(&sample, now_us());
+            let result = match &bound {
+                Some(BoundNode(own)) if *own != sample.node => Err(format!(
+                    "sample of node {}: this token belongs to node {own}",
+                    sample.node
+                )),
+                _ => self.core.lock().telemetry(&sample, now_us()),
+            };
             match result {
                 Ok(changed) => {
                     ack.accepted += 1;
@@ -240,6 +252,7 @@ impl NodeService for Api {
         &self,
         req: Request<pb::WatchAssignmentsRequest>,
     ) -> Result<Response<Self::WatchAssignmentsStream>, Status> {
+        BoundNode::check(&req, &req.get_ref().node)?;
         let name = req.into_inner().node;
         // Snapshot and subscription under one lock: every later change arrives as an
         // event, every earlier one is in the snapshot (some may come twice; agents
@@ -282,6 +295,7 @@ impl NodeService for Api {
         &self,
         req: Request<pb::ReportJobRequest>,
     ) -> Result<Response<pb::ReportJobResponse>, Status> {
+        BoundNode::check(&req, &req.get_ref().node)?;
         let mut req = req.into_inner();
         req.message = convert::report_message(&req.message);
         let id = self
@@ -297,6 +311,7 @@ impl NodeService for Api {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::NodeStatus>, Status> {
+        BoundNode::check(&req, &req.get_ref().node)?;
         let req = req.into_inner();
         let mut inner = self.core.lock();
         let (n, back) = inner.heartbeat(&req.node, now_us())?;
@@ -312,6 +327,7 @@ impl NodeService for Api {
         &self,
         req: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::NodeStatus>, Status> {
+        BoundNode::check(&req, &req.get_ref().node)?;
         let req = req.into_inner();
         convert::reason("reason", &req.reason)?;
         let n = self
@@ -325,6 +341,7 @@ impl NodeService for Api {
         &self,
         req: Request<pb::CordonRequest>,
     ) -> Result<Response<pb::NodeStatus>, Status> {
+        BoundNode::check(&req, &req.get_ref().node)?;
         let req = req.into_inner();
         convert::reason("reason", &req.reason)?;
         let n = self

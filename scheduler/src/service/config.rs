@@ -115,8 +115,13 @@ pub struct SecurityConfig {
     /// Bearer tokens for clients (jobs, advisor, admin). With any token configured,
     /// calls without a valid `authorization: Bearer <token>` are refused.
     pub client_tokens: Vec<String>,
-    /// Bearer tokens for node agents (node service).
+    /// Bearer tokens for node agents (node service), valid for any node: for operators
+    /// (`Drain`, `Cordon` of any node) and for sites that do not bind tokens to nodes.
     pub agent_tokens: Vec<String>,
+    /// Each node's own token (node name → token): a call with it may act as that node
+    /// only (`PERMISSION_DENIED` otherwise), so one compromised node cannot register,
+    /// report, drain or send telemetry as another.
+    pub node_tokens: std::collections::BTreeMap<String, String>,
     /// Server certificate and key (PEM): TLS on.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -325,16 +330,36 @@ impl ServiceConfig {
             return bad("quarantine_after must be at least 1".into());
         }
         let s = &self.security;
-        for (field, tokens) in [
-            ("client_tokens", &s.client_tokens),
-            ("agent_tokens", &s.agent_tokens),
-        ] {
-            for (i, t) in tokens.iter().enumerate() {
-                if t.len() < MIN_TOKEN_LEN || !t.chars().all(|c| c.is_ascii_graphic()) {
-                    return bad(format!(
-                        "security.{field}[{i}]: at least {MIN_TOKEN_LEN} printable ASCII characters without spaces"
-                    ));
-                }
+        let node_tokens: Vec<(String, &String)> = s
+            .node_tokens
+            .iter()
+            .map(|(node, t)| (format!("node_tokens.{node:?}"), t))
+            .collect();
+        let every_token = s
+            .client_tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("client_tokens[{i}]"), t))
+            .chain(
+                s.agent_tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (format!("agent_tokens[{i}]"), t)),
+            )
+            .chain(node_tokens);
+        let mut seen = std::collections::HashMap::new();
+        for (field, t) in every_token {
+            if t.len() < MIN_TOKEN_LEN || !t.chars().all(|c| c.is_ascii_graphic()) {
+                return bad(format!(
+                    "security.{field}: at least {MIN_TOKEN_LEN} printable ASCII characters without spaces"
+                ));
+            }
+            // One token in two places would make what a call may do depend on which
+            // list is looked at first.
+            if let Some(first) = seen.insert(t.as_str(), field.clone()) {
+                return bad(format!(
+                    "security.{field} repeats security.{first}: every token must be distinct"
+                ));
             }
         }
         if s.tls_cert.is_some() != s.tls_key.is_some() {

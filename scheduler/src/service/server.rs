@@ -250,9 +250,12 @@ fn check_log_dir(dir: &std::path::Path) -> Result<(), StartError> {
 /// development on loopback): with tokens, both lists are required. The shadow advisor
 /// serves clients only and is not asked for agent tokens.
 fn check_token_audiences(s: &crate::service::config::SecurityConfig) -> Result<(), StartError> {
-    match (s.client_tokens.is_empty(), s.agent_tokens.is_empty()) {
+    match (
+        s.client_tokens.is_empty(),
+        s.agent_tokens.is_empty() && s.node_tokens.is_empty(),
+    ) {
         (false, true) => Err(StartError::Config(
-            "security.client_tokens is set but agent_tokens is empty: the node service \
+            "security.client_tokens is set but agent_tokens (and node_tokens) is empty: the node service \
              (Register, ReportJob, Drain, Cordon) would accept any caller; set both, or \
              neither for development on loopback"
                 .into(),
@@ -274,6 +277,7 @@ pub async fn start(
 ) -> Result<ServerHandle, StartError> {
     config.validate()?;
     check_token_audiences(&config.security)?;
+
     if let Some(dir) = &config.decision_log_dir {
         check_log_dir(dir)?;
     }
@@ -297,6 +301,19 @@ pub async fn start(
         metrics.clone(),
         model,
     )?);
+    if let Some(unknown) = {
+        let inner = core.lock();
+        config
+            .security
+            .node_tokens
+            .keys()
+            .find(|n| inner.node_id("node", n).is_err())
+            .cloned()
+    } {
+        return Err(StartError::Config(format!(
+            "security.node_tokens names node {unknown:?}, which the inventory does not have"
+        )));
+    }
 
     let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
@@ -348,7 +365,7 @@ pub async fn start(
     let sec = &config.security;
     let mut builder = server_builder(&config)?;
     let clients = BearerAuth::new(&sec.client_tokens, "client");
-    let agents = BearerAuth::new(&sec.agent_tokens, "agent");
+    let agents = BearerAuth::new(&sec.agent_tokens, "agent").with_node_tokens(&sec.node_tokens);
     let api = Api {
         core: core.clone(),
         shutdown: stop_rx.clone(),
