@@ -995,7 +995,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
     runtime().block_on(async {
         // Tokens for one audience only would leave the other's services open.
         for (clients, agents, open) in [
-            (true, false, "agent_tokens is empty"),
+            (true, false, "agent_tokens and node_tokens are empty"),
             (false, true, "client_tokens is empty"),
         ] {
             let mut half = config(&dir.path().join("half.redb"));

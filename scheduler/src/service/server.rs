@@ -255,7 +255,7 @@ fn check_token_audiences(s: &crate::service::config::SecurityConfig) -> Result<(
         s.agent_tokens.is_empty() && s.node_tokens.is_empty(),
     ) {
         (false, true) => Err(StartError::Config(
-            "security.client_tokens is set but agent_tokens (and node_tokens) is empty: the node service \
+            "security.client_tokens is set but agent_tokens and node_tokens are empty: the node service \
              (Register, ReportJob, Drain, Cordon) would accept any caller; set both, or \
              neither for development on loopback"
                 .into(),
