@@ -28,6 +28,25 @@ fn files_under(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// Waits for `child` to exit, at most `limit`; past that it is killed and `None` comes
+/// back.
+fn wait_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `marshal telemetry record` of the simulated telemetry of `itp-195job` into `out`.
 fn record_itp_args<'a>(
     out: &'a str,
@@ -416,17 +435,7 @@ fn the_agent_finalises_its_last_file_on_sigterm() {
         .arg(child.id().to_string())
         .status()
         .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the agent did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_within(&mut child, Duration::from_secs(20)).expect("the agent did not stop");
     assert!(status.success());
     assert!(
         files_under(&out, ".tmp").is_empty(),
@@ -605,17 +614,8 @@ fn an_agent_whose_connected_side_cannot_start_exits_and_says_why() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the agent kept sampling after its connected side failed");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_within(&mut child, Duration::from_secs(60))
+        .expect("the agent kept sampling after its connected side failed");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert!(!status.success());

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use burn::config::Config;
@@ -184,7 +185,7 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
                 "attachment {name:?} is not a plain file name of its own"
             )));
         }
-        write_atomically(&dir.join(name), bytes)?;
+        replace_file(&dir.join(name), bytes)?;
     }
     let config = dir.join(CONFIG_FILE);
     predictor.config().save(&config).map_err(io_err(&config))?;
@@ -215,13 +216,55 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
 pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| ModelError::Backend(format!("serialising {}: {e}", path.display())))?;
-    write_atomically(path, text.as_bytes())
+    replace_file(path, text.as_bytes())
 }
 
-/// Through a hidden temporary file and a rename: a reader (or a crash) never meets half
-/// a file under the final name.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::policy::replace_file(path, bytes)
+/// Writes `bytes` to `path` through a hidden temporary file in the same directory and a
+/// rename (atomic on one file system). Hidden, so a directory fingerprint taken meanwhile
+/// ignores it.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp: PathBuf = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(&tmp)(e));
+    }
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_err(path)(e)
+    })?;
+    sync_dir(path.parent().unwrap_or(Path::new("."))).map_err(io_err(path))
+}
+
+/// `fsync`s a directory so that a rename in it survives a power loss. File systems that
+/// cannot sync a directory (they say "invalid argument" or "unsupported") have nothing
+/// more to do.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    // A bare file name's parent is the empty path: the current directory.
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    match fs::File::open(dir).and_then(|d| d.sync_all()) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported
+            ) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// Largest artifact file read, in bytes (the shipped policy is about 36 KB, predictors a

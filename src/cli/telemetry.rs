@@ -501,7 +501,6 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A flag set by SIGINT or SIGTERM.
 /// Holds `dir` for this process: an agent or recording writes its node's partitions and
 /// (connected) adopts the workers its directory records, so a second one on the same
 /// directory would race it for file names and workers. The lock (`flock`) goes with the
@@ -538,6 +537,7 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// A flag set by SIGINT or SIGTERM.
 fn stop_on_signal() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();

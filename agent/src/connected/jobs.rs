@@ -34,7 +34,7 @@ use crate::connected::checkpoints::{self, Checkpoints};
 use crate::connected::env::{env_file_text, expected_runtime_s, job_env};
 use crate::connected::mig::MigPool;
 use crate::connected::procfs;
-use crate::connected::records::{HeldGpu, RecordStore, WorkerRecord};
+use crate::connected::records::{self, HeldGpu, RecordStore, WorkerRecord};
 use crate::connected::supervisor;
 
 mod adopt;
@@ -310,7 +310,9 @@ impl Runner {
             Err(why) => return self.fail_start(inc, &a.gpus, why),
         }
         let path = self.env_path(&inc);
-        if let Err(e) = write_atomically(&path, env_file_text(&env).as_bytes()) {
+        // Whole and synced before it appears: a launcher that sees the file sees all of
+        // it, after a crash too.
+        if let Err((_, e)) = records::write_durably(&path, env_file_text(&env).as_bytes()) {
             tracing::error!(path = %path.display(), error = %e, "environment file not written");
             if matches!(self.mode, Mode::EnvOnly) {
                 // The file is the only way the launcher hears of the job: without it the
@@ -667,18 +669,6 @@ impl Runner {
             );
         }
     }
-}
-
-/// Written whole and synced before it appears under its name: a launcher that sees the
-/// file sees all of it, after a crash too.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let tmp = path.with_extension("env.tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -83,6 +83,28 @@ impl WorkerRecord {
     }
 }
 
+/// `path` with `.tmp` after its name.
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// Writes `bytes` to `path` whole and durably: into `path` + `.tmp`, `fsync`, rename. A
+/// reader (or a crash) never meets half a file under the final name. The error names
+/// the file that failed: the temporary one, or `path` for the rename.
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), (PathBuf, std::io::Error)> {
+    let tmp = tmp_path(path);
+    let written = std::fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    if let Err(e) = written {
+        return Err((tmp, e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| (path.to_path_buf(), e))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
     #[error("{path}: {source}")]
@@ -142,23 +164,14 @@ impl RecordStore {
         self.dir.join(format!("{}.exit", Self::stem(i)))
     }
 
-    /// Writes the record atomically and durably (write, fsync, rename).
+    /// Writes the record atomically and durably ([`write_durably`]).
     pub fn write(&self, record: &WorkerRecord) -> Result<(), RecordError> {
         let path = self.record_path(&record.incarnation());
-        let tmp = path.with_extension("json.tmp");
-        let io = |source| RecordError::Io {
-            path: tmp.clone(),
-            source,
-        };
         let bytes = serde_json::to_vec_pretty(record).map_err(|source| RecordError::Parse {
-            path: tmp.clone(),
+            path: tmp_path(&path),
             source,
         })?;
-        let mut file = std::fs::File::create(&tmp).map_err(io)?;
-        file.write_all(&bytes).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        drop(file);
-        std::fs::rename(&tmp, &path).map_err(|source| RecordError::Io { path, source })
+        write_durably(&path, &bytes).map_err(|(path, source)| RecordError::Io { path, source })
     }
 
     /// Removes the worker's record and exit status (absent ones are fine).

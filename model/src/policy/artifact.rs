@@ -23,7 +23,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use burn::config::Config;
@@ -37,7 +36,7 @@ use super::config::PolicyConfig;
 use super::features::{CANDIDATE_FEATURE_NAMES, JOB_FEATURE_NAMES};
 use super::network::PolicyNetwork;
 use super::scorer::{FeatureStats, PolicyScorer};
-use crate::artifact::{fnv1a64, io_err, names, read, write_json};
+use crate::artifact::{fnv1a64, io_err, names, read, replace_file, write_json};
 use crate::error::{ModelError, Result};
 
 /// Layout version of policy artifacts. Bump when the network, a feature slot or a file
@@ -330,54 +329,6 @@ pub fn write_fallback_gate(dir: &Path, fallback: &str, gate: FallbackGate) -> Re
         .map_err(|e| ModelError::Backend(format!("serialising meta.json: {e}")))?;
     replace_file(&dir.join(META_FILE), text.as_bytes())?;
     Ok(meta)
-}
-
-/// Writes `bytes` to `path` through a hidden temporary file in the same directory and a
-/// rename (atomic on one file system). Hidden, so a directory fingerprint taken meanwhile
-/// ignores it.
-pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp: PathBuf = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(&tmp)(e));
-    }
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_err(path)(e)
-    })?;
-    sync_dir(path.parent().unwrap_or(Path::new("."))).map_err(io_err(path))
-}
-
-/// `fsync`s a directory so that a rename in it survives a power loss. File systems that
-/// cannot sync a directory (they say "invalid argument" or "unsupported") have nothing
-/// more to do.
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    // A bare file name's parent is the empty path: the current directory.
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    match fs::File::open(dir).and_then(|d| d.sync_all()) {
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported
-            ) =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
 }
 
 /// FNV-1a 64 over the names, sizes and contents of the regular, non-hidden files in

@@ -33,9 +33,10 @@ mod scorer;
 mod signing;
 mod train;
 
+pub use crate::artifact::{replace_file, sync_dir};
 pub use artifact::{
     CandidateSet, FallbackGate, POLICY_SCHEMA_VERSION, PolicyArtifact, PolicyMeta,
-    artifact_fingerprint, load_policy, replace_file, save_policy, sync_dir, write_fallback_gate,
+    artifact_fingerprint, load_policy, save_policy, write_fallback_gate,
 };
 pub use config::PolicyConfig;
 pub use digest::artifact_sha256;

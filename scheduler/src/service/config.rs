@@ -330,11 +330,6 @@ impl ServiceConfig {
             return bad("quarantine_after must be at least 1".into());
         }
         let s = &self.security;
-        let node_tokens: Vec<(String, &String)> = s
-            .node_tokens
-            .iter()
-            .map(|(node, t)| (format!("node_tokens.{node:?}"), t))
-            .collect();
         let every_token = s
             .client_tokens
             .iter()
@@ -346,7 +341,11 @@ impl ServiceConfig {
                     .enumerate()
                     .map(|(i, t)| (format!("agent_tokens[{i}]"), t)),
             )
-            .chain(node_tokens);
+            .chain(
+                s.node_tokens
+                    .iter()
+                    .map(|(node, t)| (format!("node_tokens.{node:?}"), t)),
+            );
         let mut seen = std::collections::HashMap::new();
         for (field, t) in every_token {
             if t.len() < MIN_TOKEN_LEN || !t.chars().all(|c| c.is_ascii_graphic()) {
