@@ -1685,9 +1685,18 @@ fn pki() -> Pki {
 }
 
 /// Writes `text` to `dir/name` and returns the path.
+/// Writes `text` to `dir/name`, readable by its owner only (as keys must be).
 fn write_file(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
     path
 }
 
@@ -1736,6 +1745,24 @@ fn start_errors_name_the_pem_file_or_the_address_at_fault() {
     let e = start_error(cfg);
     assert!(
         e.contains(&format!("{} holds no PEM certificate", key.display())),
+        "{e}"
+    );
+
+    // A private key every user can read is refused, naming the file and its mode.
+    let open_key = dir.path().join("open.key");
+    std::fs::write(&open_key, &p.server_key).unwrap();
+    std::fs::set_permissions(
+        &open_key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let mut cfg = config(&db);
+    cfg.security.tls_cert = Some(cert.clone());
+    cfg.security.tls_key = Some(open_key.clone());
+    let e = start_error(cfg);
+    assert!(
+        e.contains(&format!("{} holds a TLS private key", open_key.display()))
+            && e.contains("mode 0644"),
         "{e}"
     );
 

@@ -325,6 +325,20 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
             "{}",
             refused.message()
         );
+        // A directory outside the reload roots (by default the configured artifact's
+        // parent): refused before it is read.
+        let denied = admin
+            .reload_model(pb::ReloadModelRequest {
+                path: "/etc".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+        assert!(
+            denied.message().contains("model_reload_roots"),
+            "{}",
+            denied.message()
+        );
         let after = info(&mut admin).await;
         assert!(after.loaded);
         assert_eq!(after.version, version_b);

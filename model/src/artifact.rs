@@ -121,6 +121,28 @@ pub struct LoadedArtifact {
     pub meta: ArtifactMeta,
 }
 
+/// An attachment is a plain file name (no directory, not hidden, no `..`) that no file
+/// or directory of the artifact itself uses, nor a temporary file while it is written.
+fn check_attachment_name(name: &str) -> Result<(), String> {
+    let plain = !name.starts_with('.') && Path::new(name).file_name().is_some_and(|n| n == name);
+    let reserved = [
+        META_FILE,
+        CONFIG_FILE,
+        WEIGHTS_FILE,
+        NORMALIZATION_FILE,
+        LINEAR_RESIDUAL_FILE,
+        FOLDS_DIR,
+    ]
+    .contains(&name);
+    if plain && !reserved {
+        Ok(())
+    } else {
+        Err(format!(
+            "attachment {name:?} is not a plain file name of its own"
+        ))
+    }
+}
+
 pub(crate) fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_string()).collect()
 }
@@ -175,16 +197,7 @@ pub fn save(dir: &Path, predictor: &TrainedPredictor, info: &ArtifactInfo) -> Re
             .collect(),
     };
     for (name, bytes) in &info.attachments {
-        let plain = Path::new(name)
-            .file_name()
-            .is_some_and(|n| n == name.as_str());
-        if !plain
-            || [META_FILE, CONFIG_FILE, WEIGHTS_FILE, NORMALIZATION_FILE].contains(&name.as_str())
-        {
-            return Err(ModelError::Backend(format!(
-                "attachment {name:?} is not a plain file name of its own"
-            )));
-        }
+        check_attachment_name(name).map_err(ModelError::Backend)?;
         replace_file(&dir.join(name), bytes)?;
     }
     let config = dir.join(CONFIG_FILE);
@@ -453,6 +466,11 @@ pub fn load(dir: &Path) -> Result<LoadedArtifact> {
         });
     }
     for (name, want) in &meta.attachments_fnv1a64 {
+        // A crafted meta.json must not make the loader read outside the directory.
+        check_attachment_name(name).map_err(|reason| ModelError::CorruptFile {
+            path: dir.join(META_FILE),
+            reason,
+        })?;
         let (path, bytes) = read(dir.join(name))?;
         let have = fnv1a64(&bytes);
         if &have != want {

@@ -466,7 +466,16 @@ fn attachments_are_checked_with_the_weights() {
     let err = artifact::load(dir.path()).unwrap_err().to_string();
     assert!(err.contains("history.json"), "{err}");
     // An attachment may not be a path, nor take an artifact file's name.
-    for bad in ["../history.json", "meta.json", "sub/history.json"] {
+    for bad in [
+        "../history.json",
+        "meta.json",
+        "sub/history.json",
+        "linear_residual.json",
+        "folds",
+        ".history.json.tmp",
+        "..",
+        "",
+    ] {
         let info = ArtifactInfo {
             attachments: [(bad.to_string(), b"x".to_vec())].into(),
             ..info()
@@ -476,4 +485,20 @@ fn attachments_are_checked_with_the_weights() {
             .to_string();
         assert!(err.contains("not a plain file name"), "{bad}: {err}");
     }
+    // Nor may a meta.json name one, so a crafted artifact reads nothing outside it.
+    let good = tempfile::tempdir().unwrap();
+    artifact::save(good.path(), &predictor, &with_history).unwrap();
+    fs::write(dir.path().join("outside.json"), b"[1, 2]").unwrap();
+    let meta_path = good.path().join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(&meta_path).unwrap()).unwrap();
+    let sum = meta["attachments_fnv1a64"]["history.json"].clone();
+    let outside = dir.path().join("outside.json");
+    meta["attachments_fnv1a64"] = serde_json::json!({ outside.to_str().unwrap(): sum });
+    fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+    let err = artifact::load(good.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("meta.json") && err.contains("not a plain file name"),
+        "{err}"
+    );
 }

@@ -36,11 +36,7 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            ServiceConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        Some(path) => ServiceConfig::from_file(path)?,
         None => ServiceConfig::default(),
     };
     if let Some(v) = args.listen {

@@ -426,11 +426,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
     let mut config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            ServiceConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        Some(path) => ServiceConfig::from_file(path)?,
         None => ServiceConfig::default(),
     };
     config.listen = addr.to_string();

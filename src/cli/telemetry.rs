@@ -13,6 +13,7 @@ use marshal_agent::{
 };
 use marshal_scheduler::policies;
 use marshal_scheduler::service::pem::{PemKind, check_pem};
+use marshal_scheduler::service::secret::check_private;
 use marshal_scheduler::sim::{self, SimConfig};
 use marshal_telemetry::{
     CompactOptions, NvmlConfig, NvmlSource, SinkConfig, Source, TelemetrySink, WriteOptions,
@@ -246,6 +247,7 @@ impl ConnectArgs {
             |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
         let token = match &self.token_file {
             Some(p) => {
+                check_private(p, "a bearer token").map_err(anyhow::Error::msg)?;
                 let t = String::from_utf8(read(p)?).context("the token file is not UTF-8")?;
                 let t = t.trim().to_string();
                 if t.is_empty() {
@@ -261,10 +263,11 @@ impl ConnectArgs {
             anyhow::Ok(pem)
         };
         let identity = match (&self.cert, &self.key) {
-            (Some(c), Some(k)) => Some((
-                read_pem(c, PemKind::Certificate)?,
-                read_pem(k, PemKind::PrivateKey)?,
-            )),
+            (Some(c), Some(k)) => Some((read_pem(c, PemKind::Certificate)?, {
+                let key = read_pem(k, PemKind::PrivateKey)?;
+                check_private(k, "a TLS private key").map_err(anyhow::Error::msg)?;
+                key
+            })),
             _ => None,
         };
         let config = marshal_scheduler::service::client::ClientConfig {
@@ -1001,6 +1004,37 @@ fn inspect(dir: &std::path::Path, format: Format) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_token_file_other_users_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let token = tmp.path().join("agent.token");
+        std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let args = ConnectArgs {
+            scheduler: Some("http://127.0.0.1:1".into()),
+            token_file: Some(token.clone()),
+            ca: None,
+            cert: None,
+            key: None,
+            tls_domain: None,
+            exec: None,
+            stop_workers_on_exit: false,
+            backlog: 1,
+            max_backoff: Duration::from_secs(1),
+        };
+        let chmod = |m| std::fs::set_permissions(&token, std::fs::Permissions::from_mode(m));
+        chmod(0o644).unwrap();
+        let e = args.client("http://127.0.0.1:1").unwrap_err().to_string();
+        assert!(e.contains("mode 0644") && e.contains("agent.token"), "{e}");
+        chmod(0o600).unwrap();
+        let config = args.client("http://127.0.0.1:1").unwrap();
+        assert_eq!(
+            config.token.as_deref(),
+            Some("0123456789abcdef0123456789abcdef")
+        );
+    }
 
     #[test]
     fn intervals_parse_with_units() {

@@ -171,6 +171,19 @@ pub fn generate_key_pair(out: &Path) -> Result<PromotionSigner> {
 
 /// Creates `path` (which must not exist) with `bytes`; `private`: mode 0600 on Unix.
 fn write_new(path: &Path, bytes: &[u8], private: bool) -> Result<()> {
+    create_new_with(path, private, |f| {
+        f.write_all(bytes).and_then(|()| f.sync_all())
+    })
+}
+
+/// Creates `path` (which must not exist) and lets `fill` write it. A failed `fill` (a
+/// full disk) removes the file: a partial key would otherwise be refused as "already
+/// exists" by every rerun, and read back as a corrupt key.
+fn create_new_with(
+    path: &Path,
+    private: bool,
+    fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> Result<()> {
     let mut opts = fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -181,9 +194,11 @@ fn write_new(path: &Path, bytes: &[u8], private: bool) -> Result<()> {
     #[cfg(not(unix))]
     let _ = private;
     let mut f = opts.open(path).map_err(|e| key_err(path, e.to_string()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| key_err(path, e.to_string()))
+    fill(&mut f).map_err(|e| {
+        drop(f);
+        let _ = fs::remove_file(path);
+        key_err(path, e.to_string())
+    })
 }
 
 /// The 32 key bytes of a one-line key file with `prefix`.
@@ -274,6 +289,23 @@ mod tests {
         assert!(err.contains("already exists"), "{err}");
         let other = generate_key_pair(&tmp.path().join("other.key")).unwrap();
         assert_ne!(other.key_id(), signer.key_id());
+    }
+
+    #[test]
+    fn a_key_file_that_cannot_be_written_whole_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("k");
+        let e = create_new_with(&out, true, |f| {
+            f.write_all(b"marshal-ed25519-secret 01")?;
+            Err(std::io::Error::other("No space left on device"))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("No space left"), "{e}");
+        assert!(!out.exists(), "a partial key was left behind");
+        // So a rerun creates the pair.
+        generate_key_pair(&out).unwrap();
+        read_signing_key(&out).unwrap();
     }
 
     #[test]

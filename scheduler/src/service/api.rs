@@ -440,6 +440,9 @@ impl AdminService for Api {
                 e @ crate::service::model::ModelError::Unpromoted { .. } => {
                     Status::failed_precondition(e.to_string())
                 }
+                e @ crate::service::model::ModelError::Forbidden { .. } => {
+                    Status::permission_denied(e.to_string())
+                }
             })?;
         Ok(Response::new(self.model_info(status)))
     }

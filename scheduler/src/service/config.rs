@@ -74,6 +74,11 @@ pub struct ServiceConfig {
     /// How often the model directory is checked for a changed artifact (content hash of
     /// its files) and reloaded; 0 turns automatic reloading off.
     pub model_poll_ms: u64,
+    /// Directories under which Admin `ReloadModel` may name an artifact (after symbolic
+    /// links are resolved); a path elsewhere is `PERMISSION_DENIED`. Empty: the
+    /// directory holding `model` (where `marshal model promote` installs versions).
+    /// Reloading the configured artifact (an empty path) is always allowed.
+    pub model_reload_roots: Vec<PathBuf>,
     /// Load (at start, on a poll, on `ReloadModel`) only an artifact that `marshal model
     /// promote` installed: its `<model>.promotion.json` must record a promotion of an
     /// artifact with the same content hash. Anything else is refused and the current
@@ -129,6 +134,15 @@ pub struct SecurityConfig {
     pub client_ca: Option<PathBuf>,
 }
 
+impl SecurityConfig {
+    /// Any bearer token configured.
+    pub fn holds_tokens(&self) -> bool {
+        !(self.client_tokens.is_empty()
+            && self.agent_tokens.is_empty()
+            && self.node_tokens.is_empty())
+    }
+}
+
 impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
@@ -152,6 +166,7 @@ impl Default for ServiceConfig {
             model: None,
             fallback: None,
             model_poll_ms: 2000,
+            model_reload_roots: Vec::new(),
             require_promotion: false,
             promotion_public_keys: Vec::new(),
             decision_log_dir: None,
@@ -171,6 +186,20 @@ impl ServiceConfig {
         let config: ServiceConfig =
             toml::from_str(text).map_err(|e| StartError::Config(e.to_string()))?;
         config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads and checks the TOML file at `path`. A file holding tokens must be closed to
+    /// other users ([`crate::service::secret::check_private`]).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, StartError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| StartError::Config(format!("reading {}: {e}", path.display())))?;
+        let config = Self::from_toml(&text)
+            .map_err(|e| StartError::Config(format!("in {}: {e}", path.display())))?;
+        if config.security.holds_tokens() {
+            crate::service::secret::check_private(path, "bearer tokens")
+                .map_err(StartError::Config)?;
+        }
         Ok(config)
     }
 
@@ -206,6 +235,19 @@ impl ServiceConfig {
                 "model and fallback apply to policy = \"learned\" only (policy is {:?})",
                 self.policy
             ));
+        }
+        if !learned && !self.model_reload_roots.is_empty() {
+            return bad(format!(
+                "model_reload_roots applies to policy = \"learned\" only (policy is {:?})",
+                self.policy
+            ));
+        }
+        if self
+            .model_reload_roots
+            .iter()
+            .any(|r| r.as_os_str().is_empty())
+        {
+            return bad("model_reload_roots: empty path".into());
         }
         if !learned && self.require_promotion {
             return bad(format!(
@@ -375,6 +417,47 @@ impl ServiceConfig {
 mod tests {
     use super::*;
 
+    #[cfg(unix)]
+    #[test]
+    fn a_config_file_with_tokens_must_be_closed_to_other_users() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("serve.toml");
+        let chmod = |m| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m));
+        // No tokens: nothing secret, any mode.
+        std::fs::write(&path, "policy = \"fifo\"\n").unwrap();
+        chmod(0o644).unwrap();
+        assert_eq!(ServiceConfig::from_file(&path).unwrap().policy, "fifo");
+        let token = "a".repeat(MIN_TOKEN_LEN);
+        std::fs::write(
+            &path,
+            format!(
+                "[security]\nclient_tokens = [\"{token}\"]\nagent_tokens = [\"{}\"]\n",
+                "b".repeat(MIN_TOKEN_LEN)
+            ),
+        )
+        .unwrap();
+        let e = ServiceConfig::from_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("bearer tokens") && e.contains("mode 0644"),
+            "{e}"
+        );
+        chmod(0o640).unwrap();
+        let config = ServiceConfig::from_file(&path).unwrap();
+        assert_eq!(config.security.client_tokens, vec![token]);
+        // Errors name the file.
+        std::fs::write(&path, "polcy = 1\n").unwrap();
+        let e = ServiceConfig::from_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("serve.toml") && e.contains("unknown field"),
+            "{e}"
+        );
+        let e = ServiceConfig::from_file(&tmp.path().join("nope.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reading") && e.contains("nope.toml"), "{e}");
+    }
+
     #[test]
     fn an_empty_file_is_the_default_and_valid() {
         let c = ServiceConfig::from_toml("").unwrap();
@@ -408,6 +491,10 @@ keepalive_timeout_ms = 0"
         assert!(err("policy = \"learned\"\nfallback = \"learned\"").contains("fallback"));
         assert!(err("policy = \"learned\"\nfallback = \"nope\"").contains("fallback"));
         assert!(err("policy = \"learned\"\nmodel_poll_ms = 99999999").contains("model_poll_ms"));
+        assert!(err("model_reload_roots = [\"models\"]").contains("learned"));
+        assert!(
+            err("policy = \"learned\"\nmodel_reload_roots = [\"\"]").contains("model_reload_roots")
+        );
         assert!(err("decision_log_file_rows = 0").contains("decision_log_file_rows"));
         let reservation = |body: &str| format!("[reservation]\nmin_gpus = 8\n{body}");
         assert!(err(&reservation("after_wait_s = -1.0")).contains("after_wait_s"));

@@ -43,6 +43,7 @@ pub mod pem;
 pub mod records;
 mod registration;
 mod retention;
+pub mod secret;
 pub mod server;
 pub mod shadow;
 pub mod store;

@@ -47,13 +47,18 @@ pub enum ModelError {
     /// promoted; the current model (if any) stays.
     #[error("artifact {path}: {reason}; the current model is kept")]
     Unpromoted { path: String, reason: String },
+    /// `ReloadModel` named a directory outside `model_reload_roots`; nothing was read.
+    #[error("artifact {path}: {reason}")]
+    Forbidden { path: String, reason: String },
 }
 
 impl ModelError {
     fn reason(&self) -> &str {
         match self {
             ModelError::Unsupported(m) => m,
-            ModelError::Rejected { reason, .. } | ModelError::Unpromoted { reason, .. } => reason,
+            ModelError::Rejected { reason, .. }
+            | ModelError::Unpromoted { reason, .. }
+            | ModelError::Forbidden { reason, .. } => reason,
         }
     }
 }
@@ -258,6 +263,8 @@ pub struct LearnedSlot {
     fallback: Option<String>,
     /// What a promotion record must prove before an artifact loads.
     promotion: PromotionPolicy,
+    /// Where `ReloadModel` may name an artifact ([`LearnedSlot::with_reload_roots`]).
+    reload_roots: Vec<PathBuf>,
     current: Mutex<Current>,
     metrics: OnceLock<Arc<Metrics>>,
 }
@@ -288,6 +295,7 @@ impl LearnedSlot {
         LearnedSlot {
             fallback: fallback.map(String::from),
             promotion,
+            reload_roots: vec![parent_dir(dir)],
             current: Mutex::new(Current {
                 version: if last_error.is_none() {
                     version(seen)
@@ -306,6 +314,42 @@ impl LearnedSlot {
             }),
             metrics: OnceLock::new(),
         }
+    }
+
+    /// `ReloadModel` may name artifacts under `roots` only (after symbolic links are
+    /// resolved); empty keeps the default, the directory holding the configured artifact.
+    /// A client token must not make the server read any directory it can name.
+    pub fn with_reload_roots(mut self, roots: &[PathBuf]) -> Self {
+        if !roots.is_empty() {
+            self.reload_roots = roots.to_vec();
+        }
+        self
+    }
+
+    /// `Ok` iff `path` lies under a reload root; checked before anything in it is read.
+    fn check_reload_root(&self, path: &Path) -> Result<(), ModelError> {
+        let inside = resolved(path).is_some_and(|real| {
+            self.reload_roots
+                .iter()
+                .filter_map(|r| std::fs::canonicalize(r).ok())
+                .any(|root| real.starts_with(root))
+        });
+        if inside {
+            return Ok(());
+        }
+        let roots: Vec<String> = self
+            .reload_roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect();
+        tracing::warn!(path = %path.display(), "ReloadModel: refused a path outside model_reload_roots");
+        Err(ModelError::Forbidden {
+            path: path.display().to_string(),
+            reason: format!(
+                "outside the directories ReloadModel may load from ({}; model_reload_roots in the server's configuration); nothing was read",
+                roots.join(", ")
+            ),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
@@ -363,6 +407,34 @@ impl LearnedSlot {
             }
         }
     }
+}
+
+/// The directory holding `dir` (`.` for a bare name).
+fn parent_dir(dir: &Path) -> PathBuf {
+    match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// `path` made absolute with symbolic links resolved as far as it exists; `None` when
+/// the part that does not exist climbs (`..`), which could lead anywhere.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    let absolute = std::path::absolute(path).ok()?;
+    for existing in absolute.ancestors() {
+        let Ok(mut real) = std::fs::canonicalize(existing) else {
+            continue;
+        };
+        for part in absolute.strip_prefix(existing).ok()?.components() {
+            match part {
+                std::path::Component::Normal(name) => real.push(name),
+                std::path::Component::CurDir => {}
+                _ => return None,
+            }
+        }
+        return Some(real);
+    }
+    None
 }
 
 fn version(fingerprint: Option<u64>) -> String {
@@ -427,7 +499,10 @@ impl ModelSlot for LearnedSlot {
 
     fn reload(&self, path: Option<&Path>, _policy: &str) -> Result<ModelStatus, ModelError> {
         let dir = match path {
-            Some(p) => p.to_path_buf(),
+            Some(p) => {
+                self.check_reload_root(p)?;
+                p.to_path_buf()
+            }
             None => self.lock().watched.clone(),
         };
         self.load(&dir, false)
@@ -483,11 +558,14 @@ impl ModelSlot for LearnedSlot {
 /// else [`NoModel`].
 pub fn model_slot(config: &crate::service::ServiceConfig, model_dir: &Path) -> Arc<dyn ModelSlot> {
     if config.policy == crate::policies::learned::LEARNED {
-        Arc::new(LearnedSlot::open(
-            model_dir,
-            config.fallback.as_deref(),
-            PromotionPolicy::from_config(config),
-        ))
+        Arc::new(
+            LearnedSlot::open(
+                model_dir,
+                config.fallback.as_deref(),
+                PromotionPolicy::from_config(config),
+            )
+            .with_reload_roots(&config.model_reload_roots),
+        )
     } else {
         Arc::new(NoModel)
     }
@@ -550,6 +628,58 @@ mod tests {
             }
             other => panic!("expected a refusal for want of promotion, got {other:?}"),
         }
+    }
+
+    fn forbidden(r: Result<ModelStatus, ModelError>) -> String {
+        match r {
+            Err(ModelError::Forbidden { reason, .. }) => reason,
+            other => panic!("expected a path outside the reload roots, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reload_by_path_stays_within_the_reload_roots() {
+        let (tmp, _dir, slot) = open_copy(false);
+        // Beside the configured artifact (the default root): loads.
+        let sibling = tmp.path().join("b");
+        copy_shipped(&sibling);
+        assert_eq!(slot.reload(Some(&sibling), LEARNED).unwrap().reloads, 1);
+        // A nonexistent directory under the root is read, and refused as no artifact.
+        let missing = slot.reload(Some(&tmp.path().join("nope")), LEARNED);
+        assert!(
+            matches!(missing, Err(ModelError::Rejected { .. })),
+            "{missing:?}"
+        );
+        // Elsewhere, by a plain path, by climbing out, by a link out, or by a
+        // nonexistent path that climbs: refused before anything is read.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let outside = elsewhere.path().join("m");
+        copy_shipped(&outside);
+        let why = forbidden(slot.reload(Some(&outside), LEARNED));
+        assert!(why.contains("model_reload_roots"), "{why}");
+        assert!(why.contains(&tmp.path().display().to_string()), "{why}");
+        let climbing = tmp
+            .path()
+            .join("b/../..")
+            .join(elsewhere.path().strip_prefix("/").unwrap())
+            .join("m");
+        forbidden(slot.reload(Some(&climbing), LEARNED));
+        #[cfg(unix)]
+        {
+            let link = tmp.path().join("link");
+            std::os::unix::fs::symlink(&outside, &link).unwrap();
+            forbidden(slot.reload(Some(&link), LEARNED));
+        }
+        forbidden(slot.reload(Some(&tmp.path().join("nope/../../x")), LEARNED));
+        forbidden(slot.reload(Some(Path::new("/etc")), LEARNED));
+        let s = slot.status(LEARNED);
+        assert_eq!((s.reloads, s.rejected_reloads), (1, 1), "{s:?}");
+        assert!(s.path.ends_with("/b"), "{s:?}");
+        // Configured roots replace the default; an empty path reloads the watched one.
+        let slot = slot.with_reload_roots(&[elsewhere.path().to_path_buf()]);
+        assert_eq!(slot.reload(Some(&outside), LEARNED).unwrap().reloads, 2);
+        forbidden(slot.reload(Some(&sibling), LEARNED));
+        assert_eq!(slot.reload(None, LEARNED).unwrap().reloads, 3);
     }
 
     #[test]

@@ -107,10 +107,9 @@ fn server_builder(config: &ServiceConfig) -> Result<Server, StartError> {
         .http2_keepalive_timeout(Some(Duration::from_millis(config.keepalive_timeout_ms)));
     if let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) {
         let mut files = format!("cert {}, key {}", cert.display(), key.display());
-        let identity = Identity::from_pem(
-            read(cert, PemKind::Certificate)?,
-            read(key, PemKind::PrivateKey)?,
-        );
+        let key_pem = read(key, PemKind::PrivateKey)?;
+        crate::service::secret::check_private(key, "a TLS private key").map_err(StartError::Tls)?;
+        let identity = Identity::from_pem(read(cert, PemKind::Certificate)?, key_pem);
         let mut tls = ServerTlsConfig::new().identity(identity);
         if let Some(ca) = &sec.client_ca {
             tls = tls.client_ca_root(Certificate::from_pem(read(ca, PemKind::Certificate)?));
