@@ -22,8 +22,10 @@
 //! trainer's `marshal train policy-from-log` learns from.
 
 mod features;
+mod retention;
 
 pub use features::LoggedFeatures;
+pub use retention::{Pruned, prune_log};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -140,7 +142,13 @@ pub struct LogOptions {
     pub flush_ms: u64,
     /// Batches the channel holds before `send` starts dropping.
     pub channel_batches: usize,
+    /// Files last written longer ago than this are deleted ([`prune_log`]: at start,
+    /// then every [`RETENTION_SWEEP`]); `None`: kept for ever.
+    pub retention: Option<Duration>,
 }
+
+/// How often the writer deletes expired files when a retention is set.
+pub const RETENTION_SWEEP: Duration = Duration::from_secs(3600);
 
 impl Default for LogOptions {
     fn default() -> Self {
@@ -148,6 +156,7 @@ impl Default for LogOptions {
             file_rows: 8192,
             flush_ms: 10_000,
             channel_batches: 1024,
+            retention: None,
         }
     }
 }
@@ -161,6 +170,8 @@ pub struct LogStats {
     pub write_errors: AtomicU64,
     /// Rows lost: in failed files, or dropped because the channel was full.
     pub rows_lost: AtomicU64,
+    /// Files deleted by the retention.
+    pub files_pruned: AtomicU64,
 }
 
 /// A snapshot of [`LogStats`].
@@ -170,6 +181,7 @@ pub struct LogCounts {
     pub files_written: u64,
     pub write_errors: u64,
     pub rows_lost: u64,
+    pub files_pruned: u64,
 }
 
 impl LogStats {
@@ -180,6 +192,7 @@ impl LogStats {
             files_written: r(&self.files_written),
             write_errors: r(&self.write_errors),
             rows_lost: r(&self.rows_lost),
+            files_pruned: r(&self.files_pruned),
         }
     }
 }
@@ -289,8 +302,16 @@ impl Writer {
     fn run(mut self, rx: Receiver<LogBatch>) {
         let every = Duration::from_millis(self.opts.flush_ms.max(1));
         let mut last = Instant::now();
+        let mut next_sweep = Instant::now();
         loop {
-            let wait = every.saturating_sub(last.elapsed());
+            if self.opts.retention.is_some() && Instant::now() >= next_sweep {
+                self.sweep();
+                next_sweep = Instant::now() + RETENTION_SWEEP;
+            }
+            let mut wait = every.saturating_sub(last.elapsed());
+            if self.opts.retention.is_some() {
+                wait = wait.min(next_sweep.saturating_duration_since(Instant::now()));
+            }
             match rx.recv_timeout(wait) {
                 Ok(mut b) => {
                     self.decisions.append(&mut b.decisions);
@@ -315,6 +336,20 @@ impl Writer {
                 last = Instant::now();
             }
         }
+    }
+
+    fn sweep(&self) {
+        let Some(keep) = self.opts.retention else {
+            return;
+        };
+        // A horizon before the epoch (a clock far off) deletes nothing.
+        let Some(before) = std::time::SystemTime::now().checked_sub(keep) else {
+            return;
+        };
+        let pruned = prune_log(&self.dir, before);
+        self.stats
+            .files_pruned
+            .fetch_add(pruned.files, Ordering::Relaxed);
     }
 
     fn flush_decisions(&mut self) {
@@ -771,6 +806,7 @@ mod tests {
             file_rows: 4,
             flush_ms: 60_000,
             channel_batches: 16,
+            retention: None,
         }
     }
 
@@ -874,6 +910,48 @@ mod tests {
         let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
         assert_eq!(ids, [1, 2, 3, 4, 9, 10]);
         assert!(data.outcomes.is_empty());
+    }
+
+    #[test]
+    fn with_a_retention_the_writer_deletes_expired_files_at_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let day = Duration::from_secs(86_400);
+        // A file from a run 40 days ago.
+        let old = LogOptions {
+            flush_ms: 1,
+            ..four_row_files()
+        };
+        let log = DecisionLog::open(tmp.path(), old.clone());
+        log.send(LogBatch {
+            decisions: (1..=2).map(decision).collect(),
+            outcomes: vec![],
+        });
+        assert_eq!(log.finish().files_written, 1);
+        let first = parquet_files(&tmp.path().join(DECISIONS_DIR)).unwrap();
+        assert_eq!(first.len(), 1);
+        File::options()
+            .write(true)
+            .open(&first[0])
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - 40 * day)
+            .unwrap();
+        // Restarted with a 30-day retention: that file goes, today's stays.
+        let log = DecisionLog::open(
+            tmp.path(),
+            LogOptions {
+                retention: Some(30 * day),
+                ..old
+            },
+        );
+        log.send(LogBatch {
+            decisions: (3..=4).map(decision).collect(),
+            outcomes: vec![],
+        });
+        let counts = log.finish();
+        assert_eq!((counts.files_pruned, counts.files_written), (1, 1));
+        let data = read_decision_log(tmp.path()).unwrap();
+        let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
+        assert_eq!(ids, [3, 4]);
     }
 
     #[test]

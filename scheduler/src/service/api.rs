@@ -10,13 +10,14 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::service::auth::BoundNode;
 use crate::service::convert::{self, job_id, job_to_pb, state_from_pb};
-use crate::service::core::{Core, Event, now_us};
+use crate::service::core::{Core, now_us};
 use crate::service::error::ServiceError;
 use crate::service::pb;
 use crate::service::pb::admin_service_server::AdminService;
 use crate::service::pb::advisor_service_server::AdvisorService;
 use crate::service::pb::job_service_server::JobService;
 use crate::service::pb::node_service_server::NodeService;
+use crate::service::watchers::{NodeWatch, WATCH_BACKLOG};
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -36,13 +37,9 @@ impl Api {
         Ok(job_to_pb(inner.record(id)?, &inner.topo))
     }
 
-    /// Forwards events that `keep` maps to a message, until the watcher goes away.
-    fn forward<T: Send + 'static>(
-        &self,
-        mut rx: broadcast::Receiver<Arc<Event>>,
-        first: Vec<T>,
-        keep: impl Fn(&Event) -> Option<T> + Send + 'static,
-    ) -> Stream_<T> {
+    /// Sends `first`, then what `source` yields, until the watcher goes away, the source
+    /// ends (with its last word, if any) or the server shuts down.
+    fn forward<T: Send + 'static>(&self, first: Vec<T>, mut source: impl Source<T>) -> Stream_<T> {
         let (tx, out) = mpsc::channel(1024);
         let shutdown = crate::service::core::stopped(self.shutdown.clone());
         tokio::spawn(async move {
@@ -53,36 +50,80 @@ impl Api {
                 }
             }
             loop {
-                let event = tokio::select! {
-                    e = rx.recv() => e,
+                let next = tokio::select! {
+                    n = source.next() => n,
                     _ = tx.closed() => return,
                     _ = &mut shutdown => {
                         let _ = tx.send(Err(Status::unavailable("the scheduler is shutting down"))).await;
                         return;
                     }
                 };
-                match event {
-                    Ok(e) => {
-                        if let Some(item) = keep(&e)
-                            && tx.send(Ok(item)).await.is_err()
-                        {
+                match next {
+                    Next::Item(item) => {
+                        if tx.send(Ok(item)).await.is_err() {
                             return;
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx
-                            .send(Err(Status::resource_exhausted(format!(
-                                "this watcher fell {n} events behind; re-read the state and watch again"
-                            ))))
-                            .await;
+                    Next::Skip => {}
+                    Next::End(last) => {
+                        if let Some(status) = last {
+                            let _ = tx.send(Err(status)).await;
+                        }
                         return;
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
                 }
             }
         });
         Box::pin(ReceiverStream::new(out))
     }
+}
+
+/// What a watch's source gives next.
+enum Next<T> {
+    Item(T),
+    /// Something not for this watcher.
+    Skip,
+    /// The source ended; the status, if any, tells the watcher why.
+    End(Option<Status>),
+}
+
+trait Source<T>: Send + 'static {
+    fn next(&mut self) -> impl std::future::Future<Output = Next<T>> + Send;
+}
+
+/// Job events, filtered by job.
+struct JobEvents {
+    rx: broadcast::Receiver<Arc<pb::JobEvent>>,
+    ids: Vec<u64>,
+}
+
+impl Source<pb::JobEvent> for JobEvents {
+    async fn next(&mut self) -> Next<pb::JobEvent> {
+        match self.rx.recv().await {
+            Ok(e) if self.ids.is_empty() || self.ids.contains(&e.job_id) => {
+                Next::Item((*e).clone())
+            }
+            Ok(_) => Next::Skip,
+            Err(broadcast::error::RecvError::Lagged(n)) => Next::End(Some(lagging(n))),
+            Err(broadcast::error::RecvError::Closed) => Next::End(None),
+        }
+    }
+}
+
+impl Source<pb::Assignment> for NodeWatch {
+    async fn next(&mut self) -> Next<pb::Assignment> {
+        match self.rx.recv().await {
+            Some(a) => Next::Item(a),
+            None if self.lagged() => Next::End(Some(lagging(WATCH_BACKLOG as u64))),
+            None => Next::End(None),
+        }
+    }
+}
+
+fn lagging(n: u64) -> Status {
+    Status::resource_exhausted(format!(
+        "this watcher fell {n} events behind; re-read the state and watch again"
+    ))
 }
 
 #[tonic::async_trait]
@@ -176,10 +217,7 @@ impl JobService for Api {
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let ids = req.into_inner().job_ids;
         let rx = self.core.events.subscribe();
-        Ok(Response::new(self.forward(rx, vec![], move |e| match e {
-            Event::Job(j) if ids.is_empty() || ids.contains(&j.job_id) => Some(j.clone()),
-            _ => None,
-        })))
+        Ok(Response::new(self.forward(vec![], JobEvents { rx, ids })))
     }
 }
 
@@ -257,7 +295,7 @@ impl NodeService for Api {
         // Snapshot and subscription under one lock: every later change arrives as an
         // event, every earlier one is in the snapshot (some may come twice; agents
         // apply assignments idempotently).
-        let (node, first, rx, epoch) = {
+        let (first, watch, epoch) = {
             let mut inner = self.core.lock();
             let node = inner.node_id("node", &name)?;
             if !inner.nodes[node.0 as usize].registered {
@@ -273,22 +311,15 @@ impl NodeService for Api {
                 ..Default::default()
             });
             (
-                node,
                 first,
-                self.core.events.subscribe(),
+                self.core.watchers.subscribe(node),
                 self.core.current_epoch_locked(&inner),
             )
         };
         // The snapshot may hold changes not yet durable: send it only once they are.
         self.core.wake();
         self.core.wait_durable(epoch).await?;
-        Ok(Response::new(self.forward(rx, first, move |e| match e {
-            Event::Assignment {
-                node: n,
-                assignment,
-            } if *n == node => Some(assignment.clone()),
-            _ => None,
-        })))
+        Ok(Response::new(self.forward(first, watch)))
     }
 
     async fn report_job(

@@ -96,6 +96,9 @@ pub struct ServiceConfig {
     pub decision_log_file_rows: usize,
     /// Buffered decision-log rows are written at least this often.
     pub decision_log_flush_ms: u64,
+    /// Decision-log files written longer ago than this many seconds are deleted (at
+    /// start, then hourly). Absent: kept for ever (a file per flush, for good).
+    pub decision_log_retention_s: Option<u64>,
     /// Nodes held for a whole-GPU gang that has waited `after_wait_s` and still cannot
     /// start (`[reservation]`: `after_wait_s`, `min_gpus`); absent: nothing is held.
     pub reservation: Option<crate::framework::ReservationConfig>,
@@ -172,6 +175,7 @@ impl Default for ServiceConfig {
             decision_log_dir: None,
             decision_log_file_rows: 8192,
             decision_log_flush_ms: 10_000,
+            decision_log_retention_s: None,
             reservation: None,
             rebalance: None,
             consolidate: None,
@@ -360,6 +364,14 @@ impl ServiceConfig {
                 "finished_job_retention_s = 0: must be at least 1 (absent: keep every job)".into(),
             );
         }
+        if self.decision_log_retention_s == Some(0) {
+            return bad(
+                "decision_log_retention_s = 0: must be at least 1 (absent: keep every file)".into(),
+            );
+        }
+        if self.decision_log_retention_s.is_some() && self.decision_log_dir.is_none() {
+            return bad("decision_log_retention_s needs decision_log_dir".into());
+        }
         if self.decision_retention_s == Some(0) {
             return bad(
                 "decision_retention_s = 0: must be at least 1 (absent: keep every decision)".into(),
@@ -496,6 +508,11 @@ keepalive_timeout_ms = 0"
             err("policy = \"learned\"\nmodel_reload_roots = [\"\"]").contains("model_reload_roots")
         );
         assert!(err("decision_log_file_rows = 0").contains("decision_log_file_rows"));
+        assert!(err("decision_log_retention_s = 5").contains("needs decision_log_dir"));
+        assert!(
+            err("decision_log_dir = \"d\"\ndecision_log_retention_s = 0")
+                .contains("decision_log_retention_s")
+        );
         let reservation = |body: &str| format!("[reservation]\nmin_gpus = 8\n{body}");
         assert!(err(&reservation("after_wait_s = -1.0")).contains("after_wait_s"));
         assert!(err(&reservation("after_wait_s = 60.0\nmax_share = 2.0")).contains("max_share"));

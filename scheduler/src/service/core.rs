@@ -157,7 +157,10 @@ pub struct Core {
     inner: Mutex<Inner>,
     wake: Notify,
     committed: watch::Sender<Committed>,
-    pub events: broadcast::Sender<Arc<Event>>,
+    /// Job events, for `WatchEvents`.
+    pub events: broadcast::Sender<Arc<pb::JobEvent>>,
+    /// Assignment watches by node, for `WatchAssignments`.
+    pub watchers: crate::service::watchers::NodeWatchers,
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub model: Arc<dyn ModelSlot>,
@@ -361,6 +364,7 @@ impl Core {
             wake: Notify::new(),
             committed,
             events,
+            watchers: Default::default(),
             store,
             metrics,
             model,
@@ -373,6 +377,7 @@ impl Core {
                     LogOptions {
                         file_rows: config.decision_log_file_rows,
                         flush_ms: config.decision_log_flush_ms,
+                        retention: config.decision_log_retention_s.map(Duration::from_secs),
                         ..LogOptions::default()
                     },
                 )
@@ -600,8 +605,13 @@ impl Core {
         self.committed.send_modify(|c| c.epoch = closed.epoch);
         self.log_rows(closed.log_rows);
         for event in closed.events {
-            // No receiver is not an error: nobody is watching.
-            let _ = self.events.send(Arc::new(event));
+            match event {
+                // No receiver is not an error: nobody is watching.
+                Event::Job(e) => drop(self.events.send(Arc::new(e))),
+                Event::Assignment { node, assignment } => {
+                    self.watchers.publish(node, &assignment);
+                }
+            }
         }
         true
     }
@@ -647,6 +657,8 @@ impl Core {
             .inc_by(now.rows_lost.saturating_sub(seen.rows_lost));
         m.decision_log_errors
             .inc_by(now.write_errors.saturating_sub(seen.write_errors));
+        m.decision_log_pruned
+            .inc_by(now.files_pruned.saturating_sub(seen.files_pruned));
         *seen = now;
     }
 

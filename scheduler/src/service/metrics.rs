@@ -45,6 +45,7 @@ pub struct Metrics {
     /// Decision-log rows by outcome (`written`, `lost`) and failed file writes.
     pub decision_log_rows: Family<Labels, Counter>,
     pub decision_log_errors: Counter,
+    pub decision_log_pruned: Counter,
 }
 
 impl Default for Metrics {
@@ -83,6 +84,7 @@ impl Metrics {
             model_reloads: Family::default(),
             decision_log_rows: Family::default(),
             decision_log_errors: Counter::default(),
+            decision_log_pruned: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -180,6 +182,11 @@ impl Metrics {
             "decision_log_write_errors",
             "Decision-log files that could not be written",
             m.decision_log_errors.clone(),
+        );
+        registry.register(
+            "decision_log_files_pruned",
+            "Decision-log files deleted by decision_log_retention_s",
+            m.decision_log_pruned.clone(),
         );
         registry.register(
             "telemetry_samples",

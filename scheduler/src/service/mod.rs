@@ -49,6 +49,7 @@ pub mod shadow;
 pub mod store;
 #[cfg(test)]
 mod testkit;
+pub mod watchers;
 
 pub use config::{SecurityConfig, ServiceConfig};
 pub use error::{ServiceError, StartError};
