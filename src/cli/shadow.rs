@@ -57,6 +57,13 @@ pub struct ShadowArgs {
     /// Live mode: the shadow log every recommendation is appended to (JSON lines).
     #[arg(long, default_value = "shadow-log.jsonl")]
     pub log: PathBuf,
+    /// Live mode: once the log holds this many MiB it becomes `LOG.1` (older ones shift
+    /// to `LOG.2`, …) and a new log begins. Default: one file, never rotated.
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_rotate_mib: Option<u64>,
+    /// Live mode, with `--log-rotate-mib`: rotated logs kept; older ones are deleted.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 10, requires = "log_rotate_mib", value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub log_keep: u64,
     /// Live mode: a `marshal serve` configuration file for TLS and client tokens (its
     /// `listen` and `policy` are overridden by the flags).
     #[arg(long)]
@@ -459,14 +466,21 @@ fn live(args: &ShadowArgs, addr: &str) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let log = args.log.clone();
+    let log = service::shadow::ShadowLog {
+        path: args.log.clone(),
+        rotate_bytes: args.log_rotate_mib.map(|m| m.saturating_mul(1 << 20)),
+        keep: args.log_keep as usize,
+    };
+    if log.rotate_bytes.is_none() {
+        tracing::warn!(log = %log.path.display(), "the shadow log is never rotated and grows with every recommendation (--log-rotate-mib)");
+    }
     runtime.block_on(async move {
         let handle = service::start_advisor(&config, &log, model).await?;
         // Tests and scripts read the bound address from this line.
         println!(
             "marshal shadow: advisor listening on {}, logging to {}",
             handle.addr,
-            log.display()
+            log.path.display()
         );
         let _ = std::io::stdout().flush();
         crate::cli::serve::shut_down_on_signal("marshal shadow", handle.shutdown()).await

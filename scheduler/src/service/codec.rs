@@ -52,4 +52,4 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

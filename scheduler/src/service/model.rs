@@ -228,6 +228,37 @@ fn load_artifact(
     LearnedModel::try_load(dir).map_err(|reason| ModelError::Rejected { path, reason })
 }
 
+/// Tries to load a directory whose content did not change while it was loaded.
+const LOAD_TRIES: usize = 3;
+
+/// `load(fingerprint)` of `dir`, with the fingerprint and promotion record it was
+/// loaded under: the fingerprint is taken again after the load, and a directory swapped
+/// in between (a copy or `promote` finishing) is loaded again, so a model is never
+/// served under the previous content's version. Still changing after [`LOAD_TRIES`]:
+/// refused with no fingerprint, which the next poll retries.
+fn load_unchanged(
+    dir: &Path,
+    mut load: impl FnMut(Option<u64>) -> Result<LearnedModel, ModelError>,
+) -> (
+    Option<u64>,
+    Option<Vec<u8>>,
+    Result<LearnedModel, ModelError>,
+) {
+    for _ in 0..LOAD_TRIES {
+        let before = artifact_fingerprint(dir);
+        let record = record_bytes(dir);
+        let loaded = load(before);
+        if artifact_fingerprint(dir) == before && record_bytes(dir) == record {
+            return (before, record, loaded);
+        }
+    }
+    let refused = ModelError::Rejected {
+        path: dir.display().to_string(),
+        reason: format!("its content changed while it was loaded, {LOAD_TRIES} times in a row"),
+    };
+    (None, None, Err(refused))
+}
+
 /// The promotion record's content (`None`: absent or unreadable); a change makes the
 /// poll retry a refused artifact.
 fn record_bytes(dir: &Path) -> Option<Vec<u8>> {
@@ -278,9 +309,9 @@ impl LearnedSlot {
     /// (signed) promotion record proving it was promoted is refused like a corrupt one:
     /// the fallback decides until a promoted one is installed.
     pub fn open(dir: &Path, fallback: Option<&str>, promotion: PromotionPolicy) -> LearnedSlot {
-        let seen = artifact_fingerprint(dir);
-        let seen_record = record_bytes(dir);
-        let (model, last_error) = match load_artifact(dir, seen, &promotion) {
+        let (seen, seen_record, loaded) =
+            load_unchanged(dir, |f| load_artifact(dir, f, &promotion));
+        let (model, last_error) = match loaded {
             Ok(m) => (m, None),
             Err(e) => {
                 let why = e.reason().to_string();
@@ -366,9 +397,8 @@ impl LearnedSlot {
 
     /// Loads `dir` and installs it, or keeps the current model and says why.
     fn load(&self, dir: &Path, watch: bool) -> Result<ModelStatus, ModelError> {
-        let fingerprint = artifact_fingerprint(dir);
-        let record = record_bytes(dir);
-        let loaded = load_artifact(dir, fingerprint, &self.promotion);
+        let (fingerprint, record, loaded) =
+            load_unchanged(dir, |f| load_artifact(dir, f, &self.promotion));
         let mut c = self.lock();
         if watch || c.watched == dir {
             c.seen = fingerprint;
@@ -628,6 +658,38 @@ mod tests {
             }
             other => panic!("expected a refusal for want of promotion, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_directory_swapped_during_a_load_is_loaded_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        copy_shipped(&dir);
+        let first = artifact_fingerprint(&dir);
+        // The first load sees the old content; the directory changes before it returns.
+        let mut calls = Vec::new();
+        let (f, _, loaded) = load_unchanged(&dir, |f| {
+            calls.push(f);
+            if calls.len() == 1 {
+                set_margin_threshold(&dir, 0.25);
+            }
+            load_artifact(&dir, f, &PromotionPolicy::off())
+        });
+        let now = artifact_fingerprint(&dir);
+        assert_ne!(first, now);
+        assert_eq!(calls, [first, now]);
+        assert_eq!(f, now);
+        assert_eq!(loaded.unwrap().gate.margin_threshold, 0.25);
+        // A directory that never settles is refused, for the next poll to retry.
+        let mut t = 0.3;
+        let (f, record, loaded) = load_unchanged(&dir, |f| {
+            t += 0.01;
+            set_margin_threshold(&dir, t);
+            load_artifact(&dir, f, &PromotionPolicy::off())
+        });
+        assert_eq!((f, record), (None, None));
+        let e = loaded.unwrap_err().to_string();
+        assert!(e.contains("changed while it was loaded"), "{e}");
     }
 
     fn forbidden(r: Result<ModelStatus, ModelError>) -> String {

@@ -182,7 +182,7 @@ impl AdvisorHandle {
 /// polled for changes like the primary server's.
 pub async fn start_advisor(
     config: &ServiceConfig,
-    shadow_log: &std::path::Path,
+    shadow_log: &crate::service::shadow::ShadowLog,
     model: Arc<dyn ModelSlot>,
 ) -> Result<AdvisorHandle, StartError> {
     config.validate()?;
@@ -192,7 +192,7 @@ pub async fn start_advisor(
             .map_err(|e| {
                 StartError::Io(std::io::Error::other(format!(
                     "shadow log {}: {e}",
-                    shadow_log.display()
+                    shadow_log.path.display()
                 )))
             })?
             .with_cpu_nodes_first(config.cpu_nodes_first),
@@ -218,7 +218,7 @@ pub async fn start_advisor(
         accepted_without_delay(listener, config),
         crate::service::core::stopped(stop_rx),
     ));
-    tracing::info!(%addr, policy = %config.policy, log = %shadow_log.display(), "shadow advisor");
+    tracing::info!(%addr, policy = %config.policy, log = %shadow_log.path.display(), "shadow advisor");
     Ok(AdvisorHandle {
         addr,
         stop,

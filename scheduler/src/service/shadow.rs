@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -23,11 +23,48 @@ use crate::service::records::DecisionRecord;
 /// Decisions kept in memory for Explain (the log has them all).
 const EXPLAIN_WINDOW: usize = 100_000;
 
+/// Where the shadow log goes, and when it is rotated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShadowLog {
+    pub path: PathBuf,
+    /// Once the log holds this many bytes it is renamed `<path>.1` (older ones shift to
+    /// `.2`, …) and a new one begins; `None`: one file for good.
+    pub rotate_bytes: Option<u64>,
+    /// Rotated files kept (`.1` to `.<keep>`); the oldest beyond are deleted.
+    pub keep: usize,
+}
+
+impl ShadowLog {
+    /// One file, never rotated.
+    pub fn single(path: &Path) -> Self {
+        ShadowLog {
+            path: path.to_path_buf(),
+            rotate_bytes: None,
+            keep: 0,
+        }
+    }
+
+    /// The `k`-th rotated file (`<path>.k`).
+    pub fn rotated(&self, k: usize) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{k}"));
+        PathBuf::from(name)
+    }
+}
+
+/// The open log and how many bytes it holds.
+#[derive(Debug)]
+struct LogFile {
+    out: std::io::BufWriter<std::fs::File>,
+    len: u64,
+}
+
 #[derive(Debug)]
 pub struct ShadowAdvisor {
     policy: String,
     model: Arc<dyn ModelSlot>,
-    log: Mutex<std::io::BufWriter<std::fs::File>>,
+    log: Mutex<LogFile>,
+    options: ShadowLog,
     log_name: String,
     next_id: AtomicU64,
     recent: Mutex<VecDeque<DecisionRecord>>,
@@ -44,9 +81,10 @@ impl ShadowAdvisor {
         }
     }
 
-    /// Appends to `log` (created when missing). Decision ids continue after the
-    /// largest already in it, so Explain ids stay unique across restarts. `model` serves
-    /// the `learned` policy ([`crate::service::model::NoModel`] for a heuristic advisor).
+    /// Appends to `log.path` (created when missing). Decision ids continue after the
+    /// largest already in it or, when it holds none (it was just rotated), in `.1`, so
+    /// Explain ids stay unique across restarts and rotations. `model` serves the
+    /// `learned` policy ([`crate::service::model::NoModel`] for a heuristic advisor).
     ///
     /// Only the log's tail is read ([`TAIL_BYTES`], more if no record ends in it): a log
     /// of months is not read whole at every start. Ids are handed out in order and
@@ -55,20 +93,26 @@ impl ShadowAdvisor {
     /// written out of order.)
     pub fn open(
         policy: &str,
-        log: &Path,
+        log: &ShadowLog,
         model: Arc<dyn ModelSlot>,
     ) -> Result<Self, std::io::Error> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(log)?;
-        let largest_id = largest_id_at_the_end(log, &file)?;
+        let file = open_for_append(&log.path)?;
+        let mut largest_id = largest_id_at_the_end(&log.path, &file, true)?;
+        if largest_id == 0
+            && let Ok(previous) = std::fs::File::open(log.rotated(1))
+        {
+            largest_id = largest_id_at_the_end(&log.rotated(1), &previous, false)?;
+        }
+        let len = file.metadata()?.len();
         Ok(ShadowAdvisor {
             policy: policy.to_string(),
             model,
-            log: Mutex::new(std::io::BufWriter::new(file)),
-            log_name: log.display().to_string(),
+            log: Mutex::new(LogFile {
+                out: std::io::BufWriter::new(file),
+                len,
+            }),
+            options: log.clone(),
+            log_name: log.path.display().to_string(),
             next_id: AtomicU64::new(largest_id + 1),
             recent: Mutex::new(VecDeque::new()),
             cpu_nodes_first: false,
@@ -80,10 +124,57 @@ impl ShadowAdvisor {
         let io = |e: std::io::Error| Status::internal(format!("shadow log {}: {e}", self.log_name));
         for r in records {
             let line = serde_json::to_string(r).map_err(|e| Status::internal(e.to_string()))?;
-            writeln!(log, "{line}").map_err(io)?;
+            writeln!(log.out, "{line}").map_err(io)?;
+            log.len += line.len() as u64 + 1;
         }
-        log.flush().map_err(io)
+        log.out.flush().map_err(io)?;
+        if self.options.rotate_bytes.is_some_and(|max| log.len >= max) {
+            // The records are in the log already: a failed rotation is logged, and the
+            // log grows on until the next call tries again.
+            if let Err(error) = rotate(&self.options, &mut log) {
+                tracing::warn!(log = %self.log_name, %error, "shadow log: rotation failed; still appending to the current file");
+            }
+        }
+        Ok(())
     }
+}
+
+fn open_for_append(path: &Path) -> Result<std::fs::File, std::io::Error> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)
+}
+
+/// `<path>.k` → `<path>.k+1` down to `.1`, dropping `.keep`; `<path>` → `<path>.1`; a
+/// new `<path>`. The log is synced first, so a rotated file is whole.
+fn rotate(options: &ShadowLog, log: &mut LogFile) -> Result<(), std::io::Error> {
+    log.out.get_ref().sync_all()?;
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    gone(std::fs::remove_file(options.rotated(options.keep.max(1))))?;
+    for k in (1..options.keep.max(1)).rev() {
+        gone(std::fs::rename(options.rotated(k), options.rotated(k + 1)))?;
+    }
+    std::fs::rename(&options.path, options.rotated(1))?;
+    let file = open_for_append(&options.path)?;
+    if let Some(dir) = options.path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    *log = LogFile {
+        out: std::io::BufWriter::new(file),
+        len: 0,
+    };
+    tracing::info!(log = %options.path.display(), "shadow log rotated");
+    Ok(())
 }
 
 /// How much of the log's end [`ShadowAdvisor::open`] reads for the largest id: a few
@@ -91,12 +182,17 @@ impl ShadowAdvisor {
 pub const TAIL_BYTES: u64 = 1 << 20;
 
 /// The largest decision id among the complete records at the end of the log (0 when
-/// there are none), after cutting off a torn last record.
+/// there are none), after cutting off a torn last record (`cut_torn`; a rotated file,
+/// opened read-only, is only read).
 ///
 /// A log that does not end in a newline was cut mid-record (a crash or a full disk while
 /// appending). That record's call failed, so no caller saw it; appending after it would
 /// glue the next record onto it and damage both, so it is cut off.
-fn largest_id_at_the_end(log: &Path, file: &std::fs::File) -> Result<u64, std::io::Error> {
+fn largest_id_at_the_end(
+    log: &Path,
+    file: &std::fs::File,
+    cut_torn: bool,
+) -> Result<u64, std::io::Error> {
     use std::io::{Read as _, Seek as _, SeekFrom};
     let len = file.metadata()?.len();
     let mut window = TAIL_BYTES.min(len);
@@ -117,7 +213,7 @@ fn largest_id_at_the_end(log: &Path, file: &std::fs::File) -> Result<u64, std::i
     } else {
         tail.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
     };
-    if complete < tail.len() {
+    if complete < tail.len() && cut_torn {
         tracing::warn!(
             log = %log.display(),
             bytes = tail.len() - complete,
@@ -204,13 +300,15 @@ mod tests {
         let log = dir.path().join("shadow.jsonl");
         let complete = "{\"id\":1}\n{\"id\":2}\n";
         std::fs::write(&log, format!("{complete}{{\"id\":3,\"jo")).unwrap();
-        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        let advisor =
+            ShadowAdvisor::open("topo-pack", &ShadowLog::single(&log), Arc::new(NoModel)).unwrap();
         assert_eq!(std::fs::read_to_string(&log).unwrap(), complete);
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 3);
 
         // A log that ends cleanly is left as it is.
         drop(advisor);
-        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        let advisor =
+            ShadowAdvisor::open("topo-pack", &ShadowLog::single(&log), Arc::new(NoModel)).unwrap();
         assert_eq!(std::fs::read_to_string(&log).unwrap(), complete);
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 3);
     }
@@ -226,12 +324,60 @@ mod tests {
             .map(|id| format!("{{\"id\":{id},\"job\":\"x\"}}\n"))
             .collect();
         std::fs::write(&log, &lines).unwrap();
-        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        let advisor =
+            ShadowAdvisor::open("topo-pack", &ShadowLog::single(&log), Arc::new(NoModel)).unwrap();
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 7);
         // An empty log starts at 1.
         let empty = dir.path().join("empty.jsonl");
-        let advisor = ShadowAdvisor::open("topo-pack", &empty, Arc::new(NoModel)).unwrap();
+        let advisor =
+            ShadowAdvisor::open("topo-pack", &ShadowLog::single(&empty), Arc::new(NoModel))
+                .unwrap();
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_rotated_log_keeps_its_newest_files_and_ids_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut record = crate::service::codec::tests::placement_decision();
+        // Ids 1 to 9 below: records of one size.
+        record.id = 1;
+        let size = serde_json::to_string(&record).unwrap().len() as u64 + 1;
+        let options = ShadowLog {
+            path: dir.path().join("shadow.jsonl"),
+            // Two records per file.
+            rotate_bytes: Some(2 * size),
+            keep: 2,
+        };
+        let ids = |path: &Path| -> Vec<u64> {
+            std::fs::read_to_string(path)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<DecisionRecord>(l).unwrap().id)
+                .collect()
+        };
+        let advisor = ShadowAdvisor::open("topo-pack", &options, Arc::new(NoModel)).unwrap();
+        let append = |advisor: &ShadowAdvisor| {
+            let mut r = record.clone();
+            r.id = advisor.next_id.fetch_add(1, Ordering::Relaxed);
+            advisor.append(&[r]).unwrap();
+        };
+        for _ in 0..7 {
+            append(&advisor);
+        }
+        // 1 2 | 3 4 | 5 6 | 7: the oldest pair is gone, two rotated files are kept.
+        assert_eq!(ids(&options.path), [7]);
+        assert_eq!(ids(&options.rotated(1)), [5, 6]);
+        assert_eq!(ids(&options.rotated(2)), [3, 4]);
+        assert!(!options.rotated(3).exists());
+        append(&advisor);
+        drop(advisor);
+        // Right after a rotation the log is empty: ids continue from `.1`.
+        assert_eq!(std::fs::metadata(&options.path).unwrap().len(), 0);
+        let advisor = ShadowAdvisor::open("topo-pack", &options, Arc::new(NoModel)).unwrap();
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 9);
+        append(&advisor);
+        assert_eq!(ids(&options.path), [9]);
+        assert_eq!(ids(&options.rotated(1)), [7, 8]);
     }
 
     #[test]
@@ -249,13 +395,15 @@ mod tests {
         let complete = text.len();
         text.push_str("{\"id\":99999,\"pa");
         std::fs::write(&log, &text).unwrap();
-        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        let advisor =
+            ShadowAdvisor::open("topo-pack", &ShadowLog::single(&log), Arc::new(NoModel)).unwrap();
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), id + 1);
         assert_eq!(std::fs::metadata(&log).unwrap().len(), complete as u64);
         // One record longer than the window: the window grows until a record ends in it.
         let huge = format!("{{\"id\":41,\"pad\":\"{}\"}}\n", "q".repeat(3 << 20));
         std::fs::write(&log, format!("{{\"id\":40}}\n{huge}")).unwrap();
-        let advisor = ShadowAdvisor::open("topo-pack", &log, Arc::new(NoModel)).unwrap();
+        let advisor =
+            ShadowAdvisor::open("topo-pack", &ShadowLog::single(&log), Arc::new(NoModel)).unwrap();
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 42);
     }
 }

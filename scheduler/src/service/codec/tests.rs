@@ -31,7 +31,7 @@ fn placed_job() -> JobRecord {
 }
 
 /// A placement decision as the cycle records it, with the full candidate list.
-fn placement_decision() -> DecisionRecord {
+pub(crate) fn placement_decision() -> DecisionRecord {
     let job = placed_job();
     DecisionRecord {
         id: 9001,
