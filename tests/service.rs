@@ -1864,3 +1864,48 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
         handle.shutdown().await.unwrap();
     });
 }
+
+/// A peer that connects and says nothing holds no place for long: with one connection
+/// allowed, a client behind a silent one is served once the silent one is closed for
+/// sending no preface within `handshake_timeout_ms` (before, never).
+#[test]
+fn a_silent_connection_cannot_hold_the_servers_last_place() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let mut cfg = config(&dir.path().join("db.redb"));
+        cfg.max_connections = 1;
+        cfg.handshake_timeout_ms = 300;
+        let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
+            .await
+            .unwrap();
+        let silent = tokio::net::TcpStream::connect(handle.addr).await.unwrap();
+        // Let the server take the silent connection first.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        let ch = Endpoint::from_shared(format!("http://{}", handle.addr))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .connect_lazy();
+        let listed = tokio::time::timeout(
+            Duration::from_secs(10),
+            NodeServiceClient::new(ch).list_nodes(pb::ListNodesRequest {}),
+        )
+        .await
+        .expect("the client was never served")
+        .unwrap();
+        assert_eq!(listed.into_inner().nodes.len(), 3);
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "served beside the silent connection: the limit did not hold"
+        );
+        // The silent one was closed (after the server's own HTTP/2 settings).
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let mut silent = silent;
+            let mut buf = [0u8; 256];
+            while let Ok(1..) = tokio::io::AsyncReadExt::read(&mut silent, &mut buf).await {}
+        })
+        .await
+        .expect("the silent connection is still open");
+        handle.shutdown().await.unwrap();
+    });
+}

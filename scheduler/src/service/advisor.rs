@@ -149,11 +149,16 @@ pub type Advice = (String, Vec<pb::Recommendation>, Vec<DecisionRecord>);
 /// [`advise`] for an RPC: on a blocking thread (building a cluster and running a cycle
 /// is CPU work, kept off the I/O threads), with `model`'s decision path and current
 /// setup when the call's policy is the learned one, at the current time.
+///
+/// `slots` bounds the calls computed at once (`max_concurrent_advise`): each holds a
+/// blocking thread and its cluster, so a burst would otherwise take up to tokio's 512
+/// blocking threads. Calls beyond it wait their turn, in order.
 pub async fn advise_off_thread(
     req: pb::AdviseRequest,
     default_policy: &str,
     model: &dyn ModelSlot,
     cpu_nodes_first: bool,
+    slots: &tokio::sync::Semaphore,
 ) -> Result<Advice, tonic::Status> {
     let name = if req.policy.is_empty() {
         default_policy
@@ -167,6 +172,10 @@ pub async fn advise_off_thread(
     };
     let policy = default_policy.to_string();
     let learned = model.policy_update(0).map(|u| u.setup);
+    let _slot = slots
+        .acquire()
+        .await
+        .map_err(|_| tonic::Status::unavailable("the advisor is shutting down"))?;
     let now = crate::service::core::now_us();
     let advice = tokio::task::spawn_blocking(move || {
         advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now)
@@ -174,6 +183,15 @@ pub async fn advise_off_thread(
     .await
     .map_err(|e| tonic::Status::internal(format!("advise task: {e}")))??;
     Ok(advice)
+}
+
+/// `max_concurrent_advise` as a count of calls (0: the number of CPUs).
+pub fn advise_slots(configured: usize) -> tokio::sync::Semaphore {
+    let n = match configured {
+        0 => std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+        n => n,
+    };
+    tokio::sync::Semaphore::new(n)
 }
 
 /// Recommendations for `req`, with the decision records behind them (ids unset: the
@@ -373,6 +391,28 @@ pub fn advise(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_beyond_max_concurrent_advise_waits_for_a_slot() {
+        assert_eq!(advise_slots(3).available_permits(), 3);
+        assert!(advise_slots(0).available_permits() >= 1);
+        let slots = tokio::sync::Semaphore::new(0);
+        let call = advise_off_thread(
+            pb::AdviseRequest::default(),
+            "topo-pack",
+            &NoModel,
+            false,
+            &slots,
+        );
+        tokio::pin!(call);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(200), &mut call).await;
+        assert!(waited.is_err(), "computed without a slot");
+        slots.add_permits(1);
+        // Now it runs (and refuses the empty request, which has no cluster).
+        let done = tokio::time::timeout(std::time::Duration::from_secs(5), call).await;
+        assert!(matches!(done, Ok(Err(_))), "{done:?}");
+        assert_eq!(slots.available_permits(), 1, "the slot was not given back");
+    }
 
     fn node(
         name: &str,

@@ -411,6 +411,7 @@ impl AdvisorService for Api {
             &core.policy_name,
             core.model.as_ref(),
             core.cpu_nodes_first,
+            &core.advise_slots,
         )
         .await?;
         self.core

@@ -54,6 +54,15 @@ pub struct ServiceConfig {
     pub keepalive_ms: u64,
     /// See `keepalive_ms`.
     pub keepalive_timeout_ms: u64,
+    /// Connections served at once (gRPC, not metrics); more wait in the kernel's accept
+    /// queue until one closes. Each holds a file descriptor: keep `ulimit -n` above it.
+    pub max_connections: usize,
+    /// A new connection must send its first bytes (HTTP/2 preface or TLS ClientHello)
+    /// and finish its TLS handshake within this, or it is closed.
+    pub handshake_timeout_ms: u64,
+    /// `Advise` calls computed at once (each on a blocking thread, with its cluster
+    /// snapshot in memory); more wait their turn. 0: the number of CPUs.
+    pub max_concurrent_advise: usize,
     /// Jobs in a final state (completed, failed, cancelled, rejected) are deleted, from
     /// memory and from the database, this many seconds after they ended. Absent: kept
     /// forever (memory and the database then grow with every job). Their decision
@@ -164,6 +173,9 @@ impl Default for ServiceConfig {
             node_grace_ms: 60_000,
             keepalive_ms: 60_000,
             keepalive_timeout_ms: 20_000,
+            max_connections: 4096,
+            handshake_timeout_ms: 10_000,
+            max_concurrent_advise: 0,
             finished_job_retention_s: None,
             decision_retention_s: None,
             model: None,
@@ -359,6 +371,24 @@ impl ServiceConfig {
                 self.keepalive_timeout_ms
             ));
         }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return bad(format!(
+                "max_connections = {}: must be 1..=1000000",
+                self.max_connections
+            ));
+        }
+        if !(100..=600_000).contains(&self.handshake_timeout_ms) {
+            return bad(format!(
+                "handshake_timeout_ms = {}: must be 100..=600000",
+                self.handshake_timeout_ms
+            ));
+        }
+        if self.max_concurrent_advise > 4096 {
+            return bad(format!(
+                "max_concurrent_advise = {}: must be 0 (the number of CPUs) to 4096",
+                self.max_concurrent_advise
+            ));
+        }
         if self.finished_job_retention_s == Some(0) {
             return bad(
                 "finished_job_retention_s = 0: must be at least 1 (absent: keep every job)".into(),
@@ -508,6 +538,9 @@ keepalive_timeout_ms = 0"
             err("policy = \"learned\"\nmodel_reload_roots = [\"\"]").contains("model_reload_roots")
         );
         assert!(err("decision_log_file_rows = 0").contains("decision_log_file_rows"));
+        assert!(err("max_connections = 0").contains("max_connections"));
+        assert!(err("handshake_timeout_ms = 5").contains("handshake_timeout_ms"));
+        assert!(err("max_concurrent_advise = 5000").contains("max_concurrent_advise"));
         assert!(err("decision_log_retention_s = 5").contains("needs decision_log_dir"));
         assert!(
             err("decision_log_dir = \"d\"\ndecision_log_retention_s = 0")

@@ -167,6 +167,8 @@ pub struct Core {
     pub policy_name: String,
     /// See [`ServiceConfig::cpu_nodes_first`]; `Advise` applies it to each call's policy.
     pub cpu_nodes_first: bool,
+    /// `max_concurrent_advise`.
+    pub advise_slots: tokio::sync::Semaphore,
     cycle_interval: Duration,
     log: Mutex<Option<DecisionLog>>,
     log_seen: Mutex<LogCounts>,
@@ -370,6 +372,7 @@ impl Core {
             model,
             policy_name: config.policy.clone(),
             cpu_nodes_first: config.cpu_nodes_first,
+            advise_slots: crate::service::advisor::advise_slots(config.max_concurrent_advise),
             cycle_interval: Duration::from_millis(config.cycle_interval_ms),
             log: Mutex::new(config.decision_log_dir.as_ref().map(|dir| {
                 DecisionLog::open(

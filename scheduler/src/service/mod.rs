@@ -33,6 +33,7 @@ pub mod core;
 mod cycle;
 pub mod error;
 mod heartbeat;
+mod incoming;
 mod inventory;
 pub mod jobs;
 pub mod metrics;

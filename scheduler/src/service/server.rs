@@ -18,6 +18,7 @@ use crate::service::auth::BearerAuth;
 use crate::service::config::ServiceConfig;
 use crate::service::core::Core;
 use crate::service::error::StartError;
+use crate::service::incoming::Bounded;
 use crate::service::metrics::{Metrics, serve_metrics};
 use crate::service::model::ModelSlot;
 use crate::service::pb::admin_service_server::AdminServiceServer;
@@ -110,7 +111,9 @@ fn server_builder(config: &ServiceConfig) -> Result<Server, StartError> {
         let key_pem = read(key, PemKind::PrivateKey)?;
         crate::service::secret::check_private(key, "a TLS private key").map_err(StartError::Tls)?;
         let identity = Identity::from_pem(read(cert, PemKind::Certificate)?, key_pem);
-        let mut tls = ServerTlsConfig::new().identity(identity);
+        let mut tls = ServerTlsConfig::new()
+            .identity(identity)
+            .timeout(Duration::from_millis(config.handshake_timeout_ms));
         if let Some(ca) = &sec.client_ca {
             tls = tls.client_ca_root(Certificate::from_pem(read(ca, PemKind::Certificate)?));
             files.push_str(&format!(", client CA {}", ca.display()));
@@ -195,7 +198,8 @@ pub async fn start_advisor(
                     shadow_log.path.display()
                 )))
             })?
-            .with_cpu_nodes_first(config.cpu_nodes_first),
+            .with_cpu_nodes_first(config.cpu_nodes_first)
+            .with_max_concurrent_advise(config.max_concurrent_advise),
     );
     let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
@@ -415,17 +419,20 @@ pub async fn start(
     })
 }
 
-/// The server's accepted connections with `TCP_NODELAY` set. `serve_with_incoming`
-/// ignores the builder's `tcp_nodelay`, and with Nagle's algorithm on, a small reply
-/// written after a small one waits for the peer's delayed ACK (about 40 ms on Linux):
-/// that was the load generator's p99, at every concurrency.
-fn accepted_without_delay(
-    listener: TcpListener,
-    config: &ServiceConfig,
-) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener)
+/// The server's accepted connections with `TCP_NODELAY` set, `max_connections` at a
+/// time, each with `handshake_timeout_ms` to start speaking ([`Bounded`]).
+/// `serve_with_incoming` ignores the builder's `tcp_nodelay`, and with Nagle's
+/// algorithm on, a small reply written after a small one waits for the peer's delayed
+/// ACK (about 40 ms on Linux): that was the load generator's p99, at every concurrency.
+fn accepted_without_delay(listener: TcpListener, config: &ServiceConfig) -> Bounded {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
-        .with_keepalive(keepalive(config))
+        .with_keepalive(keepalive(config));
+    Bounded::new(
+        incoming,
+        config.max_connections,
+        Duration::from_millis(config.handshake_timeout_ms),
+    )
 }
 
 /// `keepalive_ms` as an interval; `None` when off.

@@ -69,6 +69,7 @@ pub struct ShadowAdvisor {
     next_id: AtomicU64,
     recent: Mutex<VecDeque<DecisionRecord>>,
     cpu_nodes_first: bool,
+    advise_slots: tokio::sync::Semaphore,
 }
 
 impl ShadowAdvisor {
@@ -77,6 +78,14 @@ impl ShadowAdvisor {
     pub fn with_cpu_nodes_first(self, on: bool) -> Self {
         ShadowAdvisor {
             cpu_nodes_first: on,
+            ..self
+        }
+    }
+
+    /// `Advise` calls computed at once ([`crate::service::advisor::advise_slots`]).
+    pub fn with_max_concurrent_advise(self, n: usize) -> Self {
+        ShadowAdvisor {
+            advise_slots: crate::service::advisor::advise_slots(n),
             ..self
         }
     }
@@ -116,6 +125,7 @@ impl ShadowAdvisor {
             next_id: AtomicU64::new(largest_id + 1),
             recent: Mutex::new(VecDeque::new()),
             cpu_nodes_first: false,
+            advise_slots: crate::service::advisor::advise_slots(0),
         })
     }
 
@@ -247,6 +257,7 @@ impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
             &self.policy,
             self.model.as_ref(),
             self.cpu_nodes_first,
+            &self.advise_slots,
         )
         .await?;
         for (rec, record) in recs.iter_mut().zip(records.iter_mut()) {
