@@ -235,7 +235,7 @@ fn calibrate() -> anyhow::Result<()> {
 fn write_out(path: Option<&std::path::Path>, jobs: &[Job], topo: &Topology) -> anyhow::Result<()> {
     if let Some(path) = path {
         let (format, text) = marshal_datasets::write_trace(jobs, &topo.catalog)?;
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        crate::cli::output::write_whole(path, text)?;
         eprintln!(
             "wrote {} jobs to {} ({format:?} format)",
             jobs.len(),

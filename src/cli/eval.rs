@@ -305,7 +305,7 @@ fn write_plots(dir: &std::path::Path, a: &EvalArgs, groups: &[Vec<Run>]) -> anyh
         ModeArg::Inflation => "allocation.svg",
     };
     let path = dir.join(name);
-    std::fs::write(&path, chart.to_svg()).with_context(|| format!("writing {}", path.display()))?;
+    crate::cli::output::write_whole(&path, chart.to_svg())?;
     Ok(())
 }
 

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use marshal_datasets::{IncumbentExport, PodId};
 
@@ -99,7 +98,7 @@ pub fn run(args: OutcomesArgs) -> anyhow::Result<()> {
     let csv = marshal_datasets::write_incumbent_outcomes(&export.rows);
     let dest = match &args.out {
         Some(path) => {
-            std::fs::write(path, &csv).with_context(|| format!("writing {}", path.display()))?;
+            crate::cli::output::write_whole(path, &csv)?;
             path.display().to_string()
         }
         None => {

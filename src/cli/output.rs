@@ -1,4 +1,4 @@
-//! Printing simulation results as a table or JSON.
+//! Printing simulation results as a table or JSON, and writing output files whole.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -11,6 +11,14 @@ use serde_json::{Map, Value, json};
 pub enum Format {
     Table,
     Json,
+}
+
+/// Writes `bytes` to `path` whole or not at all (a temporary file beside it, synced and
+/// renamed): a trace, report or plot cut off by a full disk or a kill would otherwise be
+/// left in place, and a trace cut at a line boundary loads as a shorter one.
+pub fn write_whole(path: &std::path::Path, bytes: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    marshal_model::artifact::replace_file(path, bytes.as_ref())
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
 /// Mean of every numeric key over `runs` (the runs of one policy); non-numeric keys are
@@ -212,6 +220,24 @@ mod tests {
             jct_mean_s: Some(jct),
             ..SimResult::default()
         }
+    }
+
+    #[test]
+    fn an_output_file_is_replaced_whole_and_leaves_no_temporary_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("trace.csv");
+        std::fs::write(&path, "old,longer,content\n").unwrap();
+        write_whole(&path, "new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["trace.csv"]);
+        let e = write_whole(&tmp.path().join("no/such/dir.csv"), "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no/such/dir.csv"), "{e}");
     }
 
     #[test]

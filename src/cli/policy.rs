@@ -1,6 +1,5 @@
 //! `marshal train policy` and the `learned` policy's setup for `sim`, `eval` and `demo`.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -296,17 +295,14 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("saving the policy to {}", a.out.display()))?;
 
-    let curves = a.out.join("curves.csv");
-    let mut f =
-        std::fs::File::create(&curves).with_context(|| format!("writing {}", curves.display()))?;
-    writeln!(f, "phase,step,samples,nll,agreement,value_mse,gain_pct")?;
+    let mut curves = String::from("phase,step,samples,nll,agreement,value_mse,gain_pct\n");
     for p in &trained.curve {
-        writeln!(
-            f,
-            "{},{},{},{},{},{},{}",
+        curves.push_str(&format!(
+            "{},{},{},{},{},{},{}\n",
             p.phase, p.step, p.samples, p.nll, p.agreement, p.value_mse, p.gain_pct
-        )?;
+        ));
     }
+    crate::cli::output::write_whole(&a.out.join("curves.csv"), curves)?;
     let report = serde_json::json!({
         "train": a.traces,
         "valid": a.valid_traces,
@@ -319,8 +315,8 @@ pub fn train(a: TrainPolicyArgs) -> anyhow::Result<()> {
         // The same settings as meta.json's `training`, expert iteration included.
         "settings": training_summary(&opts, &trained, seconds),
     });
-    std::fs::write(
-        a.out.join("training.json"),
+    crate::cli::output::write_whole(
+        &a.out.join("training.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
     println!(

@@ -280,7 +280,7 @@ fn write_outputs(dir: &Path, shadow: &Shadow) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let write = |name: &str, text: String| {
         let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        crate::cli::output::write_whole(&path, text)
     };
     write(
         "report.json",

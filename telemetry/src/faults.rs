@@ -20,8 +20,10 @@ pub enum FaultOp {
     Create,
     /// Writing bytes to a file.
     Write,
-    /// `fsync` of a file or a directory.
+    /// `fsync` of a file.
     Sync,
+    /// `fsync` of a directory (after a rename into it).
+    SyncDir,
     /// Renaming a finished file into place.
     Rename,
 }

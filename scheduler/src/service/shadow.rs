@@ -172,12 +172,7 @@ fn rotate(options: &ShadowLog, log: &mut LogFile) -> Result<(), std::io::Error> 
     std::fs::rename(&options.path, options.rotated(1))?;
     let file = open_for_append(&options.path)?;
     if let Some(dir) = options.path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        std::fs::File::open(dir)?.sync_all()?;
+        marshal_model::artifact::sync_dir(dir)?;
     }
     *log = LogFile {
         out: std::io::BufWriter::new(file),

@@ -158,7 +158,7 @@ fn rows_wait_for_a_directory_that_cannot_be_written() {
 
 #[test]
 fn a_refused_sync_or_rename_is_tried_again_and_the_file_published_once() {
-    for op in [FaultOp::Sync, FaultOp::Rename] {
+    for op in [FaultOp::Sync, FaultOp::SyncDir, FaultOp::Rename] {
         let dir = tempfile::tempdir().unwrap();
         let sink = TelemetrySink::open(config(dir.path())).unwrap();
         let refused = inject(dir.path(), op, DEVICE_ERROR);
@@ -181,6 +181,21 @@ fn a_refused_sync_or_rename_is_tried_again_and_the_file_published_once() {
         assert_eq!(published_timestamps(dir.path()), expected_timestamps(0, 50));
         assert!(tmp_files(dir.path()).is_empty(), "{op:?}");
     }
+}
+
+/// A file system that cannot `fsync` a directory at all (EINVAL, as some network and
+/// FUSE file systems answer) is not a refusal: files are published, nothing stalls.
+#[test]
+fn a_file_system_that_cannot_sync_directories_does_not_stall_the_sink() {
+    const INVALID_ARGUMENT: i32 = 22;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TelemetrySink::open(config(dir.path())).unwrap();
+    let _never = inject(dir.path(), FaultOp::SyncDir, INVALID_ARGUMENT);
+    sink.send(rows(0, 50)).unwrap();
+    sink.flush().unwrap();
+    let stats = sink.finish().unwrap();
+    assert_eq!((stats.rows_written, stats.files_committed), (50, 1));
+    assert_eq!(published_timestamps(dir.path()), expected_timestamps(0, 50));
 }
 
 /// Sends batches of 50 rows until the queue is full (at most `batches`); returns the
