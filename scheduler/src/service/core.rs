@@ -52,6 +52,15 @@ pub fn now_us() -> i64 {
         .unwrap_or(0)
 }
 
+/// How far the wall clock has been stepped since the process first asked, in µs
+/// (forward positive): its advance minus the monotonic clock's. Slewing moves both.
+pub fn wall_step_us() -> i64 {
+    static ANCHOR: std::sync::OnceLock<(Instant, i64)> = std::sync::OnceLock::new();
+    let (steady, wall) = *ANCHOR.get_or_init(|| (Instant::now(), now_us()));
+    let steady_us = steady.elapsed().as_micros().min(i64::MAX as u128) as i64;
+    (now_us() - wall) - steady_us
+}
+
 /// Resolves once `rx` reads `true` (or its sender is gone).
 pub async fn stopped(mut rx: watch::Receiver<bool>) {
     loop {
@@ -124,6 +133,10 @@ pub struct Inner {
     pub(crate) quarantine_after: u32,
     /// See [`ServiceConfig::node_timeout_ms`] and [`ServiceConfig::node_grace_ms`].
     pub(crate) node_timeout_us: i64,
+    /// [`wall_step_us`]: node liveness is timed on the monotonic clock, so that a step
+    /// of the wall clock neither hides a dead node nor times out every live one (tests
+    /// put a fake step here).
+    pub(crate) wall_step: fn() -> i64,
     pub(crate) node_grace_us: i64,
     /// See [`ServiceConfig::finished_job_retention_s`].
     pub(crate) retention_us: Option<i64>,
@@ -237,6 +250,7 @@ impl Core {
             max_attempts: config.max_attempts,
             quarantine_after: config.quarantine_after,
             node_timeout_us: config.node_timeout_ms.saturating_mul(1000) as i64,
+            wall_step: wall_step_us,
             node_grace_us: config.node_grace_ms.saturating_mul(1000) as i64,
             retention_us: config.finished_job_retention_s.map(seconds_to_us),
             decision_retention_us: config.decision_retention_s.map(seconds_to_us),
@@ -260,9 +274,13 @@ impl Core {
             }
         }
         let now = now_us();
-        // Every agent gets a full timeout from the (re)start to be heard from.
+        let steady = now - wall_step_us();
+        // Every agent gets a full timeout from the (re)start to be heard from, and a
+        // node unreachable before it its grace from when it was marked.
         for r in &mut inner.nodes {
             r.last_seen_us = now;
+            r.last_seen_steady_us = steady;
+            r.unreachable_since_steady_us = r.unreachable_since_us - (now - steady);
         }
         // The job records' ids are positions in the inventory they were written under.
         let remap = Remap::between(loaded.inventory.as_ref(), &topo);

@@ -14,11 +14,11 @@ impl Inner {
     /// Notes that node `n`'s agent was heard from at `now`. Returns whether durable state
     /// changed (the node was unreachable and is back).
     pub fn heard_from(&mut self, n: NodeId, now: i64) -> bool {
+        let steady = now - (self.wall_step)();
         let r = &mut self.nodes[n.0 as usize];
-        // Not `max`: after the wall clock steps back, a `max` would keep the node's
-        // last sighting in the future, and a node that then died would be missed for as
-        // long as the step. Handlers racing for the lock move it back microseconds only.
+        // Not `max`: handlers racing for the lock move it back microseconds only.
         r.last_seen_us = now;
+        r.last_seen_steady_us = steady;
         if !r.unreachable {
             return false;
         }
@@ -43,6 +43,9 @@ impl Inner {
         // before every cycle, and a dead rack would otherwise cost a scan of every
         // active job per node per check.
         let mut jobs_by_node: Option<Vec<Vec<u32>>> = None;
+        // Timeouts are measured on the monotonic clock; `now` (the wall clock) only
+        // labels what happened.
+        let steady = now - (self.wall_step)();
         for i in 0..self.nodes.len() {
             let n = NodeId(i as u32);
             let r = &mut self.nodes[i];
@@ -50,20 +53,21 @@ impl Inner {
                 continue;
             }
             if !r.unreachable {
-                if now - r.last_seen_us < self.node_timeout_us {
+                if steady - r.last_seen_steady_us < self.node_timeout_us {
                     continue;
                 }
                 r.unreachable = true;
                 r.unreachable_since_us = now;
+                r.unreachable_since_steady_us = steady;
                 tracing::warn!(
                     node = %self.topo.node(n).name,
-                    silent_ms = (now - r.last_seen_us) / 1000,
+                    silent_ms = (steady - r.last_seen_steady_us) / 1000,
                     "node unreachable: no heartbeat"
                 );
                 self.mark_node(n);
             }
-            let since = self.nodes[i].unreachable_since_us;
-            if now - since < self.node_grace_us {
+            let since = self.nodes[i].unreachable_since_steady_us;
+            if steady - since < self.node_grace_us {
                 continue;
             }
             let jobs = jobs_by_node.get_or_insert_with(|| self.jobs_by_node());
@@ -76,7 +80,7 @@ impl Inner {
                 }
                 let reason = format!(
                     "node {name} unreachable for {:.1} s (heartbeat timeout plus grace); requeued",
-                    (now - since) as f64 / 1e6
+                    (steady - since) as f64 / 1e6
                 );
                 match self.set_state(id, JobState::Requeued, reason, None, true, now) {
                     Ok(()) => {
@@ -96,6 +100,47 @@ mod tests {
     use crate::service::testkit::{TestCore, register_both, whole_gpu_job};
 
     use super::*;
+
+    /// The wall clock's step for [`a_step_of_the_wall_clock_neither_hides_a_dead_node_nor_times_out_a_live_one`].
+    static STEP_US: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+    fn fake_step() -> i64 {
+        STEP_US.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_step_of_the_wall_clock_neither_hides_a_dead_node_nor_times_out_a_live_one() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let test = TestCore::new(ServiceConfig {
+            node_timeout_ms: 1_000,
+            node_grace_ms: 2_000,
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        inner.wall_step = fake_step;
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let (n, other) = (NodeId(0), NodeId(1));
+        let reachable = |inner: &Inner, m: NodeId| !inner.nodes[m.0 as usize].unreachable;
+        // The wall clock jumps ten minutes forward, no time having passed: nobody is
+        // silent (before, both nodes timed out).
+        let minutes_10 = 600_000_000;
+        STEP_US.store(minutes_10, SeqCst);
+        inner.check_heartbeats(t0 + minutes_10);
+        assert!(reachable(&inner, n) && reachable(&inner, other));
+        // Then twenty minutes back, and 1.5 s pass in which only `other` speaks: `n`
+        // times out (before, it was hidden for the ten minutes the clock went back).
+        STEP_US.store(-minutes_10, SeqCst);
+        let later = t0 - minutes_10 + 1_500_000;
+        inner.heard_from(other, later);
+        inner.check_heartbeats(later);
+        assert!(!reachable(&inner, n) && reachable(&inner, other));
+        // Its grace is timed on the same clock: 2 s more, then its jobs would go.
+        assert_eq!(inner.nodes[0].unreachable_since_us, later);
+        let s = inner.nodes[0].unreachable_since_steady_us;
+        assert_eq!(s, t0 + 1_500_000);
+        STEP_US.store(0, SeqCst);
+    }
 
     #[test]
     fn a_silent_node_becomes_unreachable_then_loses_its_jobs_after_the_grace() {

@@ -26,6 +26,14 @@ pub struct NodeRecord {
     /// restarted scheduler counts from its start.
     #[serde(skip)]
     pub last_seen_us: i64,
+    /// `last_seen_us` on the monotonic clock (µs; see `core::wall_step_us`): what the
+    /// timeout is measured with. Not persisted.
+    #[serde(skip)]
+    pub last_seen_steady_us: i64,
+    /// `unreachable_since_us` on the monotonic clock: what the grace is measured with.
+    /// Not persisted (derived from `unreachable_since_us` at start).
+    #[serde(skip)]
+    pub unreachable_since_steady_us: i64,
     /// Telemetry samples accepted since the server started (not persisted).
     #[serde(skip)]
     pub telemetry_samples: u64,
