@@ -163,6 +163,11 @@ pub struct Inner {
     pub(crate) before_cycle: Option<ClusterState>,
     /// Whether a node's status changed since the node gauges were last counted.
     pub(crate) node_gauges_stale: bool,
+    /// [`Inner::jobs_by_node`] as of the last change to a job's placement or activity
+    /// (`None`: changed since): every agent's Heartbeat, watch and registration asks
+    /// for its node's jobs, and a scan of all active jobs each time was O(active jobs)
+    /// under the state's lock. Cleared by [`Inner::jobs_changed`].
+    pub(crate) jobs_by_node_cache: std::cell::RefCell<Option<Vec<Vec<u32>>>>,
 }
 
 #[derive(Debug)]
@@ -264,6 +269,7 @@ impl Core {
             cpu_nodes_first: config.cpu_nodes_first,
             before_cycle: None,
             node_gauges_stale: true,
+            jobs_by_node_cache: Default::default(),
         };
         for (name, record) in loaded.nodes {
             match inner.node_index.get(&name) {
@@ -342,6 +348,7 @@ impl Core {
             }
             inner.jobs.insert(id, record);
         }
+        inner.jobs_changed();
         if !remap.stored_is_current() {
             // The mapped records and the inventory they now refer to go down together: a
             // crash between the two would leave ids read under the wrong inventory.

@@ -101,6 +101,31 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_nodes_jobs_are_scanned_once_until_a_job_changes() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        register_both(&mut inner, t0);
+        let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+        let n = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
+        assert_eq!(inner.node_status(n).jobs, 1);
+        // Heartbeats read the cache; they change no job.
+        let name = inner.topo.node(n).name.clone();
+        for k in 0..3 {
+            let (m, _) = inner.heartbeat(&name, t0 + k).unwrap();
+            assert_eq!(inner.node_status(m).jobs, 1);
+            assert!(inner.jobs_by_node_cache.borrow().is_some());
+        }
+        // A job's change clears it, and the next question sees the change.
+        inner
+            .set_state(id, JobState::Completed, String::new(), None, true, t0 + 10)
+            .unwrap();
+        assert!(inner.jobs_by_node_cache.borrow().is_none());
+        assert_eq!(inner.node_status(n).jobs, 0);
+    }
+
     /// The wall clock's step for [`a_step_of_the_wall_clock_neither_hides_a_dead_node_nor_times_out_a_live_one`].
     static STEP_US: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
 

@@ -43,12 +43,31 @@ impl Inner {
     /// Active jobs with workers on `n` that have not finished there yet (a node whose
     /// part of a multi-node job completed no longer runs it, is not asked to start it
     /// again, and does not take the job down with it when drained or lost).
+    ///
+    /// Read from a cache of [`Inner::jobs_by_node`] kept until a job's placement or
+    /// activity changes; debug builds check it against a fresh scan.
     pub fn jobs_on(&self, n: NodeId) -> Vec<u32> {
-        self.active
-            .iter()
-            .copied()
-            .filter(|&id| self.runs_on(id, n))
-            .collect()
+        let on = self
+            .jobs_by_node_cache
+            .borrow_mut()
+            .get_or_insert_with(|| self.jobs_by_node())[n.0 as usize]
+            .clone();
+        debug_assert_eq!(
+            on,
+            self.active
+                .iter()
+                .copied()
+                .filter(|&id| self.runs_on(id, n))
+                .collect::<Vec<_>>(),
+            "the jobs-by-node cache missed a change"
+        );
+        on
+    }
+
+    /// Forgets [`Inner::jobs_on`]'s cache: after a change to a job's placement, its
+    /// activity or the nodes it has finished on made outside [`Inner::set_state`].
+    pub fn jobs_changed(&mut self) {
+        self.jobs_by_node_cache.get_mut().take();
     }
 
     /// Whether active job `id` still has unfinished workers on `n` ([`Inner::jobs_on`]).
@@ -313,6 +332,7 @@ impl Inner {
         nodes.dedup();
         if !r.completed_nodes.contains(&name) {
             r.completed_nodes.push(name);
+            self.jobs_by_node_cache.get_mut().take();
         }
         let topo = &self.topo;
         let missing = nodes
