@@ -198,6 +198,7 @@ fn start_agent_with(
         journal: Some(journal.clone()),
         mig: Vec::new(),
         stop_workers_on_exit: options.stop_workers_on_exit,
+        log_retention: None,
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let task = {

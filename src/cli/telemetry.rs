@@ -191,7 +191,8 @@ pub struct AgentArgs {
     #[command(flatten)]
     parquet: ParquetArgs,
     /// Delete the days of telemetry in `--out` older than this (`30d`, `720h`): swept at
-    /// start and hourly, by the rows' UTC day. Default: keep everything.
+    /// start and hourly, by the rows' UTC day; and, with `--exec`, workers' logs last
+    /// written longer ago (not those of workers still here). Default: keep everything.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_interval)]
     retention: Option<Duration>,
 }
@@ -774,6 +775,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         journal: None,
         mig,
         stop_workers_on_exit: a.connect.stop_workers_on_exit,
+        log_retention: a.retention,
     };
     let backlog = Backlog::new(&info.name, a.connect.backlog);
     let counters = Arc::new(Counters::default());

@@ -38,6 +38,7 @@ use crate::connected::records::{self, HeldGpu, RecordStore, WorkerRecord};
 use crate::connected::supervisor;
 
 mod adopt;
+mod logs;
 pub use adopt::Adoption;
 
 /// One placement of one worker of a job.
@@ -138,8 +139,14 @@ pub struct Runner {
     awaiting_report: BTreeSet<Incarnation>,
     /// `--exec` only: the workers' checkpoint files (`OUT/jobs/checkpoints`).
     checkpoints: Option<Checkpoints>,
+    /// `--exec` workers' logs older than this are deleted ([`Runner::sweep_logs`]).
+    log_retention: Option<std::time::Duration>,
+    next_log_sweep: std::time::Instant,
     pub starts: u64,
 }
+
+/// How often expired worker logs are looked for.
+const LOG_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Runner {
     pub fn new(
@@ -189,8 +196,37 @@ impl Runner {
             boot_id,
             awaiting_report: BTreeSet::new(),
             checkpoints,
+            log_retention: None,
+            next_log_sweep: std::time::Instant::now(),
             starts: 0,
         })
+    }
+
+    /// Deletes `--exec` workers' logs last written longer ago than `retention` (see
+    /// [`Runner::sweep_logs`]); `None`: kept for ever.
+    pub fn with_log_retention(mut self, retention: Option<std::time::Duration>) -> Self {
+        self.log_retention = retention;
+        self
+    }
+
+    /// At most hourly: deletes expired worker logs, except those of workers running here
+    /// or awaiting their report. Returns how many went.
+    pub fn sweep_logs(&mut self) -> usize {
+        let Some(keep) = self.log_retention else {
+            return 0;
+        };
+        if self.records.is_none() || std::time::Instant::now() < self.next_log_sweep {
+            return 0;
+        }
+        self.next_log_sweep = std::time::Instant::now() + LOG_SWEEP_EVERY;
+        let Some(before) = std::time::SystemTime::now().checked_sub(keep) else {
+            return 0;
+        };
+        logs::prune_logs(
+            &self.logs_dir,
+            before,
+            self.live.keys().chain(&self.awaiting_report),
+        )
     }
 
     pub fn live(&self) -> impl Iterator<Item = &Incarnation> {
@@ -377,9 +413,7 @@ impl Runner {
         };
         // An exit status left by an earlier run of this incarnation would end it at once.
         store.remove(&inc);
-        let log = self
-            .logs_dir
-            .join(format!("{}.{}.log", inc.file_stem(), inc.attempt));
+        let log = self.logs_dir.join(logs::log_name(&inc));
         let launched = supervisor::launch(cmd, env, &log, &store.exit_path(&inc))
             .await
             .map_err(|e| format!("could not start `{cmd}`: {e}"))?;
@@ -716,6 +750,37 @@ mod tests {
         a.gpus[0].mig_compute = 1;
         a.gpus[0].mig_memory = 1;
         a
+    }
+
+    #[test]
+    fn with_a_retention_expired_worker_logs_are_swept_at_most_hourly() {
+        let (r, _rx, dir) = runner(Mode::Exec("true".into()));
+        let mut r = r.with_log_retention(Some(std::time::Duration::from_secs(86_400)));
+        let old = |name: &str| {
+            let path = dir.path().join("jobs").join(name);
+            std::fs::write(&path, b"x").unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(
+                    std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400),
+                )
+                .unwrap();
+            path
+        };
+        let first = old("7.0.1.log");
+        assert_eq!(r.sweep_logs(), 1);
+        assert!(!first.exists());
+        // Not again within the hour.
+        let second = old("8.0.1.log");
+        assert_eq!(r.sweep_logs(), 0);
+        assert!(second.exists());
+        // Without a retention, nothing is ever swept.
+        let (mut keep_all, _rx, dir) = runner(Mode::Exec("true".into()));
+        let path = dir.path().join("jobs/9.0.1.log");
+        std::fs::write(&path, b"x").unwrap();
+        assert_eq!(keep_all.sweep_logs(), 0);
     }
 
     #[tokio::test]

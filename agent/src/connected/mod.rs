@@ -66,6 +66,9 @@ pub struct ConnectedConfig {
     /// At shutdown, kill the `--exec` workers (the scheduler then requeues them) instead
     /// of leaving them running for the next agent on this out directory to adopt.
     pub stop_workers_on_exit: bool,
+    /// `--exec` workers' logs last written longer ago are deleted (hourly; not those of
+    /// workers still here). `None`: kept for ever.
+    pub log_retention: Option<Duration>,
 }
 
 /// Counters of a connected agent, readable while it runs.
@@ -137,7 +140,8 @@ pub async fn run_connected(
         config.journal.clone(),
         config.mig.clone(),
     )
-    .map_err(|e| AgentError::Config(format!("the agent's directory: {e}")))?;
+    .map_err(|e| AgentError::Config(format!("the agent's directory: {e}")))?
+    .with_log_retention(config.log_retention);
     let adopted = runner.adopt_survivors();
     if adopted != Adoption::default() {
         tracing::info!(
@@ -369,7 +373,10 @@ async fn session(
             e = &mut failed => {
                 return Err(e.unwrap_or_else(|_| ClientError::Call(marshal_scheduler::service::tonic::Status::unavailable("telemetry task ended"))));
             }
-            _ = retry.tick() => runner.poll_checkpoints(),
+            _ = retry.tick() => {
+                runner.poll_checkpoints();
+                runner.sweep_logs();
+            }
         }
         if !runner.reports.is_empty() {
             flush_reports(runner, &mut client, counters).await?;
