@@ -146,6 +146,39 @@ pub struct SecurityConfig {
     pub client_ca: Option<PathBuf>,
 }
 
+/// A TOML error by line and column, without the offending line that toml's own message
+/// quotes: in a configuration holding tokens that line may be one.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let column = before.len() - line_start + 1;
+            // The key, which names what is wrong; never the value after it.
+            let key = text[line_start..]
+                .lines()
+                .next()
+                .and_then(|l| l.split_once('='))
+                .map(|(k, _)| k.trim())
+                // A bare key only: a line of a multi-line token list has no key, and
+                // what precedes a token's own `=` is part of the token.
+                .filter(|k| {
+                    !k.is_empty()
+                        && k.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+                })
+                .map(|k| format!(" (key `{k}`)"))
+                .unwrap_or_default();
+            format!(
+                "TOML error at line {line}, column {column}{key}: {}",
+                e.message()
+            )
+        }
+        None => format!("TOML error: {}", e.message()),
+    }
+}
+
 impl SecurityConfig {
     /// Any bearer token configured.
     pub fn holds_tokens(&self) -> bool {
@@ -200,7 +233,7 @@ impl Default for ServiceConfig {
 impl ServiceConfig {
     pub fn from_toml(text: &str) -> Result<Self, StartError> {
         let config: ServiceConfig =
-            toml::from_str(text).map_err(|e| StartError::Config(e.to_string()))?;
+            toml::from_str(text).map_err(|e| StartError::Config(toml_error(text, &e)))?;
         config.validate()?;
         Ok(config)
     }
@@ -529,6 +562,14 @@ keepalive_timeout_ms = 0"
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));
         assert!(err("polcy = \"fifo\"").contains("unknown field"));
+        // A syntax error names the place, not the line (it may hold a token).
+        let secret = "s3cr3t-token-0123456789abcdef0123456789";
+        let e = err(&format!("[security]\nclient_tokens = [\"{secret}\",,]"));
+        assert!(e.contains("line 2") && !e.contains(secret), "{e}");
+        let e = err(&format!(
+            "[security]\nclient_tokens = [\n  \"{secret}=\",,\n]"
+        ));
+        assert!(e.contains("line 3") && !e.contains("s3cr3t"), "{e}");
         assert!(err("model = \"m\"").contains("learned"));
         assert!(err("policy = \"learned\"\nfallback = \"learned\"").contains("fallback"));
         assert!(err("policy = \"learned\"\nfallback = \"nope\"").contains("fallback"));
