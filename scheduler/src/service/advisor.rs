@@ -158,7 +158,7 @@ pub async fn advise_off_thread(
     default_policy: &str,
     model: &dyn ModelSlot,
     cpu_nodes_first: bool,
-    slots: &tokio::sync::Semaphore,
+    slots: &Arc<tokio::sync::Semaphore>,
 ) -> Result<Advice, tonic::Status> {
     let name = if req.policy.is_empty() {
         default_policy
@@ -172,13 +172,18 @@ pub async fn advise_off_thread(
     };
     let policy = default_policy.to_string();
     let learned = model.policy_update(0).map(|u| u.setup);
-    let _slot = slots
-        .acquire()
+    // The slot goes with the computation: a cancelled call drops this future, not the
+    // blocking task, which must keep its slot until it ends.
+    let slot = slots
+        .clone()
+        .acquire_owned()
         .await
         .map_err(|_| tonic::Status::unavailable("the advisor is shutting down"))?;
     let now = crate::service::core::now_us();
     let advice = tokio::task::spawn_blocking(move || {
-        advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now)
+        let advice = advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now);
+        drop(slot);
+        advice
     })
     .await
     .map_err(|e| tonic::Status::internal(format!("advise task: {e}")))??;
@@ -186,12 +191,12 @@ pub async fn advise_off_thread(
 }
 
 /// `max_concurrent_advise` as a count of calls (0: the number of CPUs).
-pub fn advise_slots(configured: usize) -> tokio::sync::Semaphore {
+pub fn advise_slots(configured: usize) -> Arc<tokio::sync::Semaphore> {
     let n = match configured {
         0 => std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
         n => n,
     };
-    tokio::sync::Semaphore::new(n)
+    Arc::new(tokio::sync::Semaphore::new(n))
 }
 
 /// Recommendations for `req`, with the decision records behind them (ids unset: the
@@ -396,7 +401,7 @@ mod tests {
     async fn a_call_beyond_max_concurrent_advise_waits_for_a_slot() {
         assert_eq!(advise_slots(3).available_permits(), 3);
         assert!(advise_slots(0).available_permits() >= 1);
-        let slots = tokio::sync::Semaphore::new(0);
+        let slots = Arc::new(tokio::sync::Semaphore::new(0));
         let call = advise_off_thread(
             pb::AdviseRequest::default(),
             "topo-pack",

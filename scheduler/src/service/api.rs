@@ -475,6 +475,9 @@ impl AdminService for Api {
                 e @ crate::service::model::ModelError::Forbidden { .. } => {
                     Status::permission_denied(e.to_string())
                 }
+                e @ crate::service::model::ModelError::Unsettled { .. } => {
+                    Status::unavailable(e.to_string())
+                }
             })?;
         Ok(Response::new(self.model_info(status)))
     }

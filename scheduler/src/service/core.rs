@@ -186,7 +186,7 @@ pub struct Core {
     /// See [`ServiceConfig::cpu_nodes_first`]; `Advise` applies it to each call's policy.
     pub cpu_nodes_first: bool,
     /// `max_concurrent_advise`.
-    pub advise_slots: tokio::sync::Semaphore,
+    pub advise_slots: Arc<tokio::sync::Semaphore>,
     cycle_interval: Duration,
     log: Mutex<Option<DecisionLog>>,
     log_seen: Mutex<LogCounts>,

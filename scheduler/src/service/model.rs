@@ -50,6 +50,10 @@ pub enum ModelError {
     /// `ReloadModel` named a directory outside `model_reload_roots`; nothing was read.
     #[error("artifact {path}: {reason}")]
     Forbidden { path: String, reason: String },
+    /// The directory kept changing while it was loaded (a copy in progress): try
+    /// again; the current model is kept.
+    #[error("artifact {path}: {reason}; the current model is kept")]
+    Unsettled { path: String, reason: String },
 }
 
 impl ModelError {
@@ -58,7 +62,8 @@ impl ModelError {
             ModelError::Unsupported(m) => m,
             ModelError::Rejected { reason, .. }
             | ModelError::Unpromoted { reason, .. }
-            | ModelError::Forbidden { reason, .. } => reason,
+            | ModelError::Forbidden { reason, .. }
+            | ModelError::Unsettled { reason, .. } => reason,
         }
     }
 }
@@ -252,7 +257,7 @@ fn load_unchanged(
             return (before, record, loaded);
         }
     }
-    let refused = ModelError::Rejected {
+    let refused = ModelError::Unsettled {
         path: dir.display().to_string(),
         reason: format!("its content changed while it was loaded, {LOAD_TRIES} times in a row"),
     };
@@ -357,16 +362,18 @@ impl LearnedSlot {
         self
     }
 
-    /// `Ok` iff `path` lies under a reload root; checked before anything in it is read.
-    fn check_reload_root(&self, path: &Path) -> Result<(), ModelError> {
-        let inside = resolved(path).is_some_and(|real| {
-            self.reload_roots
+    /// `path` resolved (links followed), iff it lies under a reload root; checked before
+    /// anything in it is read. The resolved path is what is loaded and then watched, so
+    /// a link under a root changed later cannot lead the poll elsewhere.
+    fn check_reload_root(&self, path: &Path) -> Result<PathBuf, ModelError> {
+        if let Some(real) = resolved(path)
+            && self
+                .reload_roots
                 .iter()
                 .filter_map(|r| std::fs::canonicalize(r).ok())
                 .any(|root| real.starts_with(root))
-        });
-        if inside {
-            return Ok(());
+        {
+            return Ok(real);
         }
         let roots: Vec<String> = self
             .reload_roots
@@ -529,10 +536,7 @@ impl ModelSlot for LearnedSlot {
 
     fn reload(&self, path: Option<&Path>, _policy: &str) -> Result<ModelStatus, ModelError> {
         let dir = match path {
-            Some(p) => {
-                self.check_reload_root(p)?;
-                p.to_path_buf()
-            }
+            Some(p) => self.check_reload_root(p)?,
             None => self.lock().watched.clone(),
         };
         self.load(&dir, false)
@@ -688,8 +692,9 @@ mod tests {
             load_artifact(&dir, f, &PromotionPolicy::off())
         });
         assert_eq!((f, record), (None, None));
-        let e = loaded.unwrap_err().to_string();
-        assert!(e.contains("changed while it was loaded"), "{e}");
+        let e = loaded.unwrap_err();
+        assert!(matches!(e, ModelError::Unsettled { .. }), "{e:?}");
+        assert!(e.to_string().contains("changed while it was loaded"), "{e}");
     }
 
     fn forbidden(r: Result<ModelStatus, ModelError>) -> String {
@@ -737,11 +742,29 @@ mod tests {
         let s = slot.status(LEARNED);
         assert_eq!((s.reloads, s.rejected_reloads), (1, 1), "{s:?}");
         assert!(s.path.ends_with("/b"), "{s:?}");
+        // A link under the root is loaded, and watched, as what it points to: pointed
+        // elsewhere later, it does not lead the poll out of the roots.
+        #[cfg(unix)]
+        {
+            let current = tmp.path().join("current");
+            std::os::unix::fs::symlink(&sibling, &current).unwrap();
+            let s = slot.reload(Some(&current), LEARNED).unwrap();
+            let real = std::fs::canonicalize(&sibling).unwrap();
+            assert_eq!(s.path, real.display().to_string());
+            std::fs::remove_file(&current).unwrap();
+            std::os::unix::fs::symlink(&outside, &current).unwrap();
+            slot.poll();
+            assert_eq!(slot.status(LEARNED).path, real.display().to_string());
+        }
         // Configured roots replace the default; an empty path reloads the watched one.
         let slot = slot.with_reload_roots(&[elsewhere.path().to_path_buf()]);
-        assert_eq!(slot.reload(Some(&outside), LEARNED).unwrap().reloads, 2);
+        let before = slot.status(LEARNED).reloads;
+        assert_eq!(
+            slot.reload(Some(&outside), LEARNED).unwrap().reloads,
+            before + 1
+        );
         forbidden(slot.reload(Some(&sibling), LEARNED));
-        assert_eq!(slot.reload(None, LEARNED).unwrap().reloads, 3);
+        assert_eq!(slot.reload(None, LEARNED).unwrap().reloads, before + 2);
     }
 
     #[test]

@@ -57,6 +57,9 @@ impl ShadowLog {
 struct LogFile {
     out: std::io::BufWriter<std::fs::File>,
     len: u64,
+    /// After a failed rotation, the size at which it is tried again (another
+    /// `rotate_bytes` on), so that a lasting failure is not retried on every call.
+    retry_at: u64,
 }
 
 #[derive(Debug)]
@@ -69,7 +72,7 @@ pub struct ShadowAdvisor {
     next_id: AtomicU64,
     recent: Mutex<VecDeque<DecisionRecord>>,
     cpu_nodes_first: bool,
-    advise_slots: tokio::sync::Semaphore,
+    advise_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl ShadowAdvisor {
@@ -107,10 +110,12 @@ impl ShadowAdvisor {
     ) -> Result<Self, std::io::Error> {
         let file = open_for_append(&log.path)?;
         let mut largest_id = largest_id_at_the_end(&log.path, &file, true)?;
-        if largest_id == 0
-            && let Ok(previous) = std::fs::File::open(log.rotated(1))
+        // Also `.1`'s: a call that took a larger id may have been appended before the
+        // rotation while a smaller one went after it.
+        if let Ok(previous) = std::fs::File::open(log.rotated(1))
+            && previous.metadata().is_ok_and(|m| m.is_file())
         {
-            largest_id = largest_id_at_the_end(&log.rotated(1), &previous, false)?;
+            largest_id = largest_id.max(largest_id_at_the_end(&log.rotated(1), &previous, false)?);
         }
         let len = file.metadata()?.len();
         Ok(ShadowAdvisor {
@@ -119,6 +124,7 @@ impl ShadowAdvisor {
             log: Mutex::new(LogFile {
                 out: std::io::BufWriter::new(file),
                 len,
+                retry_at: 0,
             }),
             options: log.clone(),
             log_name: log.path.display().to_string(),
@@ -138,10 +144,13 @@ impl ShadowAdvisor {
             log.len += line.len() as u64 + 1;
         }
         log.out.flush().map_err(io)?;
-        if self.options.rotate_bytes.is_some_and(|max| log.len >= max) {
+        if let Some(max) = self.options.rotate_bytes
+            && log.len >= max.max(log.retry_at)
+        {
             // The records are in the log already: a failed rotation is logged, and the
-            // log grows on until the next call tries again.
+            // log grows on until another `max` bytes later.
             if let Err(error) = rotate(&self.options, &mut log) {
+                log.retry_at = log.len.saturating_add(max);
                 tracing::warn!(log = %self.log_name, %error, "shadow log: rotation failed; still appending to the current file");
             }
         }
@@ -158,7 +167,10 @@ fn open_for_append(path: &Path) -> Result<std::fs::File, std::io::Error> {
 }
 
 /// `<path>.k` → `<path>.k+1` down to `.1`, dropping `.keep`; `<path>` → `<path>.1`; a
-/// new `<path>`. The log is synced first, so a rotated file is whole.
+/// new `<path>`. The log is synced first, so a rotated file is whole. Once the log has
+/// been renamed `.1`, a new `<path>` is opened before anything else can fail, or the
+/// rename is undone: writing on under `.1` would let the next rotation shift, and in
+/// the end delete, the file being written.
 fn rotate(options: &ShadowLog, log: &mut LogFile) -> Result<(), std::io::Error> {
     log.out.get_ref().sync_all()?;
     let gone = |r: std::io::Result<()>| match r {
@@ -170,14 +182,25 @@ fn rotate(options: &ShadowLog, log: &mut LogFile) -> Result<(), std::io::Error> 
         gone(std::fs::rename(options.rotated(k), options.rotated(k + 1)))?;
     }
     std::fs::rename(&options.path, options.rotated(1))?;
-    let file = open_for_append(&options.path)?;
-    if let Some(dir) = options.path.parent() {
-        marshal_model::artifact::sync_dir(dir)?;
-    }
+    let file = match open_for_append(&options.path) {
+        Ok(f) => f,
+        Err(e) => {
+            if let Err(back) = std::fs::rename(options.rotated(1), &options.path) {
+                tracing::error!(log = %options.path.display(), error = %back, "shadow log: cannot undo a failed rotation; the log is being written as its .1 file");
+            }
+            return Err(e);
+        }
+    };
     *log = LogFile {
         out: std::io::BufWriter::new(file),
         len: 0,
+        retry_at: 0,
     };
+    if let Some(dir) = options.path.parent()
+        && let Err(error) = marshal_model::artifact::sync_dir(dir)
+    {
+        tracing::warn!(log = %options.path.display(), %error, "shadow log: the rotation may not survive a power loss");
+    }
     tracing::info!(log = %options.path.display(), "shadow log rotated");
     Ok(())
 }
@@ -341,19 +364,24 @@ mod tests {
         assert_eq!(advisor.next_id.load(Ordering::Relaxed), 1);
     }
 
-    #[test]
-    fn a_rotated_log_keeps_its_newest_files_and_ids_continue() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A record, its size in the log, and a log in `dir` that rotates every two
+    /// records (ids 1 to 9: records of one size).
+    fn two_records_per_file(dir: &Path, keep: usize) -> (DecisionRecord, u64, ShadowLog) {
         let mut record = crate::service::codec::tests::placement_decision();
-        // Ids 1 to 9 below: records of one size.
         record.id = 1;
         let size = serde_json::to_string(&record).unwrap().len() as u64 + 1;
         let options = ShadowLog {
-            path: dir.path().join("shadow.jsonl"),
-            // Two records per file.
+            path: dir.join("shadow.jsonl"),
             rotate_bytes: Some(2 * size),
-            keep: 2,
+            keep,
         };
+        (record, size, options)
+    }
+
+    #[test]
+    fn a_rotated_log_keeps_its_newest_files_and_ids_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        let (record, _, options) = two_records_per_file(dir.path(), 2);
         let ids = |path: &Path| -> Vec<u64> {
             std::fs::read_to_string(path)
                 .unwrap()
@@ -384,6 +412,47 @@ mod tests {
         append(&advisor);
         assert_eq!(ids(&options.path), [9]);
         assert_eq!(ids(&options.rotated(1)), [7, 8]);
+        drop(advisor);
+
+        // Two calls raced across a rotation: 11 went into `.1`, 10 after it. A restart
+        // must not hand out 11 again.
+        std::fs::write(&options.path, "{\"id\":10}\n").unwrap();
+        std::fs::write(options.rotated(1), "{\"id\":9}\n{\"id\":11}\n").unwrap();
+        let advisor = ShadowAdvisor::open("topo-pack", &options, Arc::new(NoModel)).unwrap();
+        assert_eq!(advisor.next_id.load(Ordering::Relaxed), 12);
+    }
+
+    #[test]
+    fn a_failed_rotation_loses_nothing_and_is_not_retried_on_every_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let (record, size, options) = two_records_per_file(dir.path(), 1);
+        // `.1` cannot be replaced: it is a directory with something in it.
+        std::fs::create_dir(options.rotated(1)).unwrap();
+        std::fs::write(options.rotated(1).join("x"), b"x").unwrap();
+        let advisor = ShadowAdvisor::open("topo-pack", &options, Arc::new(NoModel)).unwrap();
+        for id in 1..=5 {
+            let mut r = record.clone();
+            r.id = id;
+            advisor.append(&[r]).unwrap();
+        }
+        // Every record is in the log, which kept growing...
+        let lines = std::fs::read_to_string(&options.path).unwrap();
+        assert_eq!(lines.lines().count(), 5);
+        // ...and the next try waits for another `rotate_bytes`: at 2 records, then 4.
+        assert_eq!(advisor.log.lock().unwrap().retry_at, 6 * size);
+        // Once `.1` can be replaced, the next try rotates.
+        std::fs::remove_dir_all(options.rotated(1)).unwrap();
+        let mut r = record.clone();
+        r.id = 6;
+        advisor.append(&[r]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(options.rotated(1))
+                .unwrap()
+                .lines()
+                .count(),
+            6
+        );
+        assert_eq!(std::fs::metadata(&options.path).unwrap().len(), 0);
     }
 
     #[test]

@@ -54,7 +54,12 @@ impl NodeWatchers {
     pub fn subscribe(&self, node: NodeId) -> NodeWatch {
         let (tx, rx) = mpsc::channel(WATCH_BACKLOG);
         let lagged = Arc::new(AtomicBool::new(false));
-        self.lock().entry(node).or_default().push(Watcher {
+        let mut by_node = self.lock();
+        let watchers = by_node.entry(node).or_default();
+        // Watches closed since the node's last assignment: an idle node whose agent
+        // reconnects (or a client opening and closing watches) would pile them up.
+        watchers.retain(|w| !w.tx.is_closed());
+        watchers.push(Watcher {
             tx,
             lagged: lagged.clone(),
         });
@@ -116,7 +121,12 @@ mod tests {
             on_b.rx.try_recv().is_err(),
             "node b woke for node a's assignment"
         );
-        // A watcher that went away is forgotten at the next publish to its node.
+        // A watcher that went away is forgotten at the next subscription to its node...
+        let gone = watchers.subscribe(b);
+        drop(gone);
+        let _again = watchers.subscribe(b);
+        assert_eq!(watchers.watching(b), 2, "the closed watch was kept");
+        // ...or the next publish to it.
         let [first, mut second] = on_a;
         drop(first);
         watchers.publish(a, &start(9));
@@ -125,7 +135,7 @@ mod tests {
         drop(second);
         watchers.publish(a, &start(10));
         assert_eq!(watchers.watching(a), 0);
-        assert_eq!(watchers.watching(b), 1);
+        assert_eq!(watchers.watching(b), 2);
     }
 
     #[test]
