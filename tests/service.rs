@@ -868,7 +868,7 @@ fn a_node_token_acts_as_its_own_node_only() {
         let e = code(nodes.register(register(1, NODE0_TOKEN)).await);
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         assert!(
-            e.message().contains("belongs to node n-0, not n-1"),
+            e.message().contains("bound to node n-0 (by its token or client certificate), not n-1"),
             "{e:?}"
         );
         nodes.register(register(1, NODE1_TOKEN)).await.unwrap();
@@ -911,7 +911,7 @@ fn a_node_token_acts_as_its_own_node_only() {
             .unwrap()
             .into_inner();
         assert_eq!((ack.accepted, ack.rejected), (1, 1), "{ack:?}");
-        assert!(ack.first_error.contains("belongs to node n-0"), "{ack:?}");
+        assert!(ack.first_error.contains("bound to node n-0"), "{ack:?}");
         handle.shutdown().await.unwrap();
     });
 }
@@ -1674,7 +1674,8 @@ fn pki() -> Pki {
         (cert.pem(), key.serialize_pem())
     };
     let (server_cert, server_key) = leaf("localhost");
-    let (client_cert, client_key) = leaf("agent-1");
+    // Named like the inventory's node n-1, for `bind_node_certificates`.
+    let (client_cert, client_key) = leaf("n-1");
     Pki {
         ca: ca.pem(),
         server_cert,
@@ -1684,7 +1685,6 @@ fn pki() -> Pki {
     }
 }
 
-/// Writes `text` to `dir/name` and returns the path.
 /// Writes `text` to `dir/name`, readable by its owner only (as keys must be).
 fn write_file(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     use std::io::Write as _;
@@ -1795,6 +1795,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
         cfg.security.tls_cert = Some(write("server.pem", &p.server_cert));
         cfg.security.tls_key = Some(write("server.key", &p.server_key));
         cfg.security.client_ca = Some(write("ca.pem", &p.ca));
+        cfg.security.bind_node_certificates = true;
         let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
             .await
             .unwrap();
@@ -1817,7 +1818,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
             .connect()
             .await
             .unwrap();
-        call(with_cert).await.unwrap();
+        call(with_cert.clone()).await.unwrap();
         // The agent-side client over mutual TLS: register, then a report the server
         // refuses for a precise reason (nothing is placed there).
         let agent_config = service::client::ClientConfig {
@@ -1836,6 +1837,25 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
             .unwrap();
         let reg = agent.register(node_info(1), vec![]).await.unwrap();
         assert!(reg.status.unwrap().registered);
+        // Its certificate names n-1: it cannot act as another node.
+        let as_other = NodeServiceClient::new(with_cert.clone())
+            .heartbeat(pb::HeartbeatRequest {
+                node: "n-0".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(as_other.code(), Code::PermissionDenied, "{as_other:?}");
+        assert!(
+            as_other.message().contains("bound to node n-1"),
+            "{}",
+            as_other.message()
+        );
+        NodeServiceClient::new(with_cert.clone())
+            .heartbeat(pb::HeartbeatRequest {
+                node: "n-1".into(),
+            })
+            .await
+            .unwrap();
         match agent.report(5, 1, pb::JobState::Running, "").await {
             Err(service::client::ClientError::Call(s)) => {
                 assert_eq!(s.code(), Code::NotFound, "{s:?}")

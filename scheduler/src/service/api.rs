@@ -254,7 +254,7 @@ impl NodeService for Api {
         while let Some(sample) = stream.message().await? {
             let result = match &bound {
                 Some(BoundNode(own)) if *own != sample.node => Err(format!(
-                    "sample of node {}: this token belongs to node {own}",
+                    "sample of node {}: this caller is bound to node {own}",
                     sample.node
                 )),
                 _ => self.core.lock().telemetry(&sample, now_us()),

@@ -13,6 +13,42 @@ use tonic::{Request, Status};
 pub struct BearerAuth {
     tokens: Arc<[(Vec<u8>, Option<String>)]>,
     audience: &'static str,
+    /// `bind_node_certificates`: the inventory's node names, which a client
+    /// certificate's names are matched against ([`node_of_certificate`]).
+    certificate_nodes: Option<Arc<std::collections::HashSet<String>>>,
+}
+
+/// The inventory node a client certificate names (by a DNS subject alternative name,
+/// or its subject's common name), if any. A certificate naming two nodes is refused:
+/// it was issued wrongly, and could act as either.
+pub fn node_of_certificate(
+    der: &[u8],
+    nodes: &std::collections::HashSet<String>,
+) -> Result<Option<String>, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("unreadable client certificate: {e}"))?;
+    let mut names: Vec<String> = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(String::from))
+        .collect();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        names.extend(san.value.general_names.iter().filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+            _ => None,
+        }));
+    }
+    names.retain(|n| nodes.contains(n));
+    names.sort();
+    names.dedup();
+    match names.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one.clone())),
+        many => Err(format!(
+            "the client certificate names several nodes ({}); one node per certificate",
+            many.join(", ")
+        )),
+    }
 }
 
 /// The node a call's token belongs to (node tokens only).
@@ -24,7 +60,7 @@ impl BoundNode {
     pub fn check<T>(request: &tonic::Request<T>, node: &str) -> Result<(), Status> {
         match request.extensions().get::<BoundNode>() {
             Some(BoundNode(own)) if own != node => Err(Status::permission_denied(format!(
-                "this token belongs to node {own}, not {node}"
+                "this caller is bound to node {own} (by its token or client certificate), not {node}"
             ))),
             _ => Ok(()),
         }
@@ -39,6 +75,17 @@ impl BearerAuth {
                 .map(|t| (t.as_bytes().to_vec(), None))
                 .collect(),
             audience,
+            certificate_nodes: None,
+        }
+    }
+
+    /// With mutual TLS: a client certificate that names an inventory node (of `nodes`)
+    /// binds the call to that node, as a node token does; a token bound to another
+    /// node is then refused.
+    pub fn with_certificate_nodes(self, nodes: impl IntoIterator<Item = String>) -> Self {
+        BearerAuth {
+            certificate_nodes: Some(Arc::new(nodes.into_iter().collect())),
+            ..self
         }
     }
 
@@ -114,7 +161,24 @@ impl Interceptor for BearerAuth {
                 .get("authorization")
                 .map(|v| v.as_bytes()),
         )?;
-        if let Some(node) = bound {
+        let certified = match (&self.certificate_nodes, request.peer_certs()) {
+            (Some(nodes), Some(chain)) => match chain.first() {
+                Some(leaf) => {
+                    node_of_certificate(leaf, nodes).map_err(Status::permission_denied)?
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        let node = match (bound, certified) {
+            (Some(token), Some(cert)) if token != cert => {
+                return Err(Status::permission_denied(format!(
+                    "the token belongs to node {token} but the client certificate to node {cert}"
+                )));
+            }
+            (token, cert) => cert.or(token),
+        };
+        if let Some(node) = node {
             request.extensions_mut().insert(BoundNode(node));
         }
         Ok(request)
@@ -124,6 +188,30 @@ impl Interceptor for BearerAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn certificate(names: &[&str]) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let cert = rcgen::CertificateParams::new(names)
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        cert.der().to_vec()
+    }
+
+    #[test]
+    fn a_client_certificate_binds_to_the_one_node_it_names() {
+        let nodes: std::collections::HashSet<String> =
+            ["n-0", "n-1"].iter().map(|n| n.to_string()).collect();
+        let node = |names: &[&str]| node_of_certificate(&certificate(names), &nodes);
+        assert_eq!(node(&["n-1"]), Ok(Some("n-1".into())));
+        assert_eq!(node(&["ops.example", "n-0"]), Ok(Some("n-0".into())));
+        assert_eq!(node(&["ops.example"]), Ok(None));
+        let e = node(&["n-0", "n-1"]).unwrap_err();
+        assert!(e.contains("several nodes") && e.contains("n-0, n-1"), "{e}");
+        let e = node_of_certificate(b"not DER", &nodes).unwrap_err();
+        assert!(e.contains("unreadable client certificate"), "{e}");
+    }
 
     #[test]
     fn tokens_are_checked_only_when_configured() {
@@ -162,7 +250,7 @@ mod tests {
         assert!(BoundNode::check(&request, "dgx-3").is_ok());
         let err = BoundNode::check(&request, "dgx-4").unwrap_err();
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
-        assert!(err.message().contains("belongs to node dgx-3"), "{err:?}");
+        assert!(err.message().contains("bound to node dgx-3"), "{err:?}");
         assert!(BoundNode::check(&tonic::Request::new(()), "dgx-4").is_ok());
     }
 }

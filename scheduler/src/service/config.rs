@@ -144,6 +144,10 @@ pub struct SecurityConfig {
     pub tls_key: Option<PathBuf>,
     /// CA (PEM) that client certificates must chain to: mutual TLS on.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: a client certificate naming an inventory node (a DNS subject
+    /// alternative name or the common name) binds the node service's calls to that
+    /// node, as `node_tokens` do; a token bound to another node is refused.
+    pub bind_node_certificates: bool,
 }
 
 /// A TOML error by line and column, without the offending line that toml's own message
@@ -484,6 +488,12 @@ impl ServiceConfig {
         if s.client_ca.is_some() && s.tls_cert.is_none() {
             return bad("security.client_ca (mutual TLS) needs tls_cert and tls_key".into());
         }
+        if s.bind_node_certificates && s.client_ca.is_none() {
+            return bad(
+                "security.bind_node_certificates needs client_ca (client certificates come with mutual TLS)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 }
@@ -561,6 +571,7 @@ keepalive_timeout_ms = 0"
         assert!(err("[security]\nclient_tokens = [\"short\"]").contains("client_tokens[0]"));
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));
+        assert!(err("[security]\nbind_node_certificates = true").contains("needs client_ca"));
         assert!(err("polcy = \"fifo\"").contains("unknown field"));
         // A syntax error names the place, not the line (it may hold a token).
         let secret = "s3cr3t-token-0123456789abcdef0123456789";

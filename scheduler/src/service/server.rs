@@ -368,7 +368,11 @@ pub async fn start(
     let sec = &config.security;
     let mut builder = server_builder(&config)?;
     let clients = BearerAuth::new(&sec.client_tokens, "client");
-    let agents = BearerAuth::new(&sec.agent_tokens, "agent").with_node_tokens(&sec.node_tokens);
+    let mut agents = BearerAuth::new(&sec.agent_tokens, "agent").with_node_tokens(&sec.node_tokens);
+    if sec.bind_node_certificates {
+        let topo = core.lock().topo.clone();
+        agents = agents.with_certificate_nodes(topo.node_ids().map(|n| topo.node(n).name.clone()));
+    }
     let api = Api {
         core: core.clone(),
         shutdown: stop_rx.clone(),
