@@ -868,7 +868,8 @@ fn a_node_token_acts_as_its_own_node_only() {
         let e = code(nodes.register(register(1, NODE0_TOKEN)).await);
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
         assert!(
-            e.message().contains("bound to node n-0 (by its token or client certificate), not n-1"),
+            e.message()
+                .contains("bound to node n-0 (by its token or client certificate), not n-1"),
             "{e:?}"
         );
         nodes.register(register(1, NODE1_TOKEN)).await.unwrap();
@@ -1839,9 +1840,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
         assert!(reg.status.unwrap().registered);
         // Its certificate names n-1: it cannot act as another node.
         let as_other = NodeServiceClient::new(with_cert.clone())
-            .heartbeat(pb::HeartbeatRequest {
-                node: "n-0".into(),
-            })
+            .heartbeat(pb::HeartbeatRequest { node: "n-0".into() })
             .await
             .unwrap_err();
         assert_eq!(as_other.code(), Code::PermissionDenied, "{as_other:?}");
@@ -1851,9 +1850,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
             as_other.message()
         );
         NodeServiceClient::new(with_cert.clone())
-            .heartbeat(pb::HeartbeatRequest {
-                node: "n-1".into(),
-            })
+            .heartbeat(pb::HeartbeatRequest { node: "n-1".into() })
             .await
             .unwrap();
         match agent.report(5, 1, pb::JobState::Running, "").await {

@@ -19,8 +19,9 @@ pub struct BearerAuth {
 }
 
 /// The inventory node a client certificate names (by a DNS subject alternative name,
-/// or its subject's common name), if any. A certificate naming two nodes is refused:
-/// it was issued wrongly, and could act as either.
+/// or its subject's common name), if any, compared as DNS names are: without case and
+/// without a trailing dot. A certificate naming two nodes is refused (it was issued
+/// wrongly, and could act as either), and so is one whose names cannot be read.
 pub fn node_of_certificate(
     der: &[u8],
     nodes: &std::collections::HashSet<String>,
@@ -32,13 +33,24 @@ pub fn node_of_certificate(
         .iter_common_name()
         .filter_map(|cn| cn.as_str().ok().map(String::from))
         .collect();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| format!("the client certificate's alternative names: {e}"))?;
+    if let Some(san) = san {
         names.extend(san.value.general_names.iter().filter_map(|n| match n {
             x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
             _ => None,
         }));
     }
-    names.retain(|n| nodes.contains(n));
+    let canonical = |n: &str| n.trim_end_matches('.').to_ascii_lowercase();
+    let names: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            let n = canonical(n);
+            nodes.iter().find(|node| canonical(node) == n).cloned()
+        })
+        .collect();
+    let mut names = names;
     names.sort();
     names.dedup();
     match names.as_slice() {
@@ -207,6 +219,17 @@ mod tests {
         assert_eq!(node(&["n-1"]), Ok(Some("n-1".into())));
         assert_eq!(node(&["ops.example", "n-0"]), Ok(Some("n-0".into())));
         assert_eq!(node(&["ops.example"]), Ok(None));
+        // DNS names compare without case or a trailing dot.
+        assert_eq!(node(&["N-1."]), Ok(Some("n-1".into())));
+        // The subject's common name counts too.
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "n-0");
+        let by_cn = params.self_signed(&key).unwrap().der().to_vec();
+        assert_eq!(node_of_certificate(&by_cn, &nodes), Ok(Some("n-0".into())));
         let e = node(&["n-0", "n-1"]).unwrap_err();
         assert!(e.contains("several nodes") && e.contains("n-0, n-1"), "{e}");
         let e = node_of_certificate(b"not DER", &nodes).unwrap_err();

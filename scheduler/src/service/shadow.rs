@@ -115,7 +115,13 @@ impl ShadowAdvisor {
         if let Ok(previous) = std::fs::File::open(log.rotated(1))
             && previous.metadata().is_ok_and(|m| m.is_file())
         {
-            largest_id = largest_id.max(largest_id_at_the_end(&log.rotated(1), &previous, false)?);
+            // Best effort: an unreadable `.1` must not keep the advisor from starting.
+            match largest_id_at_the_end(&log.rotated(1), &previous, false) {
+                Ok(id) => largest_id = largest_id.max(id),
+                Err(error) => {
+                    tracing::warn!(log = %log.rotated(1).display(), %error, "shadow log: cannot read the rotated log for its last id");
+                }
+            }
         }
         let len = file.metadata()?.len();
         Ok(ShadowAdvisor {
