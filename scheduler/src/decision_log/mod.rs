@@ -25,7 +25,7 @@ mod features;
 mod retention;
 
 pub use features::LoggedFeatures;
-pub use retention::{Pruned, prune_log};
+pub use retention::{Pruned, prune_files, prune_log};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

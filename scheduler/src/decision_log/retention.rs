@@ -22,45 +22,63 @@ pub struct Pruned {
 pub fn prune_log(dir: &Path, before: SystemTime) -> Pruned {
     let mut done = Pruned::default();
     for sub in [DECISIONS_DIR, OUTCOMES_DIR] {
-        let sub = dir.join(sub);
-        let entries = match std::fs::read_dir(&sub) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+        let one = prune_files(
+            &dir.join(sub),
+            before,
+            |name| name.starts_with("part-") && name.ends_with(".parquet"),
+            "decision log retention",
+        );
+        done.files += one.files;
+        done.errors += one.errors;
+    }
+    done
+}
+
+/// Deletes the plain files directly in `dir` whose name `wanted` accepts and that were
+/// last modified before `before` (a missing `dir` has none). Failures are logged, with
+/// `what` saying whose retention it is, and counted; a later sweep tries again. Shared
+/// by the decision log and the agent's worker logs.
+pub fn prune_files(
+    dir: &Path,
+    before: SystemTime,
+    wanted: impl Fn(&str) -> bool,
+    what: &str,
+) -> Pruned {
+    let mut done = Pruned::default();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return done,
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "{what}: cannot list");
+            done.errors += 1;
+            return done;
+        }
+    };
+    for entry in entries.flatten() {
+        if !wanted(&entry.file_name().to_string_lossy()) {
+            continue;
+        }
+        let path = entry.path();
+        let expired = entry
+            .metadata()
+            .and_then(|m| Ok(m.is_file() && m.modified()? < before));
+        match expired.and_then(|old| {
+            if old {
+                std::fs::remove_file(&path).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        }) {
+            Ok(true) => done.files += 1,
+            Ok(false) => {}
             Err(error) => {
-                tracing::warn!(dir = %sub.display(), %error, "decision log retention: cannot list");
+                tracing::warn!(file = %path.display(), %error, "{what}: cannot delete");
                 done.errors += 1;
-                continue;
-            }
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if !(name.starts_with("part-") && name.ends_with(".parquet")) {
-                continue;
-            }
-            let path = entry.path();
-            let expired = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .map(|t| t < before);
-            match expired.and_then(|old| {
-                if old {
-                    std::fs::remove_file(&path).map(|()| true)
-                } else {
-                    Ok(false)
-                }
-            }) {
-                Ok(true) => done.files += 1,
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::warn!(file = %path.display(), %error, "decision log retention: cannot delete");
-                    done.errors += 1;
-                }
             }
         }
     }
     if done.files > 0 {
-        tracing::info!(dir = %dir.display(), files = done.files, "decision log retention: deleted expired files");
+        tracing::info!(dir = %dir.display(), files = done.files, "{what}: deleted expired files");
     }
     done
 }

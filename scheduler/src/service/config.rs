@@ -150,6 +150,22 @@ pub struct SecurityConfig {
     pub bind_node_certificates: bool,
 }
 
+/// `Ok` iff `value` lies in `range`; else the error `name = value: must be a..=b`.
+fn within<T: PartialOrd + std::fmt::Display>(
+    name: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<(), StartError> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(StartError::Config(format!(
+        "{name} = {value}: must be {}..={}",
+        range.start(),
+        range.end()
+    )))
+}
+
 /// A TOML error by line and column, without the offending line that toml's own message
 /// quotes: in a configuration holding tokens that line may be one.
 fn toml_error(text: &str, e: &toml::de::Error) -> String {
@@ -366,30 +382,18 @@ impl ServiceConfig {
         {
             return bad("decision_log_dir: empty path".into());
         }
-        if !(1..=1_000_000).contains(&self.decision_log_file_rows) {
-            return bad(format!(
-                "decision_log_file_rows = {}: must be 1..=1000000",
-                self.decision_log_file_rows
-            ));
-        }
-        if !(1..=3_600_000).contains(&self.decision_log_flush_ms) {
-            return bad(format!(
-                "decision_log_flush_ms = {}: must be 1..=3600000",
-                self.decision_log_flush_ms
-            ));
-        }
-        if !(1..=60_000).contains(&self.cycle_interval_ms) {
-            return bad(format!(
-                "cycle_interval_ms = {}: must be 1..=60000",
-                self.cycle_interval_ms
-            ));
-        }
-        if !(10..=86_400_000).contains(&self.node_timeout_ms) {
-            return bad(format!(
-                "node_timeout_ms = {}: must be 10..=86400000",
-                self.node_timeout_ms
-            ));
-        }
+        within(
+            "decision_log_file_rows",
+            self.decision_log_file_rows,
+            1..=1_000_000,
+        )?;
+        within(
+            "decision_log_flush_ms",
+            self.decision_log_flush_ms,
+            1..=3_600_000,
+        )?;
+        within("cycle_interval_ms", self.cycle_interval_ms, 1..=60_000)?;
+        within("node_timeout_ms", self.node_timeout_ms, 10..=86_400_000)?;
         if self.node_grace_ms > 86_400_000 {
             return bad(format!(
                 "node_grace_ms = {}: must be at most 86400000",
@@ -402,24 +406,19 @@ impl ServiceConfig {
                 self.keepalive_ms
             ));
         }
-        if self.keepalive_ms > 0 && !(1..=3_600_000).contains(&self.keepalive_timeout_ms) {
-            return bad(format!(
-                "keepalive_timeout_ms = {}: must be 1..=3600000",
-                self.keepalive_timeout_ms
-            ));
+        if self.keepalive_ms > 0 {
+            within(
+                "keepalive_timeout_ms",
+                self.keepalive_timeout_ms,
+                1..=3_600_000,
+            )?;
         }
-        if !(1..=1_000_000).contains(&self.max_connections) {
-            return bad(format!(
-                "max_connections = {}: must be 1..=1000000",
-                self.max_connections
-            ));
-        }
-        if !(100..=600_000).contains(&self.handshake_timeout_ms) {
-            return bad(format!(
-                "handshake_timeout_ms = {}: must be 100..=600000",
-                self.handshake_timeout_ms
-            ));
-        }
+        within("max_connections", self.max_connections, 1..=1_000_000)?;
+        within(
+            "handshake_timeout_ms",
+            self.handshake_timeout_ms,
+            100..=600_000,
+        )?;
         if self.max_concurrent_advise > 4096 {
             return bad(format!(
                 "max_concurrent_advise = {}: must be 0 (the number of CPUs) to 4096",

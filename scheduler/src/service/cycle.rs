@@ -122,13 +122,13 @@ impl Inner {
         release: bool,
         now: i64,
     ) -> Result<(), ServiceError> {
+        self.jobs_changed();
         let record = self
             .jobs
             .get_mut(&id)
             .ok_or_else(|| ServiceError::NotFound(format!("job {id} does not exist")))?;
         let old = record.placement.clone();
         let was_active = record.state.is_active();
-        self.jobs_by_node_cache.get_mut().take();
         let (queued_since_s, placed_at_s) = (record.queued_since_s, record.placed_at_s);
         record
             .transition(to, reason, placement, now)

@@ -101,6 +101,15 @@ mod tests {
 
     use super::*;
 
+    /// Nodes time out after 1 s of silence and lose their jobs 2 s later.
+    fn short_timeouts() -> TestCore {
+        TestCore::new(ServiceConfig {
+            node_timeout_ms: 1_000,
+            node_grace_ms: 2_000,
+            ..ServiceConfig::default()
+        })
+    }
+
     #[test]
     fn a_nodes_jobs_are_scanned_once_until_a_job_changes() {
         let test = TestCore::new(ServiceConfig::default());
@@ -136,11 +145,7 @@ mod tests {
     #[test]
     fn a_step_of_the_wall_clock_neither_hides_a_dead_node_nor_times_out_a_live_one() {
         use std::sync::atomic::Ordering::SeqCst;
-        let test = TestCore::new(ServiceConfig {
-            node_timeout_ms: 1_000,
-            node_grace_ms: 2_000,
-            ..ServiceConfig::default()
-        });
+        let test = short_timeouts();
         let mut inner = test.core.lock();
         inner.wall_step = fake_step;
         let t0 = crate::service::core::now_us() + 1_000_000;
@@ -169,11 +174,7 @@ mod tests {
 
     #[test]
     fn a_silent_node_becomes_unreachable_then_loses_its_jobs_after_the_grace() {
-        let test = TestCore::new(ServiceConfig {
-            node_timeout_ms: 1_000,
-            node_grace_ms: 2_000,
-            ..ServiceConfig::default()
-        });
+        let test = short_timeouts();
         let mut inner = test.core.lock();
         // After the restore, which counts every node as heard from at its start.
         let t0 = crate::service::core::now_us() + 1_000_000;

@@ -330,15 +330,18 @@ impl Inner {
         let mut nodes: Vec<NodeId> = p.workers.iter().map(|w| w.node).collect();
         nodes.sort_unstable();
         nodes.dedup();
-        if !r.completed_nodes.contains(&name) {
+        let newly = !r.completed_nodes.contains(&name);
+        if newly {
             r.completed_nodes.push(name);
-            self.jobs_by_node_cache.get_mut().take();
         }
         let topo = &self.topo;
         let missing = nodes
             .iter()
             .filter(|&&m| !r.completed_nodes.contains(&topo.node(m).name))
             .count();
+        if newly {
+            self.jobs_changed();
+        }
         if missing > 0 {
             self.dirty.jobs.insert(id);
         }

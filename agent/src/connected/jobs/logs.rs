@@ -23,32 +23,9 @@ pub(super) fn prune_logs<'a>(
     keep: impl Iterator<Item = &'a Incarnation>,
 ) -> usize {
     let keep: BTreeSet<String> = keep.map(log_name).collect();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut deleted = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.ends_with(".log") || keep.contains(&name) {
-            continue;
-        }
-        let old = entry
-            .metadata()
-            .is_ok_and(|m| m.is_file() && m.modified().is_ok_and(|t| t < before));
-        if !old {
-            continue;
-        }
-        match std::fs::remove_file(entry.path()) {
-            Ok(()) => deleted += 1,
-            Err(error) => {
-                tracing::warn!(log = %entry.path().display(), %error, "agent: cannot delete an expired worker log");
-            }
-        }
-    }
-    if deleted > 0 {
-        tracing::info!(dir = %dir.display(), deleted, "agent: deleted expired worker logs");
-    }
-    deleted
+    let wanted = |name: &str| name.ends_with(".log") && !keep.contains(name);
+    marshal_scheduler::decision_log::prune_files(dir, before, wanted, "agent: worker-log retention")
+        .files as usize
 }
 
 #[cfg(test)]
