@@ -263,8 +263,10 @@ impl ServiceConfig {
     pub fn from_file(path: &std::path::Path) -> Result<Self, StartError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| StartError::Config(format!("reading {}: {e}", path.display())))?;
-        let config = Self::from_toml(&text)
-            .map_err(|e| StartError::Config(format!("in {}: {e}", path.display())))?;
+        let config = Self::from_toml(&text).map_err(|e| match e {
+            StartError::Config(m) => StartError::Config(format!("in {}: {m}", path.display())),
+            other => other,
+        })?;
         if config.security.holds_tokens() {
             crate::service::secret::check_private(path, "bearer tokens")
                 .map_err(StartError::Config)?;
@@ -536,6 +538,7 @@ mod tests {
             e.contains("serve.toml") && e.contains("unknown field"),
             "{e}"
         );
+        assert_eq!(e.matches("configuration:").count(), 1, "{e}");
         let e = ServiceConfig::from_file(&tmp.path().join("nope.toml"))
             .unwrap_err()
             .to_string();
