@@ -35,10 +35,11 @@ fn exit_quietly_on_closed_stdout() {
 
 fn main() -> std::process::ExitCode {
     exit_quietly_on_closed_stdout();
+    use std::io::IsTerminal as _;
+    // Colour only on a terminal: journald and container logs would keep the escapes.
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(log_filter())
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let args = cli::Cli::parse();
@@ -48,6 +49,21 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {}", render(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// `RUST_LOG`'s filter, or `warn`. A `RUST_LOG` that does not parse is said, not
+/// silently replaced: an operator who asked for `debug` would otherwise wonder why the
+/// logs stay quiet.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    match std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV) {
+        Ok(value) => tracing_subscriber::EnvFilter::try_new(&value).unwrap_or_else(|e| {
+            eprintln!(
+                "warning: RUST_LOG={value:?} is not a log filter ({e}); logging warnings only"
+            );
+            "warn".into()
+        }),
+        Err(_) => "warn".into(),
     }
 }
 

@@ -1422,6 +1422,66 @@ fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Status {
     }
 }
 
+/// A shutdown tells health watchers NOT_SERVING and ends their streams instead of
+/// waiting for them through its grace period; and a server that had stopped persisting
+/// changes says so from `shutdown` (the exit status of `marshal serve`).
+#[test]
+fn shutdown_says_not_serving_ends_health_watches_and_reports_unpersisted_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    runtime().block_on(async {
+        let handle = service::start(
+            config(&dir.path().join("db.redb")),
+            common::three_nodes(),
+            Arc::new(NoModel),
+        )
+        .await
+        .unwrap();
+        let ch = connect(handle.addr).await.unwrap();
+        let mut watch = tonic_health_client(ch)
+            .watch(tonic_health::pb::HealthCheckRequest {
+                service: "marshal.v1.JobService".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = watch.message().await.unwrap().unwrap().status;
+        assert_eq!(
+            first,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
+        let seen = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Ok(Some(s)) = watch.message().await {
+                seen.push(s.status);
+            }
+            seen
+        });
+        // The scheduling loop ends (as after a panic): changes stop being persisted.
+        let ended = tokio::spawn(async { panic!("injected: the loop ended") })
+            .await
+            .unwrap_err();
+        handle.core.driver_ended(Err(ended));
+        let started = std::time::Instant::now();
+        let e = handle.shutdown().await.unwrap_err();
+        assert!(
+            e.to_string().contains("not persisted") && e.to_string().contains("injected"),
+            "{e}"
+        );
+        // Well inside the 10 s grace: nothing waited for the watch.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        let seen = tokio::time::timeout(Duration::from_secs(5), seen)
+            .await
+            .expect("the health watch did not end")
+            .unwrap();
+        assert_eq!(seen.last(), Some(&not_serving), "{seen:?}");
+    });
+}
+
 fn tonic_health_client(ch: Channel) -> tonic_health::pb::health_client::HealthClient<Channel> {
     tonic_health::pb::health_client::HealthClient::new(ch)
 }
@@ -1659,6 +1719,9 @@ struct Pki {
     server_key: String,
     client_cert: String,
     client_key: String,
+    /// A certificate naming no node (an operator's).
+    operator_cert: String,
+    operator_key: String,
 }
 
 fn pki() -> Pki {
@@ -1677,12 +1740,15 @@ fn pki() -> Pki {
     let (server_cert, server_key) = leaf("localhost");
     // Named like the inventory's node n-1, for `bind_node_certificates`.
     let (client_cert, client_key) = leaf("n-1");
+    let (operator_cert, operator_key) = leaf("operator.example");
     Pki {
         ca: ca.pem(),
         server_cert,
         server_key,
         client_cert,
         client_key,
+        operator_cert,
+        operator_key,
     }
 }
 
@@ -1785,18 +1851,25 @@ fn start_errors_name_the_pem_file_or_the_address_at_fault() {
     );
 }
 
+/// A configuration with mutual TLS from `p` (its files written into `dir`) and
+/// `bind_node_certificates`.
+fn bound_mutual_tls(dir: &Path, p: &Pki) -> ServiceConfig {
+    let write = |name: &str, text: &str| write_file(dir, name, text);
+    let mut cfg = config(&dir.join("db.redb"));
+    cfg.security.tls_cert = Some(write("server.pem", &p.server_cert));
+    cfg.security.tls_key = Some(write("server.key", &p.server_key));
+    cfg.security.client_ca = Some(write("ca.pem", &p.ca));
+    cfg.security.bind_node_certificates = true;
+    cfg
+}
+
 #[test]
 fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let dir = tempfile::tempdir().unwrap();
     let p = pki();
-    let write = |name: &str, text: &str| write_file(dir.path(), name, text);
     runtime().block_on(async {
-        let mut cfg = config(&dir.path().join("db.redb"));
-        cfg.security.tls_cert = Some(write("server.pem", &p.server_cert));
-        cfg.security.tls_key = Some(write("server.key", &p.server_key));
-        cfg.security.client_ca = Some(write("ca.pem", &p.ca));
-        cfg.security.bind_node_certificates = true;
+        let mut cfg = bound_mutual_tls(dir.path(), &p);
         let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
             .await
             .unwrap();
@@ -1878,6 +1951,77 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
             Err(_) => {}
             Ok(ch) => assert!(call(ch).await.is_err(), "plaintext accepted on a TLS port"),
         }
+        handle.shutdown().await.unwrap();
+    });
+}
+
+/// Node tokens and node certificates together: a call whose token belongs to one node
+/// and whose certificate to another is refused, and with `require_node_certificates` so
+/// is a certificate that names no node, whatever its token.
+#[test]
+fn a_node_token_and_certificate_must_agree_and_strictly_name_a_node() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let p = pki();
+    runtime().block_on(async {
+        let mut cfg = bound_mutual_tls(dir.path(), &p);
+        cfg.security.require_node_certificates = true;
+        let (t0, t1) = ("0".repeat(32), "1".repeat(32));
+        cfg.security.client_tokens = vec![CLIENT_TOKEN.into()];
+        cfg.security.node_tokens = [
+            ("n-0".to_string(), t0.clone()),
+            ("n-1".to_string(), t1.clone()),
+        ]
+        .into_iter()
+        .collect();
+        let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
+            .await
+            .unwrap();
+        let url = format!("https://127.0.0.1:{}", handle.addr.port());
+        let channel = |cert: &str, key: &str| {
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&p.ca))
+                .domain_name("localhost")
+                .identity(Identity::from_pem(cert, key));
+            let endpoint = Endpoint::from_shared(url.clone())
+                .unwrap()
+                .tls_config(tls)
+                .unwrap();
+            async move { endpoint.connect().await }
+        };
+        let heartbeat = |ch: Channel, node: &str, token: &str| {
+            let mut req = tonic::Request::new(pb::HeartbeatRequest { node: node.into() });
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            async move { NodeServiceClient::new(ch).heartbeat(req).await }
+        };
+        let n1 = channel(&p.client_cert, &p.client_key).await.unwrap();
+        let e = heartbeat(n1.clone(), "n-0", &t0).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(
+            e.message()
+                .contains("the token belongs to node n-0 but the client certificate to node n-1"),
+            "{}",
+            e.message()
+        );
+        let e = heartbeat(n1.clone(), "n-1", &t0).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        // Its own token with its own certificate gets past authentication.
+        if let Err(e) = heartbeat(n1, "n-1", &t1).await {
+            assert!(
+                !matches!(e.code(), Code::PermissionDenied | Code::Unauthenticated),
+                "{e:?}"
+            );
+        }
+        // A certificate naming no node is refused, even with a valid node token.
+        let operator = channel(&p.operator_cert, &p.operator_key).await.unwrap();
+        let e = heartbeat(operator, "n-1", &t1).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(
+            e.message().contains("require_node_certificates"),
+            "{}",
+            e.message()
+        );
         handle.shutdown().await.unwrap();
     });
 }

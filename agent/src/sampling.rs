@@ -135,6 +135,9 @@ pub struct LoopStats {
     /// file system refused writes and its memory bound was reached): dropped here,
     /// counted, never accepted by the sink.
     pub rows_refused: u64,
+    /// The sink's refusals, in episodes: warned when one begins and when it ends (a
+    /// second full disk weeks after the first is said too).
+    pub sink_refusing: marshal_telemetry::episodes::Episode,
 }
 
 /// Another consumer of the GPU rows the loop produces (streaming to the scheduler),
@@ -177,6 +180,7 @@ pub fn run_sampling_loop_with(
         ));
     }
     let mut stats = LoopStats::default();
+    let mut source_failing = marshal_telemetry::episodes::Episode::default();
     // Sleep in short slices so a stop request is honoured quickly.
     let slice = interval.min(Duration::from_millis(100));
     while !stop.load(Ordering::Relaxed) && max_ticks.is_none_or(|m| stats.ticks < m) {
@@ -184,6 +188,9 @@ pub fn run_sampling_loop_with(
         let due = started + interval.as_micros() as i64;
         match source.sample(started) {
             Ok(rows) => {
+                if let Some(ticks) = source_failing.succeeded() {
+                    tracing::warn!("telemetry source recovered after {ticks} failed samples");
+                }
                 stats.rows += rows.len() as u64;
                 if let Some(tap) = tap.as_deref_mut() {
                     tap.gpu_rows(&rows);
@@ -192,7 +199,9 @@ pub fn run_sampling_loop_with(
             }
             Err(e) => {
                 stats.source_errors += 1;
-                tracing::warn!("telemetry source failed: {e}");
+                if source_failing.failed() {
+                    tracing::warn!("telemetry source failed: {e} (said once until it recovers)");
+                }
             }
         }
         if let Some(host) = host.as_deref_mut() {
@@ -222,9 +231,17 @@ fn offer(
     stats: &mut LoopStats,
 ) -> Result<(), AgentError> {
     match sink.send_timeout(rows, wait) {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            if let Some(refusals) = stats.sink_refusing.succeeded() {
+                tracing::warn!(
+                    "the telemetry sink takes rows again, after refusing {refusals} batches ({} rows dropped so far)",
+                    stats.rows_refused
+                );
+            }
+            Ok(())
+        }
         Err(TrySendError::Full(rows)) => {
-            if stats.rows_refused == 0 {
+            if stats.sink_refusing.failed() {
                 tracing::warn!(
                     "the telemetry sink takes no rows (see its errors): this tick's rows are \
                      dropped, and later ones while it stays full"

@@ -93,8 +93,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Waits for SIGINT or SIGTERM, then runs `shutdown`. A second signal while it runs
-/// exits at once (status 130): a shutdown waiting on a hung `fsync` (a dead disk or NFS
-/// mount) would otherwise end only with SIGKILL.
+/// exits at once, with the shell's status for it (130 for SIGINT, 143 for SIGTERM): a
+/// shutdown waiting on a hung `fsync` (a dead disk or NFS mount) would otherwise end
+/// only with SIGKILL.
 pub(crate) async fn shut_down_on_signal<E>(
     name: &str,
     shutdown: impl std::future::Future<Output = Result<(), E>>,
@@ -111,28 +112,32 @@ where
     eprintln!("{name}: shutting down (a second Ctrl-C or SIGTERM exits at once)");
     let second = async {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => SIGINT_STATUS,
+            _ = term.recv() => SIGTERM_STATUS,
         }
     };
     match unless_first(shutdown, second).await {
-        Some(done) => Ok(done?),
-        None => {
+        Ok(done) => Ok(done?),
+        Err(status) => {
             eprintln!("{name}: second signal: exiting before the shutdown finished");
-            std::process::exit(130)
+            std::process::exit(status)
         }
     }
 }
 
-/// `work`'s output, or `None` when `interrupt` completes first.
-async fn unless_first<T>(
+/// Exit statuses for a process ended by SIGINT (2) and SIGTERM (15): 128 + the signal.
+const SIGINT_STATUS: i32 = 130;
+const SIGTERM_STATUS: i32 = 143;
+
+/// `work`'s output, or `interrupt`'s when it completes first.
+async fn unless_first<T, I>(
     work: impl std::future::Future<Output = T>,
-    interrupt: impl std::future::Future<Output = ()>,
-) -> Option<T> {
+    interrupt: impl std::future::Future<Output = I>,
+) -> Result<T, I> {
     tokio::select! {
         biased;
-        _ = interrupt => None,
-        done = work => Some(done),
+        stop = interrupt => Err(stop),
+        done = work => Ok(done),
     }
 }
 
@@ -148,11 +153,14 @@ mod tests {
             .unwrap();
         runtime.block_on(async {
             let hung = std::future::pending::<()>();
-            let signalled = tokio::time::sleep(std::time::Duration::from_millis(10));
-            assert_eq!(unless_first(hung, signalled).await, None);
+            let signalled = async {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                SIGTERM_STATUS
+            };
+            assert_eq!(unless_first(hung, signalled).await, Err(143));
             let finished = async { 7 };
-            let never = std::future::pending::<()>();
-            assert_eq!(unless_first(finished, never).await, Some(7));
+            let never = std::future::pending::<i32>();
+            assert_eq!(unless_first(finished, never).await, Ok(7));
         });
     }
 }

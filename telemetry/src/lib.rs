@@ -57,6 +57,7 @@ pub mod compact;
 pub mod convert;
 mod delta;
 mod dict_column;
+pub mod episodes;
 pub mod error;
 #[doc(hidden)]
 pub mod faults;

@@ -139,6 +139,8 @@ pub struct NvmlSource {
     unsupported: HashSet<(u32, &'static str)>,
     query_errors: u64,
     xid: Option<XidWatcher>,
+    /// Per GPU index: the episodes in which it could not be reached (warned once each).
+    unreachable: HashMap<u32, crate::episodes::Episode>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -325,6 +327,7 @@ impl NvmlSource {
             annotations: HashMap::new(),
             unsupported: HashSet::new(),
             query_errors: 0,
+            unreachable: HashMap::new(),
             xid,
         })
     }
@@ -372,9 +375,18 @@ impl NvmlSource {
                 ..Default::default()
             };
             let d = match self.nvml.device_by_index(i) {
-                Ok(d) => d,
+                Ok(d) => {
+                    if let Some(ticks) = self.unreachable.entry(i).or_default().succeeded() {
+                        tracing::warn!("NVML: GPU {i} reachable again after {ticks} samples");
+                    }
+                    d
+                }
                 Err(e) => {
-                    tracing::warn!("NVML: GPU {i} unreachable: {e}");
+                    if self.unreachable.entry(i).or_default().failed() {
+                        tracing::warn!(
+                            "NVML: GPU {i} unreachable: {e} (said once until it is back)"
+                        );
+                    }
                     s.health = Health::Failed;
                     out.push(s);
                     continue;

@@ -427,6 +427,7 @@ impl Runner {
             start_ticks: launched.identity.start_ticks,
             boot_id: self.boot_id.clone(),
             command: cmd.to_string(),
+            version: records::RECORD_VERSION,
         };
         let (kill, control) = oneshot::channel();
         let task = tokio::spawn(supervisor::watch_launched(

@@ -10,6 +10,15 @@
 //! The file name carries the incarnation too, so a record whose contents are corrupt
 //! still names the worker it was about (see `Runner::adopt_survivors` for what is done
 //! with one).
+//!
+//! **Across versions.** Records outlive the agent that wrote them: an upgrade restarts
+//! the agent while its workers run, and the next one must read what the last one
+//! wrote. So a field added to [`WorkerRecord`] must have a serde default (a record
+//! without it still reads), fields are never renamed or removed, and unknown fields
+//! (from a newer agent, after a rollback) are ignored. `a_record_written_by_the_first_version_still_reads`
+//! holds a record as the first version wrote it. A record that does not read whole
+//! still yields its process ([`RecordedProcess`]) when it can, so the worker is found
+//! and stopped rather than left running unsupervised on GPUs the scheduler frees.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -71,6 +80,25 @@ pub struct WorkerRecord {
     pub boot_id: String,
     /// The command, for the operator reading the file.
     pub command: String,
+    /// The record's layout ([`RECORD_VERSION`]); absent in the first version's records.
+    #[serde(default = "first_version")]
+    pub version: u32,
+}
+
+/// The layout [`WorkerRecord`]s are written in.
+pub const RECORD_VERSION: u32 = 1;
+
+fn first_version() -> u32 {
+    1
+}
+
+/// What identifies a recorded worker's process, read from a record that does not read
+/// whole (damaged elsewhere, or of a layout this agent does not know).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct RecordedProcess {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub boot_id: String,
 }
 
 impl WorkerRecord {
@@ -90,9 +118,12 @@ fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Writes `bytes` to `path` whole and durably: into `path` + `.tmp`, `fsync`, rename. A
-/// reader (or a crash) never meets half a file under the final name. The error names
-/// the file that failed: the temporary one, or `path` for the rename.
+/// Writes `bytes` to `path` whole and durably: into `path` + `.tmp`, `fsync`, rename,
+/// `fsync` of the directory (without it a power loss can undo the rename, and a worker
+/// that was started is forgotten). A reader (or a crash) never meets half a file under
+/// the final name. The error names the file that failed: the temporary one, or `path`
+/// for the rename. A directory that cannot be synced is only a warning: the record is
+/// in place, and refusing it would refuse the worker it describes.
 pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), (PathBuf, std::io::Error)> {
     let tmp = tmp_path(path);
     let written = std::fs::File::create(&tmp).and_then(|mut file| {
@@ -102,7 +133,13 @@ pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), (PathBuf, s
     if let Err(e) = written {
         return Err((tmp, e));
     }
-    std::fs::rename(&tmp, path).map_err(|e| (path.to_path_buf(), e))
+    std::fs::rename(&tmp, path).map_err(|e| (path.to_path_buf(), e))?;
+    if let Some(dir) = path.parent()
+        && let Err(error) = marshal_model::artifact::sync_dir(dir)
+    {
+        tracing::warn!(record = %path.display(), %error, "worker record: cannot sync its directory; a power loss may undo the write");
+    }
+    Ok(())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +174,9 @@ pub struct Unreadable {
     /// From the file name, when it has the `<job>.<worker>.<attempt>.json` form.
     pub incarnation: Option<Incarnation>,
     pub error: RecordError,
+    /// Its process, when the file is JSON that names one although it is not a whole
+    /// record (never for a record about another worker than its name says).
+    pub process: Option<RecordedProcess>,
 }
 
 /// The state directory: `OUT/jobs/state`.
@@ -218,6 +258,12 @@ impl RecordStore {
             match read_record(&path, incarnation) {
                 Ok(r) => records.push(r),
                 Err(error) => unreadable.push(Unreadable {
+                    process: match error {
+                        RecordError::Parse { .. } => std::fs::read(&path)
+                            .ok()
+                            .and_then(|bytes| serde_json::from_slice(&bytes).ok()),
+                        _ => None,
+                    },
                     path,
                     incarnation,
                     error,
@@ -281,7 +327,73 @@ mod tests {
             start_ticks: 99,
             boot_id: "b".into(),
             command: "echo 'hi'".into(),
+            version: RECORD_VERSION,
         }
+    }
+
+    /// A record as the first version wrote it (`to_vec_pretty`): every later agent must
+    /// read it, or an upgrade strands the workers that run across it. A failure here
+    /// means a field was added without a serde default, renamed or removed.
+    const FIRST_VERSION_RECORD: &str = r#"{
+  "job": 7,
+  "worker": 1,
+  "attempt": 2,
+  "gpus": [
+    {
+      "index": 3,
+      "milli": 1000,
+      "mig_compute": 0,
+      "mig_memory": 0
+    }
+  ],
+  "mig_uuids": [],
+  "pid": 4242,
+  "start_ticks": 99,
+  "boot_id": "b",
+  "command": "echo 'hi'"
+}"#;
+
+    #[test]
+    fn a_record_written_by_the_first_version_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(dir.path().join("state")).unwrap();
+        std::fs::write(dir.path().join("state/7.1.2.json"), FIRST_VERSION_RECORD).unwrap();
+        // A newer agent's record, with a field this one does not know (a rollback).
+        let newer = FIRST_VERSION_RECORD
+            .replace("\"job\": 7", "\"job\": 8")
+            .replace(
+                "\"command\"",
+                "\"version\": 2,\n  \"cgroup\": \"/marshal/8\",\n  \"command\"",
+            );
+        std::fs::write(dir.path().join("state/8.1.2.json"), newer).unwrap();
+        let (records, unreadable) = store.load_all().unwrap();
+        assert!(unreadable.is_empty(), "{unreadable:?}");
+        assert_eq!(records[0], record(7));
+        assert_eq!(records[1].job, 8);
+        assert_eq!(records[1].version, 2);
+    }
+
+    #[test]
+    fn a_record_that_does_not_read_whole_still_names_its_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(dir.path().join("state")).unwrap();
+        // A layout this agent cannot read (a field it needs is gone), and a record about
+        // another worker than its name says.
+        let partial = FIRST_VERSION_RECORD.replace("\"gpus\"", "\"slots\"");
+        std::fs::write(dir.path().join("state/7.1.2.json"), partial).unwrap();
+        std::fs::write(dir.path().join("state/9.1.2.json"), FIRST_VERSION_RECORD).unwrap();
+        let (records, unreadable) = store.load_all().unwrap();
+        assert!(records.is_empty());
+        assert_eq!(
+            unreadable[0].process,
+            Some(RecordedProcess {
+                pid: 4242,
+                start_ticks: 99,
+                boot_id: "b".into()
+            })
+        );
+        assert!(matches!(unreadable[1].error, RecordError::Mismatch { .. }));
+        assert_eq!(unreadable[1].process, None);
     }
 
     #[test]

@@ -120,7 +120,7 @@ pub async fn launch(
 
 /// SIGKILL to the worker's process group, and to the pid itself in case `setsid` has
 /// not yet made it a group leader (a STOP right after the start).
-async fn kill_group(pid: u32) {
+pub(crate) async fn kill_group(pid: u32) {
     let _ = tokio::process::Command::new("kill")
         .args(["-KILL", "--", &format!("-{pid}"), &pid.to_string()])
         .stdout(Stdio::null())

@@ -204,6 +204,11 @@ pub struct DecisionLog {
     tx: Option<SyncSender<LogBatch>>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<LogStats>,
+    /// Rows are being dropped (the writer is behind): said when it begins and ends, not
+    /// at every batch, which at thousands of jobs a second floods the log.
+    dropping: std::sync::atomic::AtomicBool,
+    /// The writer thread ended (a panic): said once.
+    writer_gone: std::sync::atomic::AtomicBool,
 }
 
 impl DecisionLog {
@@ -236,6 +241,8 @@ impl DecisionLog {
             tx: thread.as_ref().map(|_| tx),
             thread,
             stats,
+            dropping: Default::default(),
+            writer_gone: Default::default(),
         }
     }
 
@@ -251,12 +258,32 @@ impl DecisionLog {
         let n = batch.len();
         let sent = match &self.tx {
             Some(tx) => match tx.try_send(batch) {
-                Ok(()) => true,
+                Ok(()) => {
+                    if self.dropping.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(
+                            rows_lost = self.stats.rows_lost.load(Ordering::Relaxed),
+                            "decision log: the writer caught up; rows are logged again"
+                        );
+                    }
+                    true
+                }
                 Err(TrySendError::Full(_)) => {
-                    tracing::warn!(rows = n, "decision log: writer behind; rows dropped");
+                    if !self.dropping.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            rows = n,
+                            "decision log: writer behind; rows dropped until it catches up (counted in marshal_decision_log_rows_total{{outcome=\"lost\"}})"
+                        );
+                    }
                     false
                 }
-                Err(TrySendError::Disconnected(_)) => false,
+                Err(TrySendError::Disconnected(_)) => {
+                    if !self.writer_gone.swap(true, Ordering::Relaxed) {
+                        tracing::error!(
+                            "decision log: the writer thread has stopped; every later row is lost"
+                        );
+                    }
+                    false
+                }
             },
             None => false,
         };

@@ -263,6 +263,44 @@ impl GpuModelSet {
 mod tests {
     use super::*;
 
+    /// A job's GPU-model constraint ([`GpuModelSet`]) is stored as positions in the
+    /// catalog: in shadow logs, decision records, and job records of a database. A
+    /// model inserted before others moves them, and a stored "H100 only" would then
+    /// read as another model. So the built-in catalog only grows at its end.
+    #[test]
+    fn the_built_in_catalog_only_grows_at_its_end() {
+        let names: Vec<String> = GpuCatalog::default()
+            .iter()
+            .map(|(_, m)| m.name.clone())
+            .collect();
+        let pinned = [
+            "K80",
+            "P100",
+            "P40",
+            "T4",
+            "V100M16",
+            "V100M32",
+            "A10",
+            "RTX2080Ti",
+            "RTX6000",
+            "G2",
+            "G3",
+            "L4",
+            "A100-40",
+            "A100-80",
+            "H100",
+            "H200",
+            "philly-12g",
+            "philly-24g",
+        ];
+        assert!(names.len() >= pinned.len(), "{names:?}");
+        assert_eq!(
+            names[..pinned.len()],
+            pinned,
+            "a model was inserted or removed: add new ones at the end"
+        );
+    }
+
     #[test]
     fn catalog_lookup_is_case_insensitive_and_rejects_unknown_models() {
         let catalog = GpuCatalog::default();

@@ -172,22 +172,34 @@ pub async fn advise_off_thread(
     };
     let policy = default_policy.to_string();
     let learned = model.policy_update(0).map(|u| u.setup);
-    // The slot goes with the computation: a cancelled call drops this future, not the
-    // blocking task, which must keep its slot until it ends.
+    let now = crate::service::core::now_us();
+    in_slot(slots, move || {
+        advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now)
+    })
+    .await?
+    .map_err(tonic::Status::from)
+}
+
+/// `work` on a blocking thread once one of `slots` is free, holding it until `work`
+/// ends. The slot goes with the computation: a cancelled call drops this future, not the
+/// blocking task, which keeps its slot until it ends (otherwise cancelling calls would
+/// get round the bound).
+async fn in_slot<T: Send + 'static>(
+    slots: &Arc<tokio::sync::Semaphore>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tonic::Status> {
     let slot = slots
         .clone()
         .acquire_owned()
         .await
         .map_err(|_| tonic::Status::unavailable("the advisor is shutting down"))?;
-    let now = crate::service::core::now_us();
-    let advice = tokio::task::spawn_blocking(move || {
-        let advice = advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now);
+    tokio::task::spawn_blocking(move || {
+        let done = work();
         drop(slot);
-        advice
+        done
     })
     .await
-    .map_err(|e| tonic::Status::internal(format!("advise task: {e}")))??;
-    Ok(advice)
+    .map_err(|e| tonic::Status::internal(format!("advise task: {e}")))
 }
 
 /// `max_concurrent_advise` as a count of calls (0: the number of CPUs).
@@ -417,6 +429,42 @@ mod tests {
         let done = tokio::time::timeout(std::time::Duration::from_secs(5), call).await;
         assert!(matches!(done, Ok(Err(_))), "{done:?}");
         assert_eq!(slots.available_permits(), 1, "the slot was not given back");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_call_keeps_its_slot_until_its_computation_ends() {
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (started, computing) = tokio::sync::oneshot::channel();
+        let call = tokio::spawn({
+            let slots = slots.clone();
+            async move {
+                in_slot(&slots, move || {
+                    let _ = started.send(());
+                    wait.recv().ok()
+                })
+                .await
+            }
+        });
+        computing.await.expect("the computation started");
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            slots.available_permits(),
+            0,
+            "the cancelled call gave its slot back while its computation still ran"
+        );
+        release.send(()).expect("the computation waits");
+        let freed = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while slots.available_permits() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(
+            freed.is_ok(),
+            "the slot was not given back when the computation ended"
+        );
     }
 
     fn node(

@@ -9,13 +9,30 @@ use tonic::{Request, Status};
 /// tokens configured every call passes (development on loopback). A token may be bound
 /// to a node ([`BearerAuth::with_node_tokens`]): the call then carries [`BoundNode`] in
 /// its extensions, and the node service lets it act as that node only.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct BearerAuth {
     tokens: Arc<[(Vec<u8>, Option<String>)]>,
     audience: &'static str,
     /// `bind_node_certificates`: the inventory's node names, which a client
     /// certificate's names are matched against ([`node_of_certificate`]).
     certificate_nodes: Option<Arc<std::collections::HashSet<String>>>,
+    /// `require_node_certificates`: a call whose client certificate names no node is
+    /// refused (the binding fails closed).
+    require_certificate_node: bool,
+}
+
+impl std::fmt::Debug for BearerAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BearerAuth")
+            .field("audience", &self.audience)
+            .field("tokens", &self.tokens.len())
+            .field(
+                "certificate_nodes",
+                &self.certificate_nodes.as_ref().map(|n| n.len()),
+            )
+            .field("require_certificate_node", &self.require_certificate_node)
+            .finish()
+    }
 }
 
 /// The inventory node a client certificate names (by a DNS subject alternative name,
@@ -88,15 +105,22 @@ impl BearerAuth {
                 .collect(),
             audience,
             certificate_nodes: None,
+            require_certificate_node: false,
         }
     }
 
     /// With mutual TLS: a client certificate that names an inventory node (of `nodes`)
     /// binds the call to that node, as a node token does; a token bound to another
-    /// node is then refused.
-    pub fn with_certificate_nodes(self, nodes: impl IntoIterator<Item = String>) -> Self {
+    /// node is then refused. With `required`, so is a call whose certificate names no
+    /// node.
+    pub fn with_certificate_nodes(
+        self,
+        nodes: impl IntoIterator<Item = String>,
+        required: bool,
+    ) -> Self {
         BearerAuth {
             certificate_nodes: Some(Arc::new(nodes.into_iter().collect())),
+            require_certificate_node: required,
             ..self
         }
     }
@@ -182,18 +206,30 @@ impl Interceptor for BearerAuth {
             },
             _ => None,
         };
-        let node = match (bound, certified) {
-            (Some(token), Some(cert)) if token != cert => {
-                return Err(Status::permission_denied(format!(
-                    "the token belongs to node {token} but the client certificate to node {cert}"
-                )));
-            }
-            (token, cert) => cert.or(token),
-        };
-        if let Some(node) = node {
+        let required = self.certificate_nodes.is_some() && self.require_certificate_node;
+        if let Some(node) = bind(bound, certified, required)? {
             request.extensions_mut().insert(BoundNode(node));
         }
         Ok(request)
+    }
+}
+
+/// The node a call acts as, from its token's node and its certificate's: they must
+/// agree when both name one, and with `certificate_required` the certificate must name
+/// one.
+fn bind(
+    token: Option<String>,
+    certificate: Option<String>,
+    certificate_required: bool,
+) -> Result<Option<String>, Status> {
+    match (token, certificate) {
+        (Some(token), Some(cert)) if token != cert => Err(Status::permission_denied(format!(
+            "the token belongs to node {token} but the client certificate to node {cert}"
+        ))),
+        (_, None) if certificate_required => Err(Status::permission_denied(
+            "the client certificate names no inventory node, and security.require_node_certificates refuses node calls without one",
+        )),
+        (token, cert) => Ok(cert.or(token)),
     }
 }
 
@@ -234,6 +270,29 @@ mod tests {
         assert!(e.contains("several nodes") && e.contains("n-0, n-1"), "{e}");
         let e = node_of_certificate(b"not DER", &nodes).unwrap_err();
         assert!(e.contains("unreadable client certificate"), "{e}");
+    }
+
+    #[test]
+    fn a_token_and_a_certificate_bind_together_and_strictly_when_required() {
+        let some = |n: &str| Some(n.to_string());
+        for required in [false, true] {
+            assert_eq!(
+                bind(some("n-0"), some("n-0"), required).unwrap(),
+                some("n-0")
+            );
+            assert_eq!(bind(None, some("n-1"), required).unwrap(), some("n-1"));
+            let e = bind(some("n-0"), some("n-1"), required).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied);
+            assert!(e.message().contains("belongs to node n-0"), "{e:?}");
+        }
+        // Without a node in the certificate: the token decides, unless strict.
+        assert_eq!(bind(some("n-0"), None, false).unwrap(), some("n-0"));
+        assert_eq!(bind(None, None, false).unwrap(), None);
+        for token in [some("n-0"), None] {
+            let e = bind(token, None, true).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied);
+            assert!(e.message().contains("require_node_certificates"), "{e:?}");
+        }
     }
 
     #[test]

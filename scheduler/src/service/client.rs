@@ -14,7 +14,8 @@ use tonic::{Request, Status, Streaming};
 use crate::service::pb;
 use crate::service::pb::node_service_client::NodeServiceClient;
 
-#[derive(Clone, Debug)]
+/// `Debug` leaves out the token and the private key (see [`redacted`]).
+#[derive(Clone)]
 pub struct ClientConfig {
     /// `http://host:port` or `https://host:port`.
     pub url: String,
@@ -35,6 +36,24 @@ pub struct ClientConfig {
     /// Default 30 s.
     pub call_timeout: Duration,
 }
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .field("ca_pem", &self.ca_pem.as_ref().map(|p| p.len()))
+            .field("identity", &self.identity.as_ref().map(|_| REDACTED))
+            .field("domain", &self.domain)
+            .field("keepalive", &self.keepalive)
+            .field("call_timeout", &self.call_timeout)
+            .finish()
+    }
+}
+
+/// What `Debug` shows for a secret: a configuration or a client printed into a log or a
+/// panic message must not carry a token or a key with it.
+pub const REDACTED: &str = "<redacted>";
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -98,11 +117,14 @@ impl ClientConfig {
     }
 }
 
-/// The `authorization` value for `token`.
+/// The `authorization` value for `token`, marked sensitive: HTTP/2's header compression
+/// never indexes it, and its `Debug` does not show it.
 fn bearer(token: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, ClientError> {
-    format!("Bearer {token}")
+    let mut value: MetadataValue<tonic::metadata::Ascii> = format!("Bearer {token}")
         .parse()
-        .map_err(|_| ClientError::Token("not printable ASCII".into()))
+        .map_err(|_| ClientError::Token("not printable ASCII".into()))?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -118,8 +140,16 @@ pub enum ClientError {
 }
 
 /// Adds `authorization: Bearer <token>` to every call.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Token(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Token")
+            .field(&self.0.as_ref().map(|_| REDACTED))
+            .finish()
+    }
+}
 
 impl Interceptor for Token {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
@@ -298,6 +328,26 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_printed_client_holds_neither_its_token_nor_its_key() {
+        let config = ClientConfig {
+            url: "https://scheduler:50051".into(),
+            token: Some("node-secret-0123456789abcdef0123".into()),
+            identity: Some((
+                b"CERT".to_vec(),
+                b"-----BEGIN PRIVATE KEY----- secret".to_vec(),
+            )),
+            ..ClientConfig::default()
+        };
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("secret"), "{printed}");
+        assert!(printed.contains("scheduler:50051"), "{printed}");
+        let header = bearer("node-secret-0123456789abcdef0123").unwrap();
+        assert!(header.is_sensitive());
+        let printed = format!("{:?}", Token(Some(header)));
+        assert!(!printed.contains("secret"), "{printed}");
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap_and_resets() {

@@ -46,6 +46,11 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
             }
         }
         Some(&JSON_OBJECT) => serde_json::from_slice(bytes).map_err(|e| format!("JSON: {e}")),
+        // Later layouts take the next bytes: after a rollback, say so rather than call
+        // the record corrupt, which invites deleting it.
+        Some(&newer) if newer > POSTCARD_V1 && newer < JSON_OBJECT => Err(format!(
+            "record format {newer} was written by a newer Marshal (this build reads format {POSTCARD_V1} and JSON): run that version, or a database this build wrote"
+        )),
         Some(other) => Err(format!("unknown record format byte {other:#04x}")),
         None => Err("empty record".into()),
     }

@@ -126,7 +126,8 @@ pub struct ServiceConfig {
     pub security: SecurityConfig,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// `Debug` shows how many tokens there are and which nodes have one, never a token.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SecurityConfig {
     /// Bearer tokens for clients (jobs, advisor, admin). With any token configured,
@@ -148,6 +149,27 @@ pub struct SecurityConfig {
     /// alternative name or the common name) binds the node service's calls to that
     /// node, as `node_tokens` do; a token bound to another node is refused.
     pub bind_node_certificates: bool,
+    /// With `bind_node_certificates`: a node-service call whose client certificate
+    /// names no inventory node is refused, instead of acting as its token allows (the
+    /// binding fails closed).
+    pub require_node_certificates: bool,
+}
+
+impl std::fmt::Debug for SecurityConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = |tokens: &[String]| format!("{} {}", tokens.len(), super::client::REDACTED);
+        let nodes: Vec<&String> = self.node_tokens.keys().collect();
+        f.debug_struct("SecurityConfig")
+            .field("client_tokens", &count(&self.client_tokens))
+            .field("agent_tokens", &count(&self.agent_tokens))
+            .field("node_tokens (nodes)", &nodes)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("client_ca", &self.client_ca)
+            .field("bind_node_certificates", &self.bind_node_certificates)
+            .field("require_node_certificates", &self.require_node_certificates)
+            .finish()
+    }
 }
 
 /// `Ok` iff `value` lies in `range`; else the error `name = value: must be a..=b`.
@@ -489,6 +511,11 @@ impl ServiceConfig {
         if s.client_ca.is_some() && s.tls_cert.is_none() {
             return bad("security.client_ca (mutual TLS) needs tls_cert and tls_key".into());
         }
+        if s.require_node_certificates && !s.bind_node_certificates {
+            return bad(
+                "security.require_node_certificates needs bind_node_certificates = true".into(),
+            );
+        }
         if s.bind_node_certificates && s.client_ca.is_none() {
             return bad(
                 "security.bind_node_certificates needs client_ca (client certificates come with mutual TLS)"
@@ -502,6 +529,22 @@ impl ServiceConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_printed_configuration_holds_no_token() {
+        let mut config = ServiceConfig::default();
+        config.security.client_tokens = vec!["client-secret-0123456789abcdef0123".into()];
+        config.security.agent_tokens = vec!["agent-secret-0123456789abcdef01234".into()];
+        config.security.node_tokens = [("dgx-3".into(), "node-secret-0123456789abcdef0123".into())]
+            .into_iter()
+            .collect();
+        let printed = format!("{config:?} {config:#?}");
+        assert!(!printed.contains("secret"), "{printed}");
+        assert!(
+            printed.contains("dgx-3") && printed.contains("1 <redacted>"),
+            "{printed}"
+        );
+    }
 
     #[cfg(unix)]
     #[test]
@@ -574,6 +617,10 @@ keepalive_timeout_ms = 0"
         assert!(err("[security]\ntls_cert = \"a.pem\"").contains("tls_key"));
         assert!(err("[security]\nclient_ca = \"ca.pem\"").contains("mutual TLS"));
         assert!(err("[security]\nbind_node_certificates = true").contains("needs client_ca"));
+        assert!(
+            err("[security]\nrequire_node_certificates = true")
+                .contains("needs bind_node_certificates")
+        );
         assert!(err("polcy = \"fifo\"").contains("unknown field"));
         // A syntax error names the place, not the line (it may hold a token).
         let secret = "s3cr3t-token-0123456789abcdef0123456789";

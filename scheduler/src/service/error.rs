@@ -81,6 +81,10 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// At shutdown: the server had stopped persisting changes (a failed commit, or the
+    /// scheduling loop's end), so the last ones are not in the database.
+    #[error("changes were not persisted: {0}")]
+    NotPersisted(String),
 }
 
 #[cfg(test)]

@@ -9,7 +9,13 @@
 //! - a connection must send its first [`PREFACE_BYTES`] within `handshake_timeout_ms`
 //!   (HTTP/2's 24-byte client preface, or the larger TLS ClientHello, which every client
 //!   sends at once), or it is closed; after that, tonic's TLS handshake timeout and the
-//!   HTTP/2 keepalive pings take over.
+//!   HTTP/2 keepalive pings take over;
+//! - an accept that fails for want of resources (`EMFILE` once the descriptor limit is
+//!   reached, `ENFILE`, `ENOBUFS`, `ENOMEM`) is retried after [`ACCEPT_BACKOFF`], with a
+//!   warning at most once a minute and a count in `marshal_accept_errors_total`: tonic
+//!   polls the listener again at once after an error, so a server at its descriptor
+//!   limit spun a core, saying nothing above trace level. An error about one connection
+//!   (the peer gave up before the accept) is passed over at once.
 
 use std::io;
 use std::pin::Pin;
@@ -29,31 +35,88 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 /// (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`); a TLS ClientHello is longer.
 pub const PREFACE_BYTES: usize = 24;
 
+/// How long the listener rests after an accept failed for want of resources.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The shortest time between two warnings about failing accepts.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// `incoming`, at most `max` connections at a time, each closed unless it sends
 /// [`PREFACE_BYTES`] within `preface_within`.
-pub struct Bounded {
-    incoming: TcpIncoming,
+pub struct Bounded<S = TcpIncoming> {
+    incoming: S,
     permits: PollSemaphore,
     permit: Option<OwnedSemaphorePermit>,
     preface_within: Duration,
+    /// After an accept failed for want of resources: when the listener is polled again.
+    backoff: Option<Pin<Box<Sleep>>>,
+    accept_errors: Option<prometheus_client::metrics::counter::Counter>,
+    /// When the last warning was given, and the failures since.
+    warned_at: Option<tokio::time::Instant>,
+    unwarned: u64,
 }
 
-impl Bounded {
-    pub fn new(incoming: TcpIncoming, max: usize, preface_within: Duration) -> Self {
+impl<S> Bounded<S> {
+    pub fn new(incoming: S, max: usize, preface_within: Duration) -> Self {
         Bounded {
             incoming,
             permits: PollSemaphore::new(Arc::new(Semaphore::new(max.max(1)))),
             permit: None,
             preface_within,
+            backoff: None,
+            accept_errors: None,
+            warned_at: None,
+            unwarned: 0,
+        }
+    }
+
+    /// Counts failed accepts in `counter` (`marshal_accept_errors_total`).
+    pub fn counting_errors(self, counter: prometheus_client::metrics::counter::Counter) -> Self {
+        Bounded {
+            accept_errors: Some(counter),
+            ..self
+        }
+    }
+
+    /// Counts a failed accept and warns, at most once per [`WARN_EVERY`].
+    fn note_accept_error(&mut self, error: &io::Error) {
+        if let Some(c) = &self.accept_errors {
+            c.inc();
+        }
+        self.unwarned += 1;
+        let now = tokio::time::Instant::now();
+        if self.warned_at.is_none_or(|at| now - at >= WARN_EVERY) {
+            tracing::warn!(%error, failures = self.unwarned, "cannot accept connections (at the open-file limit? raise `ulimit -n` or LimitNOFILE above max_connections); retrying every 100 ms");
+            self.warned_at = Some(now);
+            self.unwarned = 0;
         }
     }
 }
 
-impl Stream for Bounded {
+/// An accept error about one connection (its peer gave up before the accept), after
+/// which the next accept may well succeed.
+fn about_one_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+    )
+}
+
+impl<S> Stream for Bounded<S>
+where
+    S: Stream<Item = io::Result<TcpStream>> + Unpin,
+{
     type Item = io::Result<Counted>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if let Some(backoff) = &mut this.backoff {
+            ready!(backoff.as_mut().poll(cx));
+            this.backoff = None;
+        }
         // A free place first: at the limit the listener is not polled, so the kernel
         // queues new connections instead of us accepting and dropping them.
         if this.permit.is_none() {
@@ -62,13 +125,23 @@ impl Stream for Bounded {
                 None => return Poll::Ready(None),
             }
         }
-        match ready!(Pin::new(&mut this.incoming).poll_next(cx)) {
-            Some(Ok(io)) => {
-                let permit = this.permit.take().expect("acquired above");
-                Poll::Ready(Some(Ok(Counted::new(io, permit, this.preface_within))))
+        loop {
+            match ready!(Pin::new(&mut this.incoming).poll_next(cx)) {
+                Some(Ok(io)) => {
+                    let permit = this.permit.take().expect("acquired above");
+                    return Poll::Ready(Some(Ok(Counted::new(io, permit, this.preface_within))));
+                }
+                Some(Err(e)) if about_one_connection(&e) => {}
+                Some(Err(e)) => {
+                    this.note_accept_error(&e);
+                    let mut backoff = Box::pin(tokio::time::sleep(ACCEPT_BACKOFF));
+                    if backoff.as_mut().poll(cx).is_pending() {
+                        this.backoff = Some(backoff);
+                        return Poll::Pending;
+                    }
+                }
+                None => return Poll::Ready(None),
             }
-            Some(Err(e)) => Poll::Ready(Some(Err(e))),
-            None => Poll::Ready(None),
         }
     }
 }
@@ -164,7 +237,10 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio_stream::StreamExt as _;
 
-    async fn listen(max: usize, preface_within: Duration) -> (Bounded, std::net::SocketAddr) {
+    async fn listen(
+        max: usize,
+        preface_within: Duration,
+    ) -> (Bounded<TcpIncoming>, std::net::SocketAddr) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         (
@@ -196,6 +272,55 @@ mod tests {
         );
         speaking.write_all(b"x").await.unwrap();
         assert_eq!(speaking_side.read(&mut buf).await.unwrap(), 1);
+    }
+
+    /// A listener whose every accept fails with `error()`, counting the tries.
+    fn failing(
+        error: fn() -> io::Error,
+    ) -> (
+        impl Stream<Item = io::Result<TcpStream>> + Unpin,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = tries.clone();
+        let stream = tokio_stream::iter(std::iter::repeat_with(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(error())
+        }));
+        (stream, tries)
+    }
+
+    #[tokio::test]
+    async fn at_the_open_file_limit_accepts_are_retried_every_backoff_not_in_a_spin() {
+        // EMFILE, as `accept` fails once the descriptor limit is reached.
+        let (listener, tries) = failing(|| io::Error::from_raw_os_error(24));
+        let counter = prometheus_client::metrics::counter::Counter::<u64>::default();
+        let mut incoming =
+            Bounded::new(listener, 8, Duration::from_secs(10)).counting_errors(counter.clone());
+        let waited = tokio::time::timeout(ACCEPT_BACKOFF * 10, incoming.next()).await;
+        assert!(waited.is_err(), "an accept error was handed to tonic");
+        let tries = tries.load(std::sync::atomic::Ordering::Relaxed);
+        // One at once, then one per backoff, about 11 (a busy machine's timers fire
+        // late, so fewer); a spin makes millions.
+        assert!((2..=12).contains(&tries), "{tries} accepts in 10 backoffs");
+        assert_eq!(counter.get(), tries as u64);
+    }
+
+    #[tokio::test]
+    async fn an_accept_error_about_one_connection_is_passed_over_at_once() {
+        let (aborted, tries) = failing(|| io::ErrorKind::ConnectionAborted.into());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Two aborted accepts, then a real connection.
+        let incoming = aborted.take(2).chain(TcpIncoming::from(listener));
+        let mut incoming = Bounded::new(incoming, 8, Duration::from_secs(10));
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), incoming.next()).await;
+        assert!(
+            matches!(next, Ok(Some(Ok(_)))),
+            "no connection after aborted accepts"
+        );
+        assert_eq!(tries.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
     #[tokio::test]

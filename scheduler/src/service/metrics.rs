@@ -46,6 +46,8 @@ pub struct Metrics {
     pub decision_log_rows: Family<Labels, Counter>,
     pub decision_log_errors: Counter,
     pub decision_log_pruned: Counter,
+    /// Accepts of gRPC connections that failed for want of resources (descriptors).
+    pub accept_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -59,6 +61,13 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     prometheus_client::metrics::histogram::exponential_buckets(1e-5, 2.0, 21)
 }
 
+/// Buckets for a job's wait in the queue, from 1 ms to about 3 days (×4 apart): an
+/// uncontended placement takes milliseconds, a GPU job in a busy cluster waits hours,
+/// and with [`latency_buckets`] every such wait fell into `+Inf`.
+fn queue_wait_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(1e-3, 4.0, 15)
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("marshal");
@@ -69,7 +78,7 @@ impl Metrics {
             preemptions: Counter::default(),
             migrations: Counter::default(),
             cycle_seconds: Histogram::new(latency_buckets()),
-            submit_to_place_seconds: Histogram::new(latency_buckets()),
+            submit_to_place_seconds: Histogram::new(queue_wait_buckets()),
             commit_seconds: Histogram::new(latency_buckets()),
             queue_depth: Gauge::default(),
             active_jobs: Gauge::default(),
@@ -85,6 +94,7 @@ impl Metrics {
             decision_log_rows: Family::default(),
             decision_log_errors: Counter::default(),
             decision_log_pruned: Counter::default(),
+            accept_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -107,6 +117,11 @@ impl Metrics {
             "migrations",
             "Running jobs moved (stopped and started elsewhere) so that a gang blocked by fragmentation fits ([rebalance])",
             m.migrations.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "gRPC connection accepts that failed for want of resources (EMFILE: at the open-file limit), each retried after 100 ms",
+            m.accept_errors.clone(),
         );
         registry.register(
             "cycle_duration_seconds",
@@ -306,6 +321,43 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    #[test]
+    fn a_wait_of_hours_lands_in_a_bucket_of_its_own() {
+        let m = Metrics::new();
+        for wait_s in [0.002, 3600.0, 2.0 * 86_400.0] {
+            m.submit_to_place_seconds.observe(wait_s);
+        }
+        let text = m.render();
+        // (upper bound, cumulative count) per bucket line.
+        let buckets: Vec<(f64, u64)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("marshal_submit_to_place_seconds_bucket{le=\""))
+            .map(|l| {
+                let (le, count) = l.split_once("\"} ").unwrap();
+                (le.parse().unwrap(), count.trim().parse().unwrap())
+            })
+            .collect();
+        let bucket = |le: f64| -> u64 {
+            buckets
+                .iter()
+                .find(|(b, _)| {
+                    if le.is_infinite() {
+                        b.is_infinite()
+                    } else {
+                        (b - le).abs() <= le * 1e-9
+                    }
+                })
+                .unwrap_or_else(|| panic!("no bucket le={le} in\n{text}"))
+                .1
+        };
+        // 1 ms ×4ⁿ: an hour lies between 4⁹ and 4¹⁰ ms, two days below 4¹⁴ ms.
+        assert_eq!(bucket(0.004), 1);
+        assert_eq!(bucket(262.144), 1);
+        assert_eq!(bucket(4194.304), 2);
+        assert_eq!(bucket(268_435.456), 3);
+        assert_eq!(bucket(f64::INFINITY), 3);
+    }
 
     #[test]
     fn a_client_that_never_finishes_its_request_is_cut_off_and_others_are_answered() {

@@ -32,6 +32,7 @@ pub mod convert;
 pub mod core;
 mod cycle;
 pub mod error;
+pub mod health;
 mod heartbeat;
 mod incoming;
 mod inventory;

@@ -210,7 +210,8 @@ impl Inner {
         if r.failures >= quarantine_after && !r.quarantined {
             r.quarantined = true;
             r.reason = format!("quarantined after {} failures; last: {why}", r.failures);
-            tracing::warn!(node = n.0, reason = %r.reason, "node quarantined");
+            let node = &self.topo.node(n).name;
+            tracing::warn!(%node, reason = %r.reason, "node quarantined");
         }
         self.mark_node(n);
     }

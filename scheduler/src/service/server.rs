@@ -9,7 +9,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use tonic_health::ServingStatus;
 
 use crate::domain::ClusterSpec;
 use crate::service::FILE_DESCRIPTOR_SET;
@@ -18,6 +17,7 @@ use crate::service::auth::BearerAuth;
 use crate::service::config::ServiceConfig;
 use crate::service::core::Core;
 use crate::service::error::StartError;
+use crate::service::health::Health;
 use crate::service::incoming::Bounded;
 use crate::service::metrics::{Metrics, serve_metrics};
 use crate::service::model::ModelSlot;
@@ -35,6 +35,9 @@ const SERVICES: [&str; 4] = [
     "marshal.v1.AdminService",
 ];
 
+/// What the advisor-only server serves (besides health and reflection).
+const ADVISOR_ONLY: [&str; 1] = [SERVICES[2]];
+
 /// How long a graceful shutdown waits for open calls before dropping them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -44,6 +47,7 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
     pub core: Arc<Core>,
+    health: Health,
     stop: watch::Sender<bool>,
     stop_driver: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -53,9 +57,12 @@ pub struct ServerHandle {
 }
 
 impl ServerHandle {
-    /// Stops accepting calls, ends the streams, waits for open calls (up to a grace
-    /// period), then commits whatever is pending and returns.
+    /// Says NOT_SERVING to health checkers, stops accepting calls, ends the streams,
+    /// waits for open calls (up to a grace period), then commits whatever is pending and
+    /// returns. An error if changes were not persisted (a failed commit, now or
+    /// earlier), so that the exit status says so; lost decision-log rows are logged.
     pub async fn shutdown(self) -> Result<(), StartError> {
+        self.health.not_serving().await;
         let _ = self.stop.send(true);
         let mut server = self.server;
         let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
@@ -73,9 +80,23 @@ impl ServerHandle {
         }
         // After the driver's last commit: every committed decision and outcome is in.
         let core = self.core.clone();
-        let _ = tokio::task::spawn_blocking(move || core.finish_decision_log()).await;
+        if let Ok(Some(counts)) =
+            tokio::task::spawn_blocking(move || core.finish_decision_log()).await
+            && counts.rows_lost > 0
+        {
+            tracing::error!(
+                rows_lost = counts.rows_lost,
+                rows_written = counts.rows_written,
+                write_errors = counts.write_errors,
+                "the decision log lost rows over this run"
+            );
+        }
         if let Some(m) = self.metrics_task {
             m.abort();
+        }
+        let not_persisted = self.core.committed().borrow().error.clone();
+        if let Some(error) = not_persisted {
+            return Err(StartError::NotPersisted(error));
         }
         match served {
             Ok(r) => r.map_err(StartError::from),
@@ -140,11 +161,8 @@ fn spawn_model_poll(config: &ServiceConfig, model: &Arc<dyn ModelSlot>) -> Optio
         loop {
             tick.tick().await;
             let model = model.clone();
-            if tokio::task::spawn_blocking(move || model.poll())
-                .await
-                .is_err()
-            {
-                tracing::error!("model poll task failed");
+            if let Err(e) = tokio::task::spawn_blocking(move || model.poll()).await {
+                tracing::error!(error = %e, "model poll task failed");
             }
         }
     }))
@@ -154,14 +172,17 @@ fn spawn_model_poll(config: &ServiceConfig, model: &Arc<dyn ModelSlot>) -> Optio
 #[derive(Debug)]
 pub struct AdvisorHandle {
     pub addr: SocketAddr,
+    health: Health,
     stop: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     poll_task: Option<JoinHandle<()>>,
 }
 
 impl AdvisorHandle {
-    /// Stops accepting calls and waits for open ones (up to a grace period).
+    /// Says NOT_SERVING to health checkers, stops accepting calls and waits for open
+    /// ones (up to a grace period).
     pub async fn shutdown(self) -> Result<(), StartError> {
+        self.health.not_serving().await;
         let _ = self.stop.send(true);
         if let Some(t) = &self.poll_task {
             t.abort();
@@ -189,6 +210,10 @@ pub async fn start_advisor(
     model: Arc<dyn ModelSlot>,
 ) -> Result<AdvisorHandle, StartError> {
     config.validate()?;
+    if let Some(m) = &config.metrics_listen {
+        // The advisor keeps no metrics; say so rather than leave a scrape target dark.
+        tracing::warn!(metrics_listen = %m, "shadow mode serves no /metrics; metrics_listen is ignored");
+    }
     let poll_task = spawn_model_poll(config, &model);
     let advisor = Arc::new(
         crate::service::shadow::ShadowAdvisor::open(&config.policy, shadow_log, model)
@@ -203,17 +228,14 @@ pub async fn start_advisor(
     );
     let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status(SERVICES[2], ServingStatus::Serving)
-        .await;
+    let (stop, stop_rx) = watch::channel(false);
+    let (health, health_service) = Health::serving(&ADVISOR_ONLY, stop_rx.clone()).await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
     let clients = BearerAuth::new(&config.security.client_tokens, "client");
-    let (stop, stop_rx) = watch::channel(false);
     let router = server_builder(config)?
         .add_service(health_service)
         .add_service(reflection)
@@ -225,6 +247,7 @@ pub async fn start_advisor(
     tracing::info!(%addr, policy = %config.policy, log = %shadow_log.path.display(), "shadow advisor");
     Ok(AdvisorHandle {
         addr,
+        health,
         stop,
         server,
         poll_task,
@@ -320,6 +343,7 @@ pub async fn start(
 
     let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
+    let accept_errors = metrics.accept_errors.clone();
     let (metrics_addr, metrics_task) = match config.metrics_addr()? {
         Some(a) => {
             let l = bind(a, "metrics_listen").await?;
@@ -338,24 +362,14 @@ pub async fn start(
     };
     let poll_task = spawn_model_poll(&config, &core.model);
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    for s in SERVICES {
-        health.set_service_status(s, ServingStatus::Serving).await;
-    }
+    let (health, health_service) = Health::serving(&SERVICES, stop_rx.clone()).await;
     // A failed commit stops all changes (see `Core::drive`); say so to health checkers.
     {
         let mut committed = core.committed();
         let health = health.clone();
         tokio::spawn(async move {
             if committed.wait_for(|c| c.error.is_some()).await.is_ok() {
-                health
-                    .set_service_status("", ServingStatus::NotServing)
-                    .await;
-                for s in SERVICES {
-                    health
-                        .set_service_status(s, ServingStatus::NotServing)
-                        .await;
-                }
+                health.not_serving().await;
             }
         });
     }
@@ -371,7 +385,10 @@ pub async fn start(
     let mut agents = BearerAuth::new(&sec.agent_tokens, "agent").with_node_tokens(&sec.node_tokens);
     if sec.bind_node_certificates {
         let topo = core.lock().topo.clone();
-        agents = agents.with_certificate_nodes(topo.node_ids().map(|n| topo.node(n).name.clone()));
+        agents = agents.with_certificate_nodes(
+            topo.node_ids().map(|n| topo.node(n).name.clone()),
+            sec.require_node_certificates,
+        );
     }
     let api = Api {
         core: core.clone(),
@@ -391,7 +408,7 @@ pub async fn start(
         ))
         .add_service(AdminServiceServer::with_interceptor(api, clients));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(
-        accepted_without_delay(listener, &config),
+        accepted_without_delay(listener, &config).counting_errors(accept_errors),
         crate::service::core::stopped(stop_rx),
     ));
     tracing::info!(%addr, policy = %config.policy, cluster = %cluster.name, "serving");
@@ -414,6 +431,7 @@ pub async fn start(
         addr,
         metrics_addr,
         core,
+        health,
         stop,
         stop_driver,
         server,

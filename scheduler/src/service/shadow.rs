@@ -143,7 +143,12 @@ impl ShadowAdvisor {
 
     fn append(&self, records: &[DecisionRecord]) -> Result<(), Status> {
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let io = |e: std::io::Error| Status::internal(format!("shadow log {}: {e}", self.log_name));
+        // The caller hears of it, and so does the operator: an incumbent that treats the
+        // advisor as best effort would otherwise leave the log quietly incomplete.
+        let io = |e: std::io::Error| {
+            tracing::error!(log = %self.log_name, error = %e, "shadow log: a recommendation was not written");
+            Status::internal(format!("shadow log {}: {e}", self.log_name))
+        };
         for r in records {
             let line = serde_json::to_string(r).map_err(|e| Status::internal(e.to_string()))?;
             writeln!(log.out, "{line}").map_err(io)?;
@@ -178,6 +183,15 @@ fn open_for_append(path: &Path) -> Result<std::fs::File, std::io::Error> {
 /// rename is undone: writing on under `.1` would let the next rotation shift, and in
 /// the end delete, the file being written.
 fn rotate(options: &ShadowLog, log: &mut LogFile) -> Result<(), std::io::Error> {
+    rotate_opening(options, log, open_for_append)
+}
+
+/// [`rotate`], opening the new log with `open` (a failing one in tests).
+fn rotate_opening(
+    options: &ShadowLog,
+    log: &mut LogFile,
+    open: impl FnOnce(&Path) -> Result<std::fs::File, std::io::Error>,
+) -> Result<(), std::io::Error> {
     log.out.get_ref().sync_all()?;
     let gone = |r: std::io::Result<()>| match r {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -188,7 +202,7 @@ fn rotate(options: &ShadowLog, log: &mut LogFile) -> Result<(), std::io::Error> 
         gone(std::fs::rename(options.rotated(k), options.rotated(k + 1)))?;
     }
     std::fs::rename(&options.path, options.rotated(1))?;
-    let file = match open_for_append(&options.path) {
+    let file = match open(&options.path) {
         Ok(f) => f,
         Err(e) => {
             if let Err(back) = std::fs::rename(options.rotated(1), &options.path) {
@@ -384,17 +398,19 @@ mod tests {
         (record, size, options)
     }
 
+    /// The decision ids in a log file, in order.
+    fn ids(path: &Path) -> Vec<u64> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<DecisionRecord>(l).unwrap().id)
+            .collect()
+    }
+
     #[test]
     fn a_rotated_log_keeps_its_newest_files_and_ids_continue() {
         let dir = tempfile::tempdir().unwrap();
         let (record, _, options) = two_records_per_file(dir.path(), 2);
-        let ids = |path: &Path| -> Vec<u64> {
-            std::fs::read_to_string(path)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str::<DecisionRecord>(l).unwrap().id)
-                .collect()
-        };
         let advisor = ShadowAdvisor::open("topo-pack", &options, Arc::new(NoModel)).unwrap();
         let append = |advisor: &ShadowAdvisor| {
             let mut r = record.clone();
@@ -459,6 +475,35 @@ mod tests {
             6
         );
         assert_eq!(std::fs::metadata(&options.path).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_rotation_that_cannot_open_the_new_log_undoes_its_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let (record, _, options) = two_records_per_file(dir.path(), 2);
+        let advisor = ShadowAdvisor::open("topo-pack", &options, Arc::new(NoModel)).unwrap();
+        let append = |log: &mut LogFile, id: u64| {
+            let mut r = record.clone();
+            r.id = id;
+            writeln!(log.out, "{}", serde_json::to_string(&r).unwrap()).unwrap();
+            log.out.flush().unwrap();
+        };
+        let mut log = advisor.log.lock().unwrap();
+        append(&mut log, 1);
+        let refused = rotate_opening(&options, &mut log, |_| {
+            Err(std::io::Error::other("no file descriptors left"))
+        });
+        assert!(refused.is_err());
+        // The file being written is the log again, not its `.1`, which a later
+        // rotation would shift and in the end delete.
+        assert!(!options.rotated(1).exists());
+        append(&mut log, 2);
+        assert_eq!(ids(&options.path), [1, 2]);
+        // The next rotation works from there.
+        rotate(&options, &mut log).unwrap();
+        append(&mut log, 3);
+        assert_eq!(ids(&options.rotated(1)), [1, 2]);
+        assert_eq!(ids(&options.path), [3]);
     }
 
     #[test]

@@ -161,8 +161,21 @@ impl Store {
                 .map(|v| v.value())
                 .unwrap_or(1))
         };
-        loaded.next_job = get(META_NEXT_JOB)?;
-        loaded.next_decision = get(META_NEXT_DECISION)?;
+        // The counters are committed with the records, but an id handed out twice
+        // overwrites a record (and an Explain then answers for another decision), so
+        // they are never taken below what the tables hold: a counter missing or behind
+        // (a database edited by hand, or written by a build with a bug) costs nothing.
+        let largest_job = loaded.jobs.iter().map(|r| u64::from(r.job.id.0)).max();
+        loaded.next_job = get(META_NEXT_JOB)?.max(largest_job.map_or(1, |j| j + 1));
+        let decisions = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
+        let last_decision = decisions
+            .last()
+            .map_err(|e| self.err(e))?
+            .map_or(0, |(k, _)| k.value());
+        let last_referenced = loaded.jobs.iter().map(|r| r.decision_id).max().unwrap_or(0);
+        loaded.next_decision = get(META_NEXT_DECISION)?
+            .max(last_decision.saturating_add(1))
+            .max(last_referenced.saturating_add(1));
         let inventory = txn.open_table(INVENTORY).map_err(|e| self.err(e))?;
         if let Some(v) = inventory.get(INVENTORY_KEY).map_err(|e| self.err(e))? {
             loaded.inventory =
@@ -261,6 +274,35 @@ mod tests {
     }
 
     #[test]
+    fn ids_continue_past_the_stored_records_whatever_the_counters_say() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.redb"), true).unwrap();
+        let mut job = JobRecord::new(Job::whole_gpus(JobId(41), 1, 0.0, 1.0), None, 7);
+        job.decision_id = 90;
+        store
+            .commit(&Batch {
+                jobs: vec![(41, codec::encode(&job).unwrap())],
+                decisions: vec![(120, b"{}".to_vec())],
+                // Counters behind the tables (no META_NEXT_DECISION at all).
+                meta: vec![(META_NEXT_JOB, 3)],
+                ..Default::default()
+            })
+            .unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.next_job, 42);
+        assert_eq!(loaded.next_decision, 121);
+        // A counter ahead of the tables is kept (ids are never reused).
+        store
+            .commit(&Batch {
+                meta: vec![(META_NEXT_JOB, 500), (META_NEXT_DECISION, 900)],
+                ..Default::default()
+            })
+            .unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!((loaded.next_job, loaded.next_decision), (500, 900));
+    }
+
+    #[test]
     fn a_committed_batch_survives_reopening_and_a_corrupt_job_stops_the_load() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.redb");
@@ -289,7 +331,8 @@ mod tests {
         assert_eq!(loaded.jobs[0].job.id, JobId(5));
         assert_eq!(loaded.jobs[1].job.id, JobId(6));
         assert!(loaded.nodes[0].1.registered);
-        assert_eq!(loaded.next_job, 6);
+        // The counter said 6, but job 6 is taken: a new job would have overwritten it.
+        assert_eq!(loaded.next_job, 7);
         assert_eq!(loaded.next_decision, 1);
         let bad = Batch {
             jobs: vec![(9, b"{not json".to_vec())],

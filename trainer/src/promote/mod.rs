@@ -50,6 +50,8 @@ pub enum PromoteError {
     Evaluation { what: String, reason: String },
     #[error("installing into {path}: {reason}")]
     Install { path: PathBuf, reason: String },
+    #[error("current artifact {path}: {reason}; nothing was installed")]
+    Current { path: PathBuf, reason: String },
 }
 
 /// The rule's setting.
@@ -78,6 +80,25 @@ impl PromoteOptions {
                 self.max_regression
             )))
         }
+    }
+}
+
+/// A current artifact this build cannot read because a newer build wrote it is not
+/// "missing": the server (that newer build) may well be serving it. Judged as missing,
+/// the candidate would be compared with the fallback alone and could replace a better
+/// model, which the server would then refuse as another schema. A missing, corrupt or
+/// older current artifact is judged as the server judges it: as missing.
+fn refuse_newer_current(current: &Path) -> Result<(), PromoteError> {
+    match marshal_model::policy::load_policy(current) {
+        Err(marshal_model::ModelError::SchemaVersion { found, expected }) if found > expected => {
+            Err(PromoteError::Current {
+                path: current.to_path_buf(),
+                reason: format!(
+                    "its policy schema {found} is newer than this build's {expected}; promote with the build that serves it"
+                ),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -258,6 +279,7 @@ pub fn promote_signed(
     };
     // Hashed before loading, as the server does: the record names what was compared.
     let current_hash = artifact_hash(current);
+    refuse_newer_current(current)?;
     let (cur, current_hash) = match LearnedModel::try_load(current) {
         Ok(m) => (m, current_hash),
         Err(why) => (

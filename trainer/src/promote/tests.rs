@@ -4,7 +4,7 @@ use std::fs;
 use super::*;
 use crate::testkit::{inflation_spec, tiny_artifact};
 use marshal_model::policy::{
-    PromotionKeys, artifact_fingerprint, artifact_sha256, generate_key_pair,
+    POLICY_SCHEMA_VERSION, PromotionKeys, artifact_fingerprint, artifact_sha256, generate_key_pair,
 };
 
 /// Unsigned verification (no `promotion_public_keys`).
@@ -276,6 +276,41 @@ fn a_first_install_needs_no_current_artifact() {
     // Installing into an empty place is a plain rename.
     assert_eq!(install(&candidate, &current).unwrap(), None);
     assert_eq!(snapshot(&current), snapshot(&candidate));
+}
+
+#[test]
+fn a_current_artifact_of_a_newer_schema_is_not_judged_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (current, candidate) = (tmp.path().join("current"), tmp.path().join("candidate"));
+    artifact(&current, "random", 1);
+    artifact(&candidate, "fgd", 2);
+    let meta = current.join("meta.json");
+    let text = fs::read_to_string(&meta).unwrap();
+    let newer = text.replace(
+        &format!("\"schema_version\": {POLICY_SCHEMA_VERSION}"),
+        "\"schema_version\": 99",
+    );
+    assert_ne!(newer, text);
+    fs::write(&meta, newer).unwrap();
+    let before = snapshot(&current);
+    let err = promote_on_inflation(&candidate, &current).unwrap_err();
+    assert!(
+        matches!(err, PromoteError::Current { .. })
+            && err.to_string().contains("policy schema 99 is newer"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&current), before);
+    // An older schema is what the server cannot load either: judged as missing.
+    fs::write(
+        &meta,
+        text.replace(
+            &format!("\"schema_version\": {POLICY_SCHEMA_VERSION}"),
+            "\"schema_version\": 0",
+        ),
+    )
+    .unwrap();
+    let record = promote_on_inflation(&candidate, &current).unwrap();
+    assert_eq!(record.current_hash, None);
 }
 
 #[test]

@@ -137,7 +137,10 @@ impl Runner {
     }
 
     /// An unreadable record: logged; the worker its file name names (if any) is
-    /// reported from its exit status, or as lost.
+    /// reported from its exit status, or as lost. If the record still names a process
+    /// that runs (same pid, start time and boot), that process group is killed: this
+    /// agent cannot supervise it, and the scheduler, told it failed, gives its GPUs to
+    /// other work.
     fn give_up_on(&mut self, bad: Unreadable, store: &RecordStore) {
         tracing::error!(path = %bad.path.display(), error = %bad.error, "unreadable worker record skipped");
         let Some(inc) = bad.incarnation else {
@@ -146,8 +149,31 @@ impl Runner {
         if self.live.contains_key(&inc) {
             return;
         }
-        let outcome = match store.exit_status(&inc) {
-            Ok(Some(status)) => supervisor::outcome_of(status),
+        let killed = bad.process.as_ref().and_then(|p| {
+            let identity = ProcessIdentity {
+                pid: p.pid,
+                start_ticks: p.start_ticks,
+            };
+            let running = p.boot_id == self.boot_id
+                && crate::connected::procfs::is_running(identity).unwrap_or(false);
+            running.then(|| {
+                tracing::warn!(
+                    job = inc.job,
+                    worker = inc.worker,
+                    pid = p.pid,
+                    "killing the process of an unreadable worker record"
+                );
+                tokio::spawn(supervisor::kill_group(p.pid));
+                p.pid
+            })
+        });
+        let outcome = match (store.exit_status(&inc), killed) {
+            (Ok(Some(status)), _) => supervisor::outcome_of(status),
+            (_, Some(pid)) => Err(format!(
+                "its state record {} is unreadable ({}), so the agent cannot supervise it: its process group {pid} was killed",
+                bad.path.display(),
+                bad.error
+            )),
             _ => Err(format!(
                 "lost while the agent was down: its state record {} is unreadable ({}); a process of it still running is no longer supervised",
                 bad.path.display(),
@@ -317,6 +343,7 @@ mod tests {
             start_ticks,
             boot_id: boot_id.into(),
             command: "sleep 100".into(),
+            version: crate::connected::records::RECORD_VERSION,
         }
     }
 
@@ -410,6 +437,45 @@ mod tests {
         r.settle_report(8, 1, state8);
         r.settle_report(9, 1, pb::JobState::Completed);
         assert_eq!(state_files(dir.path()), vec!["scratch.json"]);
+    }
+
+    /// A record this agent cannot read whole (a layout it does not know) whose process
+    /// still runs: the process is killed, not left running unsupervised on GPUs the
+    /// scheduler is about to give to other work.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_running_process_of_an_unreadable_record_is_killed_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut first, _rx) = runner_in(dir.path(), Mode::Exec("sleep 30".into()), Vec::new());
+        first.start(&start(4, 1, &[0])).await;
+        first.shut_down(false).await;
+        drop(first);
+        let path = dir.path().join("jobs/state/4.0.1.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let written: WorkerRecord = serde_json::from_str(&text).unwrap();
+        let identity = procfs::ProcessIdentity {
+            pid: written.pid,
+            start_ticks: written.start_ticks,
+        };
+        assert!(procfs::is_running(identity).unwrap());
+        std::fs::write(&path, text.replace("\"gpus\"", "\"slots\"")).unwrap();
+        let (mut second, mut rx) = runner_in(dir.path(), Mode::Exec("sleep 30".into()), Vec::new());
+        assert_eq!(second.adopt_survivors().unreadable, 1);
+        second.exited(next_exit(&mut rx, Duration::from_secs(1)).await);
+        let (state, msg) = second.reports[&(4, 1)].clone();
+        assert_eq!(state, pb::JobState::Failed);
+        assert!(
+            msg.contains("was killed") && msg.contains("4.0.1.json"),
+            "{msg}"
+        );
+        let t = Instant::now();
+        while procfs::is_running(identity).unwrap() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the worker still runs"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[cfg(target_os = "linux")]

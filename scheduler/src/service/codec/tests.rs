@@ -164,9 +164,14 @@ fn damaged_records_are_errors_not_panics() {
             .unwrap_err()
             .contains("1 bytes left over")
     );
+    let newer = decode::<JobRecord>(&[7, 1, 2]).unwrap_err();
+    assert!(
+        newer.starts_with("record format 7 was written by a newer Marshal"),
+        "{newer}"
+    );
     assert_eq!(
-        decode::<JobRecord>(&[7, 1, 2]).unwrap_err(),
-        "unknown record format byte 0x07"
+        decode::<JobRecord>(&[0xfe, 1, 2]).unwrap_err(),
+        "unknown record format byte 0xfe"
     );
     assert_eq!(decode::<JobRecord>(&[]).unwrap_err(), "empty record");
     assert!(
@@ -200,6 +205,91 @@ fn the_stored_layout_is_pinned() {
         GOLDEN_MIGRATION_DECISION
     );
 }
+
+/// A node record as stored; and every variant of every enum in a stored record, by the
+/// index postcard stores for it. A variant inserted before others renumbers them, and
+/// every stored `Completed` job would read back as the next state: add variants at the
+/// end only (or bump the format byte).
+#[test]
+fn node_records_and_every_stored_enum_variant_are_pinned() {
+    let node = NodeRecord {
+        registered: true,
+        cordoned: false,
+        quarantined: true,
+        failures: 3,
+        reason: "3 failures".into(),
+        unreachable: true,
+        unreachable_since_us: 42,
+        ..NodeRecord::default()
+    };
+    assert_eq!(hex(&encode(&node).unwrap()), GOLDEN_NODE);
+    assert_eq!(decode::<NodeRecord>(&hex_bytes(GOLDEN_NODE)).unwrap(), node);
+    let states: Vec<String> = JobState::ALL.iter().map(of).collect();
+    assert_eq!(
+        states,
+        ["00", "01", "02", "03", "04", "05", "06", "07", "08"]
+    );
+    assert_eq!(
+        [
+            Verdict::Place,
+            Verdict::Wait,
+            Verdict::Reject,
+            Verdict::Migrate
+        ]
+        .map(|v| of(&v)),
+        ["00", "01", "02", "03"]
+    );
+    assert_eq!(
+        [MigrationKind::Consolidate, MigrationKind::Rebalance].map(|v| of(&v)),
+        ["00", "01"]
+    );
+    use crate::domain::{CommPattern, GpuDemand};
+    assert_eq!(
+        [
+            GpuDemand::None,
+            GpuDemand::Whole(2),
+            GpuDemand::Milli(300),
+            GpuDemand::Mig {
+                compute: 1,
+                memory: 1
+            }
+        ]
+        .map(|v| of(&v)),
+        ["00", "0102", "02ac02", "030101"]
+    );
+    assert_eq!(
+        [
+            CommPattern::None,
+            CommPattern::DataParallel,
+            CommPattern::TensorParallel,
+            CommPattern::PipelineParallel
+        ]
+        .map(|v| of(&v)),
+        ["00", "01", "02", "03"]
+    );
+    // An elastic job's bounds follow `Option`'s 1.
+    assert_eq!(
+        of(&Some(crate::domain::Elastic {
+            min_workers: 2,
+            max_workers: 8
+        })),
+        "010208"
+    );
+}
+
+/// `value` in postcard, in hex.
+fn of<T: serde::Serialize>(value: &T) -> String {
+    hex(&postcard::to_allocvec(value).unwrap())
+}
+
+fn hex_bytes(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+const GOLDEN_NODE: &str = "01010001030a33206661696c757265730154";
 
 const GOLDEN_JOB: &str = "01e724086a6f622d343731310764656661756c7400010102000000010000000000000020ac400000000000209c400000000000003e400000000000004e4000010000000000000029400100010111028801e80700008901e807000080c0f995e0a2b006a0dff995e0a2b006a9460101056b65792d31c52000b061bfda410000000000000000000000b061bfda410000";
 const GOLDEN_MIGRATION_DECISION: &str = "01a946056379636c65a0dff995e0a2b0060434373131e724086a6f622d343731310764656661756c7400010102000000010000000000000020ac400000000000209c400000000000003e400000000000004e40000100000000000000294009746f706f2d7061636b136865757269737469633a746f706f2d7061636b01000000000000e83f030001076e6f64652d31370200e807000001e8070000038020cc0810076e6f64652d313708c03e0100076e6f64652d313807d8360000076e6f64652d313906f02e0000076e6f64652d32300588270000076e6f64652d323104a01f0000076e6f64652d323203b8170000076e6f64652d323302d00f0000076e6f64652d323401e8070000076e6f64652d323508c03e0000076e6f64652d323607d8360000076e6f64652d323706f02e0000076e6f64652d32380588270000076e6f64652d323904a01f0000076e6f64652d333003b8170000076e6f64652d333102d00f0000076e6f64652d333201e807000001103563306666656535633066666565303001000000000000e03f406e6f2073636f72653a2074686520746f706f2d7061636b20686575726973746963206578706f736573206e6f207065722d63616e6469646174652073636f72650102066e6f64652d33066e6f64652d3400010101000000000000f83f019a9999999999e93f010101066e6f64652d39000001046e6f64650100000000000028400000000000008056400000000000004e400000000000003e400102313201066a6f622d3132";
