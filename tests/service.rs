@@ -1869,7 +1869,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let p = pki();
     runtime().block_on(async {
-        let mut cfg = bound_mutual_tls(dir.path(), &p);
+        let cfg = bound_mutual_tls(dir.path(), &p);
         let handle = service::start(cfg, common::three_nodes(), Arc::new(NoModel))
             .await
             .unwrap();
