@@ -20,6 +20,7 @@ mod consolidate;
 mod cpu_nodes_first;
 mod cycle;
 mod placer;
+mod quota;
 mod rebalance;
 mod reserve;
 
@@ -29,6 +30,7 @@ pub use cycle::{CycleDecisions, EverFitMemo, Pending, Running, can_ever_fit, run
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
 };
+pub use quota::{Limits, OverQuota, QuotaConfig, TenantUsage};
 pub use rebalance::RebalanceConfig;
 pub use reserve::ReservationConfig;
 
