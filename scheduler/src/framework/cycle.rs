@@ -127,16 +127,22 @@ pub fn run_cycle(
                     });
                 match victims {
                     Some((victims, placement)) => {
-                        for &k in &victims {
-                            state.release(running[k].job, running[k].placement);
-                            evicted[k] = true;
-                            decisions.preempted.push(k);
-                        }
-                        victim_class = lowest_victim_class(&evicted);
-                        no_room.clear();
-                        match state.allocate(job, &placement) {
-                            Ok(()) => decisions.placed.push((i, placement)),
-                            Err(e) => decisions.errors.push((i, e.to_string())),
+                        match evict_and_place(state, job, &placement, &victims, running) {
+                            Ok(()) => {
+                                for &k in &victims {
+                                    evicted[k] = true;
+                                    decisions.preempted.push(k);
+                                }
+                                victim_class = lowest_victim_class(&evicted);
+                                no_room.clear();
+                                decisions.placed.push((i, placement));
+                            }
+                            Err(e) => decisions.errors.push((
+                                i,
+                                format!(
+                                    "placement after preemption refused, nothing preempted: {e}"
+                                ),
+                            )),
                         }
                     }
                     None if rebalance(
@@ -202,6 +208,27 @@ pub fn run_cycle(
         }
     }
     decisions
+}
+
+/// Releases `victims` (indices into `running`) and allocates `job` on `placement`, all or
+/// nothing: it is tried on a copy first, so that a placement the state refuses (a placer's
+/// or preemptor's bug) leaves every victim running. Putting them back after a failure
+/// could fail in turn, since a victim may run partly on a node marked down, where nothing
+/// can be allocated.
+fn evict_and_place(
+    state: &mut ClusterState,
+    job: &Job,
+    placement: &Placement,
+    victims: &[usize],
+    running: &[Running<'_>],
+) -> Result<(), crate::domain::DomainError> {
+    let mut after = state.clone();
+    for &k in victims {
+        after.release(running[k].job, running[k].placement);
+    }
+    after.allocate(job, placement)?;
+    *state = after;
+    Ok(())
 }
 
 /// Moves running jobs so that the blocked gang `pending[i]` fits (`framework::rebalance`), when
@@ -543,6 +570,25 @@ mod tests {
         assert!(can_ever_fit(&four_g, &one_each).is_ok());
     }
 
+    /// Finds room where a placer would, then answers with a placement that the state
+    /// refuses (no workers at all): a placer's bug.
+    #[derive(Debug)]
+    struct RefusedPlacement;
+
+    impl crate::framework::Placer for RefusedPlacement {
+        fn place(
+            &self,
+            job: &Job,
+            state: &mut ClusterState,
+            _: &mut Context,
+        ) -> Result<Placement, Status> {
+            if state.idle_gpus() < job.gpu_count() {
+                return Err(Status::Unschedulable("no room".into()));
+            }
+            Ok(Placement::default())
+        }
+    }
+
     /// Waits whenever anything runs, and otherwise places as topo-pack does: the learned
     /// policy's "wait", which it offers only while something runs.
     #[derive(Debug)]
@@ -576,6 +622,54 @@ mod tests {
             rebalance: None,
             consolidate: None,
         }
+    }
+
+    #[test]
+    fn a_placement_the_state_refuses_after_preempting_leaves_the_victims_running() {
+        use rand::SeedableRng as _;
+        let mut state = ClusterState::new(Arc::new(topo()));
+        let low = job(1, 2, 8, 1000);
+        let whole_cluster = Placement {
+            workers: (0..2)
+                .map(|n| crate::domain::WorkerPlacement {
+                    node: NodeId(n),
+                    gpus: state
+                        .topology()
+                        .node(NodeId(n))
+                        .gpu_ids()
+                        .map(crate::domain::GpuShare::whole)
+                        .collect(),
+                })
+                .collect(),
+        };
+        state.allocate(&low, &whole_cluster).unwrap();
+        let high = Job {
+            priority: 5,
+            ..job(2, 1, 8, 1000)
+        };
+        let pending = [Pending {
+            job: &high,
+            stats: JobStats::default(),
+        }];
+        let running = [Running {
+            job: &low,
+            placement: &whole_cluster,
+            stats: JobStats::default(),
+            started_at: 0.0,
+            lost_work_s: 0.0,
+        }];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let mut ctx = Context::new(1000.0, &mut rng);
+        let policy = preempting(Box::new(RefusedPlacement));
+        let d = run_cycle(&policy, &mut state, &pending, &running, &mut ctx);
+        assert!(d.preempted.is_empty(), "{:?}", d.preempted);
+        assert!(d.placed.is_empty());
+        assert_eq!(d.errors.len(), 1, "{:?}", d.errors);
+        assert_eq!(d.errors[0].0, 0);
+        assert!(d.errors[0].1.contains("0 workers"), "{:?}", d.errors);
+        // The victim still holds the whole cluster.
+        assert_eq!(state.idle_gpus(), 0);
+        state.check_consistency().unwrap();
     }
 
     #[test]
