@@ -272,8 +272,8 @@ fn check_log(topo: &Topology, jobs: &[Job], log: &[LogEntry]) -> Result<(), Stri
     Ok(())
 }
 
-/// Replays `jobs` under `policy` twice: every job ends, the log passes [`check_log`], and
-/// the same seed gives the same schedule.
+/// Replays `jobs` under `policy` twice: every job ends, no placement fails with an error,
+/// the log passes [`check_log`], and the same seed gives the same schedule.
 fn replay_keeps_the_invariants(
     policy: &Policy,
     name: &str,
@@ -286,6 +286,12 @@ fn replay_keeps_the_invariants(
         result.completed + result.rejected,
         jobs.len() as u64,
         "{}: every job ends",
+        name
+    );
+    prop_assert_eq!(
+        result.placement_errors,
+        0,
+        "{}: a placement failed with an error",
         name
     );
     if let Err(e) = check_log(topo, jobs, &log) {

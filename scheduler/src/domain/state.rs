@@ -720,13 +720,29 @@ impl ClusterState {
     }
 
     /// Returns one worker's resources, reserved with [`ClusterState::reserve_worker`].
+    ///
+    /// Releasing what was not held (a worker released twice) corrupts the counters. A
+    /// whole GPU released twice is caught below at once, but a CPU-only worker or a share
+    /// beside other tenants can leave counters that still look possible; debug builds
+    /// (and so the tests) check what can be checked per node and per GPU and panic.
     pub fn release_worker(&mut self, job: &Job, worker: &WorkerPlacement) {
         let n = worker.node.0 as usize;
         self.node_cpu_free[n] += job.cpu_milli;
         self.node_mem_free[n] += job.memory_mib;
+        let node = self.topo.node(worker.node);
+        debug_assert!(
+            self.node_cpu_free[n] <= node.cpu_milli && self.node_mem_free[n] <= node.memory_mib,
+            "job {}: node {n} has more CPU or memory free than it has: released twice?",
+            job.name
+        );
         self.node_version[n] = self.node_version[n].wrapping_add(1);
         self.copy_of = None;
         if let Some(kind) = worker_kind(job.gpu) {
+            debug_assert!(
+                self.node_worker_kinds[n][kind] > 0,
+                "job {}: no worker of its kind on node {n}: released twice?",
+                job.name
+            );
             self.node_worker_kinds[n][kind] -= 1;
         }
         for share in &worker.gpus {
@@ -770,6 +786,10 @@ impl ClusterState {
         if share.is_mig() {
             self.mig_compute_free[g] += share.mig_compute;
             self.mig_memory_free[g] += share.mig_memory;
+            debug_assert!(
+                self.mig_milli[g] >= share.milli,
+                "GPU {g}: a MIG instance released that was not held"
+            );
             self.mig_milli[g] -= share.milli;
             if fixed_layout {
                 let i = self
@@ -778,12 +798,38 @@ impl ClusterState {
                 self.mig_instance_held[i] = false;
             }
         }
+        debug_assert!(self.tenants[g] > 0, "GPU {g} released with no tenants");
         self.tenants[g] -= 1;
         self.node_free_milli[node.0 as usize] += share.milli as u32;
         self.allocated_milli -= share.milli as u64;
         if self.free_milli[g] == 1000 && mig != MigMode::On {
             self.adjust_idle(node, 1);
         }
+        self.debug_check_gpu(share.gpu);
+    }
+
+    /// What a release of a share not held leaves behind on `gpu`, where it shows: every
+    /// tenant holds at least one milli (shares are 1..=999 milli or a MIG instance, whole
+    /// GPUs 1000), and no more MIG slices are free than the GPU has. Debug builds only.
+    fn debug_check_gpu(&self, gpu: GpuId) {
+        let g = gpu.0 as usize;
+        debug_assert!(
+            self.free_milli[g] as u32 + self.tenants[g] as u32 <= 1000,
+            "GPU {g}: {} milli free beside {} tenants: a share released twice?",
+            self.free_milli[g],
+            self.tenants[g]
+        );
+        debug_assert!(
+            (self.tenants[g] == 0) == (self.free_milli[g] == 1000),
+            "GPU {g}: {} tenants but {} milli free: a share released twice?",
+            self.tenants[g],
+            self.free_milli[g]
+        );
+        debug_assert!(
+            self.mig_compute_free[g] <= MIG_COMPUTE_SLICES
+                && self.mig_memory_free[g] <= MIG_MEMORY_SLICES,
+            "GPU {g}: more MIG slices free than it has: an instance released twice?"
+        );
     }
 
     fn adjust_idle(&mut self, node: NodeId, delta: i32) {
@@ -1477,5 +1523,46 @@ mod tests {
         s.set_node_up(NodeId(1), true);
         assert_eq!(s.idle_gpus(), 16);
         s.check_consistency().unwrap();
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "more CPU or memory free than it has")]
+    fn releasing_a_cpu_only_worker_twice_panics_in_debug_builds() {
+        let mut s = cluster();
+        let mut job = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        job.gpu = GpuDemand::None;
+        job.cpu_milli = 1000;
+        let p = Placement {
+            workers: vec![worker(0, &[], job.gpu)],
+        };
+        s.allocate(&job, &p).unwrap();
+        s.release(&job, &p);
+        s.release(&job, &p);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "tenants")]
+    fn releasing_a_shared_worker_twice_beside_another_tenant_panics_in_debug_builds() {
+        let mut s = cluster();
+        let mut a = Job::whole_gpus(JobId(1), 1, 0.0, 1.0);
+        a.gpu = GpuDemand::Milli(300);
+        let mut b = a.clone();
+        b.gpu = GpuDemand::Milli(600);
+        let (on_a, on_b) = (
+            Placement {
+                workers: vec![worker(0, &[0], a.gpu)],
+            },
+            Placement {
+                workers: vec![worker(0, &[0], b.gpu)],
+            },
+        );
+        s.allocate(&a, &on_a).unwrap();
+        s.allocate(&b, &on_b).unwrap();
+        // 300 of the GPU's 1000 milli come back twice: 700 free, which is no more than
+        // the GPU has, but `b` still holds 600 of it.
+        s.release(&a, &on_a);
+        s.release(&a, &on_a);
     }
 }

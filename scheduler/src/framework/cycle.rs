@@ -127,16 +127,22 @@ pub fn run_cycle(
                     });
                 match victims {
                     Some((victims, placement)) => {
-                        for &k in &victims {
-                            state.release(running[k].job, running[k].placement);
-                            evicted[k] = true;
-                            decisions.preempted.push(k);
-                        }
-                        victim_class = lowest_victim_class(&evicted);
-                        no_room.clear();
-                        match state.allocate(job, &placement) {
-                            Ok(()) => decisions.placed.push((i, placement)),
-                            Err(e) => decisions.errors.push((i, e.to_string())),
+                        match evict_and_place(state, job, &placement, &victims, running) {
+                            Ok(()) => {
+                                for &k in &victims {
+                                    evicted[k] = true;
+                                    decisions.preempted.push(k);
+                                }
+                                victim_class = lowest_victim_class(&evicted);
+                                no_room.clear();
+                                decisions.placed.push((i, placement));
+                            }
+                            Err(e) => decisions.errors.push((
+                                i,
+                                format!(
+                                    "placement after preemption refused, nothing preempted: {e}"
+                                ),
+                            )),
                         }
                     }
                     None if rebalance(
@@ -179,6 +185,12 @@ pub fn run_cycle(
                     }
                 }
             }
+            // The placer chose to wait although the job fits: nothing is preempted,
+            // moved or held for it, since none of that is needed. As for a job that found
+            // no room, a strict queue stops here, and later jobs of its shape and class
+            // are not offered the room it waits for.
+            Err(Status::Deferred(_)) if policy.blocking => break,
+            Err(Status::Deferred(_)) => no_room.push((shape, rank.0)),
             Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
             Err(Status::Error(e)) => decisions.errors.push((i, e.to_string())),
         }
@@ -196,6 +208,27 @@ pub fn run_cycle(
         }
     }
     decisions
+}
+
+/// Releases `victims` (indices into `running`) and allocates `job` on `placement`, all or
+/// nothing: it is tried on a copy first, so that a placement the state refuses (a placer's
+/// or preemptor's bug) leaves every victim running. Putting them back after a failure
+/// could fail in turn, since a victim may run partly on a node marked down, where nothing
+/// can be allocated.
+fn evict_and_place(
+    state: &mut ClusterState,
+    job: &Job,
+    placement: &Placement,
+    victims: &[usize],
+    running: &[Running<'_>],
+) -> Result<(), crate::domain::DomainError> {
+    let mut after = state.clone();
+    for &k in victims {
+        after.release(running[k].job, running[k].placement);
+    }
+    after.allocate(job, placement)?;
+    *state = after;
+    Ok(())
 }
 
 /// Moves running jobs so that the blocked gang `pending[i]` fits (`framework::rebalance`), when
@@ -434,6 +467,8 @@ impl JobShape {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::domain::{ClusterSpec, JobId};
 
@@ -533,5 +568,160 @@ mod tests {
         let err = can_ever_fit(&four_g, &fixed).unwrap_err();
         assert!(err.contains("no node can hold one worker"), "{err}");
         assert!(can_ever_fit(&four_g, &one_each).is_ok());
+    }
+
+    /// Finds room where a placer would, then answers with a placement that the state
+    /// refuses (no workers at all): a placer's bug.
+    #[derive(Debug)]
+    struct RefusedPlacement;
+
+    impl crate::framework::Placer for RefusedPlacement {
+        fn place(
+            &self,
+            job: &Job,
+            state: &mut ClusterState,
+            _: &mut Context,
+        ) -> Result<Placement, Status> {
+            if state.idle_gpus() < job.gpu_count() {
+                return Err(Status::Unschedulable("no room".into()));
+            }
+            Ok(Placement::default())
+        }
+    }
+
+    /// Waits whenever anything runs, and otherwise places as topo-pack does: the learned
+    /// policy's "wait", which it offers only while something runs.
+    #[derive(Debug)]
+    struct WaitsWhileAnythingRuns;
+
+    impl crate::framework::Placer for WaitsWhileAnythingRuns {
+        fn place(
+            &self,
+            job: &Job,
+            state: &mut ClusterState,
+            ctx: &mut Context,
+        ) -> Result<Placement, Status> {
+            if state.allocated_milli() > 0 {
+                return Err(Status::Deferred("waits".into()));
+            }
+            crate::framework::Placer::place(&crate::policies::TopoPack, job, state, ctx)
+        }
+    }
+
+    /// Priority order with preemption, placing with `placer`.
+    fn preempting(placer: Box<dyn crate::framework::Placer>) -> Policy {
+        Policy {
+            name: "test".into(),
+            order: Box::new(crate::policies::PriorityAge),
+            placer,
+            preemptor: Some(Box::new(crate::policies::PreemptLowerRank {
+                min_runtime_s: 0.0,
+            })),
+            blocking: false,
+            reservation: None,
+            rebalance: None,
+            consolidate: None,
+        }
+    }
+
+    #[test]
+    fn a_placement_the_state_refuses_after_preempting_leaves_the_victims_running() {
+        use rand::SeedableRng as _;
+        let mut state = ClusterState::new(Arc::new(topo()));
+        let low = job(1, 2, 8, 1000);
+        let whole_cluster = Placement {
+            workers: (0..2)
+                .map(|n| crate::domain::WorkerPlacement {
+                    node: NodeId(n),
+                    gpus: state
+                        .topology()
+                        .node(NodeId(n))
+                        .gpu_ids()
+                        .map(crate::domain::GpuShare::whole)
+                        .collect(),
+                })
+                .collect(),
+        };
+        state.allocate(&low, &whole_cluster).unwrap();
+        let high = Job {
+            priority: 5,
+            ..job(2, 1, 8, 1000)
+        };
+        let pending = [Pending {
+            job: &high,
+            stats: JobStats::default(),
+        }];
+        let running = [Running {
+            job: &low,
+            placement: &whole_cluster,
+            stats: JobStats::default(),
+            started_at: 0.0,
+            lost_work_s: 0.0,
+        }];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let mut ctx = Context::new(1000.0, &mut rng);
+        let policy = preempting(Box::new(RefusedPlacement));
+        let d = run_cycle(&policy, &mut state, &pending, &running, &mut ctx);
+        assert!(d.preempted.is_empty(), "{:?}", d.preempted);
+        assert!(d.placed.is_empty());
+        assert_eq!(d.errors.len(), 1, "{:?}", d.errors);
+        assert_eq!(d.errors[0].0, 0);
+        assert!(d.errors[0].1.contains("0 workers"), "{:?}", d.errors);
+        // The victim still holds the whole cluster.
+        assert_eq!(state.idle_gpus(), 0);
+        state.check_consistency().unwrap();
+    }
+
+    #[test]
+    fn a_deferred_job_stays_queued_and_nothing_is_preempted_moved_or_held_for_it() {
+        use rand::SeedableRng as _;
+        let mut state = ClusterState::new(Arc::new(topo()));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let low = job(1, 1, 1, 1000);
+        let on_one_gpu = crate::framework::Placer::place(
+            &crate::policies::TopoPack,
+            &low,
+            &mut state,
+            &mut Context::new(0.0, &mut rng),
+        )
+        .unwrap();
+        state.allocate(&low, &on_one_gpu).unwrap();
+        // A gang of eight GPUs that the fifteen idle ones hold, ranked above `low`, and
+        // owed a rebalance and a reservation at once.
+        let gang = Job {
+            priority: 5,
+            ..job(2, 2, 4, 1000)
+        };
+        let mut policy = preempting(Box::new(WaitsWhileAnythingRuns));
+        policy.reservation = Some(crate::framework::ReservationConfig {
+            after_wait_s: 0.0,
+            min_gpus: 1,
+            max_share: 1.0,
+        });
+        policy.rebalance = Some(crate::framework::RebalanceConfig {
+            after_wait_s: 0.0,
+            max_moves: 4,
+            min_runtime_s: 0.0,
+            max_lost_s: None,
+        });
+        let pending = [Pending {
+            job: &gang,
+            stats: JobStats::default(),
+        }];
+        let running = [Running {
+            job: &low,
+            placement: &on_one_gpu,
+            stats: JobStats::default(),
+            started_at: 0.0,
+            lost_work_s: 0.0,
+        }];
+        let mut ctx = Context::new(1000.0, &mut rng);
+        let d = run_cycle(&policy, &mut state, &pending, &running, &mut ctx);
+        assert!(d.preempted.is_empty(), "{:?}", d.preempted);
+        assert!(d.migrated.is_empty(), "{:?}", d.migrated);
+        assert_eq!(d.reserved, None);
+        assert!(d.placed.is_empty() && d.errors.is_empty() && d.rejected.is_empty());
+        assert_eq!(state.allocated_milli(), 1000);
+        assert!(state.topology().node_ids().all(|n| state.node_is_up(n)));
     }
 }

@@ -14,7 +14,9 @@
 //!
 //! Failure is two-sided, as in the Kubernetes framework: [`Status::Unschedulable`] says
 //! "not now" (the job waits), [`Status::Error`] says something is wrong with the inputs or
-//! the code and is reported, never silently retried.
+//! the code and is reported, never silently retried. [`Status::Deferred`] is a placer's
+//! choice, not a failure: the job fits but is left to wait, so nothing is preempted,
+//! moved or held for it.
 
 mod consolidate;
 mod cpu_nodes_first;
@@ -212,6 +214,11 @@ pub enum Status {
     /// Fits the cluster in principle, not in its current state.
     #[error("unschedulable now: {0}")]
     Unschedulable(String),
+    /// Fits now, but the placer chose to wait (the learned policy's "wait"): the job stays
+    /// queued, and the cycle neither preempts, rebalances nor reserves for it, since
+    /// those are for jobs that cannot fit (DESIGN: a model only ranks feasible options).
+    #[error("deferred by the placer: {0}")]
+    Deferred(String),
     /// Can never fit this cluster (too large, no GPU of an allowed model).
     #[error("unschedulable on this cluster: {0}")]
     Unresolvable(String),

@@ -293,7 +293,8 @@ impl Inner {
         decision
     }
 
-    /// One scheduling cycle over the whole queue.
+    /// Whether a cycle with an empty queue could still do something: consolidate a
+    /// running gang placed looser than it could be onto idle GPUs.
     fn may_consolidate(&self) -> bool {
         self.policy.consolidate.is_some()
             && self.state.idle_gpus() > 0
@@ -305,11 +306,15 @@ impl Inner {
             })
     }
 
+    /// One scheduling cycle over the whole queue.
     pub fn cycle(&mut self, now: i64, path: &DecisionPath) {
         self.needs_cycle = false;
         // With an empty queue a cycle can only consolidate: skip it unless a running
-        // gang is placed looser than it could be and some GPU is idle.
+        // gang is placed looser than it could be and some GPU is idle. Nothing waits, so
+        // nothing is held: the gauge must not go on showing the nodes held for a gang
+        // that has left the queue since (cancelled, say).
         if self.queue.is_empty() && !self.may_consolidate() {
+            self.metrics.reserved_nodes.set(0);
             return;
         }
         let now_s = now as f64 / 1e6;
@@ -473,5 +478,39 @@ impl Inner {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
         self.before_cycle = Some(before);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::framework::ReservationConfig;
+    use crate::service::config::ServiceConfig;
+    use crate::service::model::{ModelSlot, NoModel};
+    use crate::service::testkit::{TestCore, register_both, whole_gpu_job};
+
+    #[test]
+    fn the_reserved_nodes_gauge_falls_to_zero_when_the_held_for_gang_leaves_the_queue() {
+        let test = TestCore::new(ServiceConfig {
+            reservation: Some(ReservationConfig {
+                after_wait_s: 0.0,
+                min_gpus: 8,
+                max_share: 1.0,
+            }),
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let path = NoModel.decision_path("topo-pack");
+        inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        inner.cycle(t0, &path);
+        // A gang of both nodes waits behind the running job: both are held for it.
+        let gang = inner.submit(Some(&whole_gpu_job(2, 8)), t0 + 1).unwrap();
+        inner.cycle(t0 + 1, &path);
+        assert_eq!(inner.metrics.reserved_nodes.get(), 2);
+        // Cancelled, it leaves an empty queue: nothing is held any more.
+        inner.cancel(gang, "", t0 + 2).unwrap();
+        inner.cycle(t0 + 2, &path);
+        assert_eq!(inner.metrics.reserved_nodes.get(), 0);
     }
 }

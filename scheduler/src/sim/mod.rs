@@ -144,6 +144,10 @@ pub struct SimResult {
     #[serde(default)]
     pub migrations: u64,
     pub failures: u64,
+    /// Replay: placements that failed with an error in a cycle (the job stayed queued), a
+    /// bug in a policy; the invariant tests require none.
+    #[serde(default)]
+    pub placement_errors: u64,
     /// Work thrown away by preemptions and failures, in GPU-seconds.
     pub lost_gpu_s: f64,
     pub events: u64,

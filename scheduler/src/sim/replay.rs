@@ -141,6 +141,7 @@ struct Replay<'a> {
     preemptions: u64,
     migrations: u64,
     failures: u64,
+    placement_errors: u64,
     lost_gpu_s: f64,
     multi_gpu_starts: u64,
     local_starts: u64,
@@ -199,6 +200,7 @@ pub fn run_replay(
         preemptions: 0,
         migrations: 0,
         failures: 0,
+        placement_errors: 0,
         lost_gpu_s: 0.0,
         multi_gpu_starts: 0,
         local_starts: 0,
@@ -552,6 +554,8 @@ impl Replay<'_> {
                 ..Context::new(self.now, &mut self.policy_rng)
             };
             let d = run_cycle(self.policy, &mut self.state, &pending, &running, &mut ctx);
+            // The job stays queued and is tried again; the count shows the bug.
+            self.placement_errors += d.errors.len() as u64;
             let preempted: Vec<u32> = d.preempted.iter().map(|&k| self.running[k]).collect();
             // Consolidations are migrations too: same checkpoint-restart, same count.
             let migrated: Vec<(u32, Placement)> = d
@@ -800,6 +804,7 @@ impl Replay<'_> {
             preemptions: self.preemptions,
             migrations: self.migrations,
             failures: self.failures,
+            placement_errors: self.placement_errors,
             lost_gpu_s: self.lost_gpu_s,
             events: self.events,
             wall_s: started.elapsed().as_secs_f64(),

@@ -9,7 +9,9 @@
 //! threshold, when the inputs are further from the training data than the artifact
 //! allows, when scoring fails, or when there is no usable model (missing, corrupt, another
 //! schema). Every decision is counted by path and reason ([`GateStats`]), so a run reports
-//! its fallback rate. Queue order and preemption are the fallback policy's.
+//! its fallback rate. Queue order and preemption are the fallback policy's. A wait comes
+//! back as [`Status::Deferred`]: the gang could start now, so the cycle does not preempt,
+//! move jobs or reserve nodes for it.
 
 pub mod candidates;
 pub mod features;
@@ -484,7 +486,7 @@ impl Placer for LearnedPlacer {
             Choice::Place { placement, .. } => Ok(placement.clone()),
             Choice::Wait => {
                 self.stats.waits.fetch_add(1, Ordering::Relaxed);
-                Err(Status::Unschedulable(
+                Err(Status::Deferred(
                     "learned policy waits: holding capacity for this gang".into(),
                 ))
             }
