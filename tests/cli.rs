@@ -375,11 +375,10 @@ fn pollux_workloads_replay_only_with_enrichment() {
     );
 }
 
-#[test]
-fn trace_gpu_scales_work_to_the_recorded_hardware() {
-    let philly = fixture("philly-150.csv");
-    let cluster = fixture("small-cluster.toml");
-    let base = [
+/// `marshal sim` of the 150-job Philly sample on the small cluster, `topo-pack`, JSON.
+fn philly_sample_sim() -> Vec<String> {
+    let (philly, cluster) = (fixture("philly-150.csv"), fixture("small-cluster.toml"));
+    [
         "sim",
         "--cluster",
         &cluster,
@@ -389,7 +388,15 @@ fn trace_gpu_scales_work_to_the_recorded_hardware() {
         "topo-pack",
         "--format",
         "json",
-    ];
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn trace_gpu_scales_work_to_the_recorded_hardware() {
+    let base = philly_sample_sim();
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
     let as_is = json(&base);
     let on_a100 = json(&[&base[..], &["--trace-gpu", "A100-40"]].concat());
     let (a, b) = (
@@ -402,6 +409,38 @@ fn trace_gpu_scales_work_to_the_recorded_hardware() {
     );
     let out = marshal(&[&base[..], &["--trace-gpu", "Z9000"]].concat());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Z9000"));
+}
+
+/// `--quota`: Philly's virtual clusters are its tenants; limited to a few GPUs each,
+/// jobs queue behind their own tenant's and wait longer, and one asking more than the
+/// limit is refused. A bad quota file is refused naming it.
+#[test]
+fn a_quota_file_limits_each_tenant_and_a_bad_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let quota = dir.path().join("quota.toml");
+    std::fs::write(&quota, "[default]\ngpus = 2\n").unwrap();
+    let base = philly_sample_sim();
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let free = json(&base);
+    let limited = json(&[&base[..], &["--quota", quota.to_str().unwrap()]].concat());
+    let mean = |v: &Value| v["jct_mean_s"].as_f64().unwrap();
+    assert!(
+        mean(&limited) > mean(&free),
+        "limited to 2 GPUs per virtual cluster, jobs wait longer: {} vs {}",
+        mean(&limited),
+        mean(&free)
+    );
+    assert!(
+        limited["rejected"].as_u64().unwrap() > free["rejected"].as_u64().unwrap(),
+        "jobs of more than 2 GPUs are refused: {limited}"
+    );
+    std::fs::write(&quota, "[default]\ngpus = -1\n").unwrap();
+    let out = marshal(&[&base[..], &["--quota", quota.to_str().unwrap()]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("quota.toml") && err.contains("quota.default.gpus"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -397,3 +397,60 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// With per-tenant quotas, no start ever takes a tenant's running jobs beyond its
+    /// limits, every other invariant holds, and every job still ends (run, or refused
+    /// when it alone asks more than its tenant's limit).
+    #[test]
+    fn quotas_hold_at_every_start(topo in cluster_strategy(), jobs in jobs_strategy(), seed in 0u64..1000) {
+        let tenants = ["a", "b", "c"];
+        let jobs: Vec<Job> = jobs
+            .into_iter()
+            .enumerate()
+            .map(|(i, j)| Job { tenant: tenants[i % 3].into(), ..j })
+            .collect();
+        let quota: marshal_scheduler::framework::QuotaConfig = toml::from_str(
+            "[tenants.a]\ngpus = 2\n[tenants.b]\ngpus = 4\ncpu_cores = 12\n",
+        )
+        .unwrap();
+        let limit = |tenant: &str| match tenant {
+            "a" => (Some(2_000u64), None),
+            "b" => (Some(4_000), Some(12_000u64)),
+            _ => (None, None),
+        };
+        for name in POLICY_NAMES {
+            let mut policy = policies::build(name, &jobs).unwrap();
+            policy.quota = Some(quota.clone());
+            let config = SimConfig::replay(seed);
+            replay_keeps_the_invariants(&policy, name, &topo, &jobs, &config)?;
+            let (_, log) = run_replay(&policy, topo.clone(), &jobs, "prop", &config).unwrap();
+            let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
+            let mut held: HashMap<&str, (u64, u64)> = HashMap::new();
+            for entry in &log {
+                let job = by_id[&entry.job];
+                let demand = (
+                    u64::from(job.workers) * u64::from(job.gpu.milli()),
+                    u64::from(job.workers) * u64::from(job.cpu_milli),
+                );
+                let h = held.entry(job.tenant.as_str()).or_default();
+                match &entry.what {
+                    LogKind::Start(_) => {
+                        h.0 += demand.0;
+                        h.1 += demand.1;
+                        let (gpus, cpus) = limit(&job.tenant);
+                        prop_assert!(gpus.is_none_or(|l| h.0 <= l), "{}: tenant {} holds {} GPU milli", name, job.tenant, h.0);
+                        prop_assert!(cpus.is_none_or(|l| h.1 <= l), "{}: tenant {} holds {} CPU milli", name, job.tenant, h.1);
+                    }
+                    LogKind::Preempt | LogKind::Migrate | LogKind::Fail | LogKind::Finish => {
+                        h.0 -= demand.0;
+                        h.1 -= demand.1;
+                    }
+                    LogKind::Reject(_) => {}
+                }
+            }
+        }
+    }
+}

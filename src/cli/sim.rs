@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use marshal_datasets::WorkloadLibrary;
 use marshal_scheduler::domain::{Job, Topology};
 use marshal_scheduler::framework::{
-    ConsolidateConfig, RebalanceConfig, RemainingEstimate, ReservationConfig,
+    ConsolidateConfig, QuotaConfig, RebalanceConfig, RemainingEstimate, ReservationConfig,
 };
 use marshal_scheduler::policies;
 use marshal_scheduler::sim::{self, FailureModel, Mode, SimConfig, SimResult, SpeedModel};
@@ -173,6 +173,18 @@ pub struct SimArgs {
     /// `PreferNoSchedule` taint on GPU nodes does in Kubernetes), for every policy.
     #[arg(long)]
     pub cpu_nodes_first: bool,
+    /// Per-tenant limits for every policy run: a TOML file with `[default]` and
+    /// `[tenants.NAME]` tables, each with `gpus` and `cpu_cores` (a job's tenant is
+    /// Philly's virtual cluster, openb's QoS class, Chronus' user).
+    #[arg(long, value_name = "FILE")]
+    pub quota: Option<std::path::PathBuf>,
+}
+
+/// The quota file at `path`, checked.
+fn read_quota(path: &std::path::Path) -> anyhow::Result<QuotaConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the quota file {}", path.display()))?;
+    QuotaConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("quota file {}: {e}", path.display()))
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -214,6 +226,7 @@ impl SimArgs {
             consolidate_max_moves: 2,
             consolidate_protect: 3600.0,
             consolidate_remaining: RemainingArg::Elapsed,
+            quota: None,
             cpu_nodes_first: false,
         }
     }
@@ -252,6 +265,8 @@ pub struct Experiment {
     pub consolidate: Option<ConsolidateConfig>,
     /// Every policy run keeps CPU-only jobs on CPU-only nodes first (`--cpu-nodes-first`).
     pub cpu_nodes_first: bool,
+    /// Given to every policy run (`--quota`).
+    pub quota: Option<QuotaConfig>,
 }
 
 #[derive(Debug)]
@@ -405,8 +420,10 @@ impl Experiment {
             c.validate()
                 .map_err(|e| anyhow::anyhow!("--consolidate: {e}"))?;
         }
+        let quota = args.quota.as_deref().map(read_quota).transpose()?;
         let experiment = Experiment {
             cpu_nodes_first: args.cpu_nodes_first,
+            quota,
             reservation,
             rebalance,
             consolidate,
@@ -459,6 +476,7 @@ impl Experiment {
         policy.reservation = self.reservation;
         policy.rebalance = self.rebalance;
         policy.consolidate = self.consolidate;
+        policy.quota = self.quota.clone();
         if self.cpu_nodes_first {
             policy = policy.with_cpu_nodes_first();
         }

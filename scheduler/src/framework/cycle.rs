@@ -2,6 +2,7 @@
 
 use crate::domain::{ClusterState, GpuDemand, GpuModelSet, Job, Node, NodeId, Placement, Topology};
 use crate::framework::consolidate::{Consolidation, consolidate};
+use crate::framework::quota::{OverQuota, Shortfall, TenantUsage};
 use crate::framework::rebalance::plan_moves;
 use crate::framework::reserve::nodes_to_hold;
 use crate::framework::{Candidate, Context, JobStats, Policy, Rank, Status};
@@ -32,6 +33,9 @@ pub struct CycleDecisions {
     pub rejected: Vec<(usize, String)>,
     /// Jobs whose placement failed with an error (they stay queued).
     pub errors: Vec<(usize, String)>,
+    /// Jobs not tried because their tenant is at its quota (`framework::quota`), with
+    /// the limit they do not fit under: they stay queued.
+    pub over_quota: Vec<(usize, Shortfall)>,
     /// The starving gang capacity was held for in this cycle, and the nodes held
     /// (`framework::reserve`): no job ranked after it was placed on them.
     pub reserved: Option<(usize, Vec<NodeId>)>,
@@ -88,8 +92,28 @@ pub fn run_cycle(
     // job shape that found no room once finds none again: later jobs of that shape and
     // priority class are skipped. This keeps deep queues cheap.
     let mut no_room: Vec<(JobShape, i64)> = Vec::new();
+    let mut usage = policy
+        .quota
+        .as_ref()
+        .map(|_| TenantUsage::of(running.iter().map(|r| r.job)));
     for (rank, i) in order {
         let job = pending[i].job;
+        // Quota before room: a tenant at its limit is not short of room, so nothing is
+        // preempted, moved or held for it, and the queue goes on past it.
+        if let (Some(quota), Some(usage)) = (&policy.quota, &usage) {
+            match usage.admits(quota, job) {
+                Ok(()) => {}
+                Err(OverQuota::Wait(short)) => {
+                    decisions.over_quota.push((i, short));
+                    continue;
+                }
+                Err(OverQuota::Never(short)) => {
+                    decisions.rejected.push((i, short.describe(&job.tenant)));
+                    continue;
+                }
+            }
+        }
+        let (placed_before, preempted_before) = (decisions.placed.len(), decisions.preempted.len());
         let shape = JobShape::of(job);
         if no_room.contains(&(shape, rank.0)) {
             if policy.blocking {
@@ -193,6 +217,14 @@ pub fn run_cycle(
             Err(Status::Deferred(_)) => no_room.push((shape, rank.0)),
             Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
             Err(Status::Error(e)) => decisions.errors.push((i, e.to_string())),
+        }
+        if let Some(usage) = &mut usage {
+            for &k in &decisions.preempted[preempted_before..] {
+                usage.remove(running[k].job);
+            }
+            if decisions.placed.len() > placed_before {
+                usage.add(job);
+            }
         }
     }
     // After the queue: idle capacity goes to waiting jobs first, and what is left may
@@ -621,6 +653,7 @@ mod tests {
             reservation: None,
             rebalance: None,
             consolidate: None,
+            quota: None,
         }
     }
 
@@ -723,5 +756,78 @@ mod tests {
         assert!(d.placed.is_empty() && d.errors.is_empty() && d.rejected.is_empty());
         assert_eq!(state.allocated_milli(), 1000);
         assert!(state.topology().node_ids().all(|n| state.node_is_up(n)));
+    }
+
+    /// A tenant at its quota waits with the reason, preempts and holds nothing, and does
+    /// not stop a strict queue; what the cycle places counts against the quota at once;
+    /// a job larger than its tenant's whole quota is refused.
+    #[test]
+    fn a_tenant_at_its_quota_waits_and_the_queue_goes_on_past_it() {
+        use rand::SeedableRng as _;
+        let mut state = ClusterState::new(Arc::new(topo()));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let of = |tenant: &str, j: Job| Job {
+            tenant: tenant.into(),
+            ..j
+        };
+        // Vision holds 2 GPUs with a low-priority, preemptible job.
+        let running_job = of("vision", job(1, 1, 2, 1000));
+        let placement = crate::framework::Placer::place(
+            &crate::policies::TopoPack,
+            &running_job,
+            &mut state,
+            &mut Context::new(0.0, &mut rng),
+        )
+        .unwrap();
+        state.allocate(&running_job, &placement).unwrap();
+        let mut policy = preempting(Box::new(crate::policies::TopoPack));
+        policy.blocking = true;
+        policy.quota =
+            Some(toml::from_str("[tenants.vision]\ngpus = 4\n[tenants.nlp]\ngpus = 2\n").unwrap());
+        let urgent = |id, tenant: &str, gpus| Job {
+            priority: 5,
+            ..of(tenant, job(id, 1, gpus, 1000))
+        };
+        // Ranked first to last (by priority, then submission): vision's 2 fit its quota
+        // (2 + 2 = 4), its next 1 does not once they are placed; nlp's 4 can never fit
+        // in 2; nlp's 2 fit.
+        let jobs = [
+            urgent(2, "vision", 2),
+            urgent(3, "vision", 1),
+            urgent(4, "nlp", 4),
+            urgent(5, "nlp", 2),
+        ];
+        let pending: Vec<Pending> = jobs
+            .iter()
+            .map(|job| Pending {
+                job,
+                stats: JobStats::default(),
+            })
+            .collect();
+        let running = [Running {
+            job: &running_job,
+            placement: &placement,
+            stats: JobStats::default(),
+            started_at: 0.0,
+            lost_work_s: 0.0,
+        }];
+        let mut ctx = Context::new(1000.0, &mut rng);
+        let d = run_cycle(&policy, &mut state, &pending, &running, &mut ctx);
+        let placed: Vec<usize> = d.placed.iter().map(|(i, _)| *i).collect();
+        assert_eq!(placed, [0, 3]);
+        assert_eq!(d.over_quota.len(), 1);
+        assert_eq!(d.over_quota[0].0, 1);
+        let why = d.over_quota[0].1.describe("vision");
+        assert!(why.contains("holds 4 of its 4 GPUs"), "{why}");
+        assert_eq!(d.rejected.len(), 1);
+        assert_eq!(d.rejected[0].0, 2);
+        assert!(
+            d.rejected[0].1.contains("alone asks 4"),
+            "{}",
+            d.rejected[0].1
+        );
+        // Vision's waiting job outranks the running one, yet preempts nothing: the
+        // tenant is at its limit, not short of room.
+        assert!(d.preempted.is_empty(), "{:?}", d.preempted);
     }
 }

@@ -32,7 +32,7 @@ pub use cycle::{CycleDecisions, EverFitMemo, Pending, Running, can_ever_fit, run
 pub use placer::{
     ScoredPlacer, TieBreak, feasible_nodes, pick_gpus_best_fit, place_workers_tentatively,
 };
-pub use quota::{Limits, OverQuota, QuotaConfig, TenantUsage};
+pub use quota::{Limits, OverQuota, QuotaConfig, Shortfall, TenantUsage};
 pub use rebalance::RebalanceConfig;
 pub use reserve::ReservationConfig;
 
@@ -241,6 +241,8 @@ pub struct Policy {
     pub rebalance: Option<RebalanceConfig>,
     /// Running gangs moved onto tighter placements when it pays; `None` moves nothing.
     pub consolidate: Option<ConsolidateConfig>,
+    /// Per-tenant limits on what running jobs hold; `None` limits nothing.
+    pub quota: Option<QuotaConfig>,
 }
 
 impl Policy {

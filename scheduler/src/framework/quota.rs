@@ -47,6 +47,14 @@ pub struct Limits {
 }
 
 impl QuotaConfig {
+    /// A quota file (`[default]`, `[tenants.NAME]`), parsed and checked; the error says
+    /// where in the text (line and column) or which key is wrong.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        let quota: QuotaConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        quota.validate()?;
+        Ok(quota)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let named = self
             .tenants
@@ -97,12 +105,47 @@ fn demand(job: &Job) -> (u64, u64) {
 }
 
 /// Why a job is not placed because of its tenant's quota.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverQuota {
     /// Not now: its tenant's running jobs hold too much for it to start.
-    Wait(String),
+    Wait(Shortfall),
     /// Never: the job alone asks more than its tenant's limit.
-    Never(String),
+    Never(Shortfall),
+}
+
+/// The limit a job does not fit under, in numbers: a deep queue meets it for thousands
+/// of jobs every cycle, so the words are made only when asked for ([`Shortfall::describe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shortfall {
+    /// `GPUs` or `CPU cores`.
+    pub what: &'static str,
+    /// In thousandths.
+    pub limit: u64,
+    pub held: u64,
+    pub asked: u64,
+}
+
+impl Shortfall {
+    /// In words, for `tenant`.
+    pub fn describe(&self, tenant: &str) -> String {
+        let units = |m: u64| m as f64 / 1000.0;
+        if self.asked > self.limit {
+            format!(
+                "tenant {tenant:?} may hold {} {}; the job alone asks {}",
+                units(self.limit),
+                self.what,
+                units(self.asked)
+            )
+        } else {
+            format!(
+                "tenant {tenant:?} holds {} of its {} {}; the job asks {} more",
+                units(self.held),
+                units(self.limit),
+                self.what,
+                units(self.asked)
+            )
+        }
+    }
 }
 
 /// What each tenant's running jobs hold, kept up to date through a cycle.
@@ -154,23 +197,17 @@ impl TenantUsage {
         ];
         for (what, limit, asked, held) in checks {
             let Some(limit) = limit else { continue };
-            let units = |m: u64| m as f64 / 1000.0;
+            let short = Shortfall {
+                what,
+                limit,
+                held,
+                asked,
+            };
             if asked > limit {
-                return Err(OverQuota::Never(format!(
-                    "tenant {:?} may hold {} {what}; the job alone asks {}",
-                    job.tenant,
-                    units(limit),
-                    units(asked)
-                )));
+                return Err(OverQuota::Never(short));
             }
             if held + asked > limit {
-                return Err(OverQuota::Wait(format!(
-                    "tenant {:?} holds {} of its {} {what}; the job asks {} more",
-                    job.tenant,
-                    units(held),
-                    units(limit),
-                    units(asked)
-                )));
+                return Err(OverQuota::Wait(short));
             }
         }
         Ok(())
@@ -208,9 +245,10 @@ mod tests {
         usage.add(&four);
         // Half a GPU more is over.
         let share = job("vision", 1, GpuDemand::Milli(500), 1_000);
-        let Err(OverQuota::Wait(why)) = usage.admits(&q, &share) else {
+        let Err(OverQuota::Wait(short)) = usage.admits(&q, &share) else {
             panic!("a tenant at its limit started more")
         };
+        let why = short.describe("vision");
         assert!(
             why.contains("holds 8 of its 8 GPUs") && why.contains("0.5 more"),
             "{why}"
@@ -220,13 +258,16 @@ mod tests {
         assert_eq!(usage.admits(&q, &share), Ok(()));
         // Sixteen GPUs can never fit in eight.
         let big = job("vision", 2, GpuDemand::Whole(8), 8_000);
-        assert!(matches!(usage.admits(&q, &big), Err(OverQuota::Never(_))));
+        let Err(OverQuota::Never(short)) = usage.admits(&q, &big) else {
+            panic!("a job larger than its tenant's limit was admitted")
+        };
+        assert!(short.describe("vision").contains("alone asks 16"));
         // CPU is limited too: 16 held + 56 asked > 64.
         let cpu_heavy = job("vision", 1, GpuDemand::None, 56_000);
-        let Err(OverQuota::Wait(why)) = usage.admits(&q, &cpu_heavy) else {
+        let Err(OverQuota::Wait(short)) = usage.admits(&q, &cpu_heavy) else {
             panic!("the CPU limit was not applied")
         };
-        assert!(why.contains("CPU cores"), "{why}");
+        assert_eq!(short.what, "CPU cores");
         // Other tenants have no limit without a default.
         let other = job("nlp", 8, GpuDemand::Whole(8), 0);
         assert_eq!(usage.admits(&q, &other), Ok(()));

@@ -99,6 +99,7 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
         reservation: None,
         rebalance: None,
         consolidate: None,
+        quota: None,
     })
 }
 

@@ -119,6 +119,9 @@ pub struct ServiceConfig {
     /// the move's cost (`[consolidate]`: `interval_s`, `safety_factor`, `max_moves`,
     /// `protect_s`, `remaining`); absent: nothing is moved.
     pub consolidate: Option<crate::framework::ConsolidateConfig>,
+    /// Per-tenant limits on the GPUs and CPU cores running jobs hold (`[quota]`:
+    /// `default` and `tenants.NAME`, each with `gpus` and `cpu_cores`); absent: none.
+    pub quota: Option<crate::framework::QuotaConfig>,
     /// CPU-only jobs go to CPU-only nodes while one can take them, and to GPU nodes only
     /// otherwise (a `PreferNoSchedule` taint on GPU nodes, for every policy; also used
     /// by `Advise`).
@@ -266,6 +269,7 @@ impl Default for ServiceConfig {
             reservation: None,
             rebalance: None,
             consolidate: None,
+            quota: None,
             cpu_nodes_first: false,
             security: SecurityConfig::default(),
         }
@@ -384,6 +388,11 @@ impl ServiceConfig {
         }
         if let Some(c) = &self.consolidate
             && let Err(e) = c.validate()
+        {
+            return bad(e);
+        }
+        if let Some(q) = &self.quota
+            && let Err(e) = q.validate()
         {
             return bad(e);
         }
@@ -684,6 +693,15 @@ keepalive_timeout_ms = 0"
             })
         );
         assert_eq!(ServiceConfig::default().consolidate, None, "off by default");
+        assert!(err("[quota.tenants.vision]\ngpus = -2").contains("quota.tenants.vision.gpus"));
+        assert!(err("[quota.default]\ngpu = 2").contains("unknown field"));
+        let limited = ServiceConfig::from_toml(
+            "[quota.default]\ngpus = 8\n[quota.tenants.nlp]\ncpu_cores = 64",
+        )
+        .unwrap();
+        let quota = limited.quota.unwrap();
+        assert_eq!(quota.default.unwrap().gpus, Some(8.0));
+        assert_eq!(quota.tenants["nlp"].cpu_cores, Some(64.0));
         assert!(!ServiceConfig::default().cpu_nodes_first, "off by default");
         assert!(
             ServiceConfig::from_toml("cpu_nodes_first = true")

@@ -222,6 +222,7 @@ impl Core {
         policy.reservation = config.reservation;
         policy.rebalance = config.rebalance;
         policy.consolidate = config.consolidate;
+        policy.quota = config.quota.clone();
         if config.cpu_nodes_first {
             policy = policy.with_cpu_nodes_first();
         }
@@ -724,6 +725,7 @@ impl Inner {
                     reservation: self.policy.reservation,
                     rebalance: self.policy.rebalance,
                     consolidate: self.policy.consolidate,
+                    quota: self.policy.quota.clone(),
                     ..policy
                 };
                 self.policy = if self.cpu_nodes_first {

@@ -477,6 +477,18 @@ impl Inner {
         for (i, error) in decisions.errors {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
+        // A pending job's reason says why it waits, as Slurm's pending reason does; it is
+        // written only when it changes, not at every cycle.
+        for (i, short) in decisions.over_quota {
+            let id = pending_ids[i];
+            if let Some(r) = self.jobs.get_mut(&id)
+                && let why = format!("waiting: {}", short.describe(&r.job.tenant))
+                && r.reason != why
+            {
+                r.reason = why;
+                self.dirty.jobs.insert(id);
+            }
+        }
         self.before_cycle = Some(before);
     }
 }
@@ -512,5 +524,52 @@ mod tests {
         inner.cancel(gang, "", t0 + 2).unwrap();
         inner.cycle(t0 + 2, &path);
         assert_eq!(inner.metrics.reserved_nodes.get(), 0);
+    }
+
+    /// A tenant at its quota: its job waits with the reason in its record (written
+    /// once, not at every cycle), another tenant's job runs, and the waiting job starts
+    /// once its tenant's running job ends.
+    #[test]
+    fn a_job_over_its_tenants_quota_waits_with_the_reason_and_starts_when_room_is_made() {
+        let test = TestCore::new(ServiceConfig {
+            quota: Some(
+                crate::framework::QuotaConfig::from_toml("[tenants.vision]\ngpus = 8\n").unwrap(),
+            ),
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let path = NoModel.decision_path("topo-pack");
+        let of = |tenant: &str| crate::service::pb::JobSpec {
+            tenant: tenant.into(),
+            ..whole_gpu_job(1, 8)
+        };
+        let first = inner.submit(Some(&of("vision")), t0).unwrap();
+        let second = inner.submit(Some(&of("vision")), t0).unwrap();
+        let other = inner.submit(Some(&of("nlp")), t0).unwrap();
+        inner.cycle(t0, &path);
+        let state = |inner: &crate::service::core::Inner, id| inner.jobs[&id].state;
+        assert_eq!(state(&inner, first), crate::service::jobs::JobState::Placed);
+        assert_eq!(state(&inner, other), crate::service::jobs::JobState::Placed);
+        assert_eq!(
+            state(&inner, second),
+            crate::service::jobs::JobState::Pending
+        );
+        assert_eq!(
+            inner.jobs[&second].reason,
+            "waiting: tenant \"vision\" holds 8 of its 8 GPUs; the job asks 8 more"
+        );
+        // The same reason is not written again at the next cycle.
+        inner.dirty.jobs.clear();
+        inner.cycle(t0 + 1, &path);
+        assert!(!inner.dirty.jobs.contains(&second));
+        // Vision's running job is cancelled: its waiting one starts.
+        inner.cancel(first, "", t0 + 2).unwrap();
+        inner.cycle(t0 + 2, &path);
+        assert_eq!(
+            state(&inner, second),
+            crate::service::jobs::JobState::Placed
+        );
     }
 }

@@ -215,6 +215,7 @@ pub fn recorded_policy(topo: &Topology, jobs: &Prepared, placer: Policy) -> (Inc
                 reservation: None,
                 rebalance: None,
                 consolidate: None,
+                quota: None,
             },
             placer_name,
         },

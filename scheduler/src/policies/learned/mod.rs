@@ -648,6 +648,7 @@ pub fn learned_policy(
             reservation: base.reservation,
             rebalance: base.rebalance,
             consolidate: base.consolidate,
+            quota: base.quota,
         },
         stats,
     ))
