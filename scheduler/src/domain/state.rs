@@ -867,6 +867,62 @@ impl ClusterState {
         }
     }
 
+    /// `Ok` if `self` and `other` (over the same topology) hold the same things: every
+    /// GPU's free share, MIG slices, instances and tenants, and every node's free CPU
+    /// and memory. The service checks its state against one rebuilt from its job
+    /// records this way (debug builds), so a path that changes one without the other
+    /// is caught where it happens. Node health is not compared.
+    pub fn same_allocation(&self, other: &ClusterState) -> Result<(), String> {
+        let differ = |what: &str, i: usize| Err(format!("{what} {i} differs"));
+        let gpu_fields: [(&str, bool); 5] = [
+            ("free share of GPU", self.free_milli != other.free_milli),
+            (
+                "free MIG compute of GPU",
+                self.mig_compute_free != other.mig_compute_free,
+            ),
+            (
+                "free MIG memory of GPU",
+                self.mig_memory_free != other.mig_memory_free,
+            ),
+            ("MIG share of GPU", self.mig_milli != other.mig_milli),
+            ("tenants of GPU", self.tenants != other.tenants),
+        ];
+        for (what, differs) in gpu_fields {
+            if differs {
+                let i = (0..self.free_milli.len())
+                    .find(|&i| {
+                        (
+                            self.free_milli[i],
+                            self.mig_compute_free[i],
+                            self.mig_memory_free[i],
+                            self.mig_milli[i],
+                            self.tenants[i],
+                        ) != (
+                            other.free_milli[i],
+                            other.mig_compute_free[i],
+                            other.mig_memory_free[i],
+                            other.mig_milli[i],
+                            other.tenants[i],
+                        )
+                    })
+                    .unwrap_or(0);
+                return differ(what, i);
+            }
+        }
+        if let Some(i) = (0..self.mig_instance_held.len())
+            .find(|&i| self.mig_instance_held[i] != other.mig_instance_held[i])
+        {
+            return differ("held state of MIG instance", i);
+        }
+        if let Some(i) = (0..self.node_cpu_free.len()).find(|&i| {
+            (self.node_cpu_free[i], self.node_mem_free[i])
+                != (other.node_cpu_free[i], other.node_mem_free[i])
+        }) {
+            return differ("free CPU or memory of node", i);
+        }
+        Ok(())
+    }
+
     /// Checks every counter against a recount from per-GPU state; used by property tests.
     pub fn check_consistency(&self) -> Result<(), String> {
         let topo = &self.topo;

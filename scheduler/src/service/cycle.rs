@@ -308,6 +308,33 @@ impl Inner {
 
     /// One scheduling cycle over the whole queue.
     pub fn cycle(&mut self, now: i64, path: &DecisionPath) {
+        self.cycle_unchecked(now, path);
+        // Debug builds (every test) check the state against the job records after every
+        // cycle, as they check the jobs-by-node cache: a path that moves one without the
+        // other is caught where it happens, not when a GPU is handed out twice.
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.allocation_matches_records() {
+            panic!("the cluster state no longer matches the job records: {e}");
+        }
+    }
+
+    /// The state the active job records' placements make on an empty cluster, compared
+    /// with the state kept.
+    #[cfg(debug_assertions)]
+    fn allocation_matches_records(&self) -> Result<(), String> {
+        let mut rebuilt = crate::domain::ClusterState::new(self.topo.clone());
+        for id in &self.active {
+            let r = &self.jobs[id];
+            if let Some(p) = &r.placement {
+                rebuilt
+                    .allocate(&r.job, p)
+                    .map_err(|e| format!("job {id}: {e}"))?;
+            }
+        }
+        self.state.same_allocation(&rebuilt)
+    }
+
+    fn cycle_unchecked(&mut self, now: i64, path: &DecisionPath) {
         self.needs_cycle = false;
         // With an empty queue a cycle can only consolidate: skip it unless a running
         // gang is placed looser than it could be and some GPU is idle. Nothing waits, so
@@ -571,5 +598,38 @@ mod tests {
             state(&inner, second),
             crate::service::jobs::JobState::Placed
         );
+    }
+
+    /// The debug check itself: a GPU taken in the state with no job record holding it
+    /// is caught at the next cycle.
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "the cluster state no longer matches the job records")]
+    fn a_state_that_drifts_from_the_records_is_caught_at_the_next_cycle() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let stray = crate::domain::Job::whole_gpus(crate::domain::JobId(999), 1, 0.0, 1.0);
+        let gpu = inner
+            .topo
+            .node(crate::domain::NodeId(0))
+            .gpu_ids()
+            .next()
+            .unwrap();
+        let placement = crate::domain::Placement {
+            workers: vec![crate::domain::WorkerPlacement {
+                node: crate::domain::NodeId(0),
+                gpus: vec![crate::domain::GpuShare {
+                    gpu,
+                    milli: 1000,
+                    mig_compute: 0,
+                    mig_memory: 0,
+                }],
+            }],
+        };
+        inner.state.allocate(&stray, &placement).unwrap();
+        inner.submit(Some(&whole_gpu_job(1, 1)), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
     }
 }

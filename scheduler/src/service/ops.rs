@@ -357,35 +357,10 @@ impl Inner {
         let group = node_group("node", req.node.as_ref())?;
         let name = &group.names[0];
         let n = self.node_id("node.name", name)?;
-        let inv = self.topo.node(n);
-        let reported_model = match &group.gpu_model {
-            Some(m) => Some(self.topo.catalog.id(m).ok_or_else(|| {
-                ServiceError::invalid("node.gpu_model", format!("unknown GPU model {m:?}"))
-            })?),
-            None => None,
-        };
-        let inv_model = inv.model.map(|m| self.topo.catalog.get(m).name.as_str());
-        if reported_model != inv.model
-            || group.gpus != inv.gpu_count()
-            || group.nvlink_domain.max(1) != inv.island_size
-        {
-            return Err(ServiceError::FailedPrecondition(format!(
-                "node {name} reports {} × {} in NVLink islands of {}; the inventory says {} × {} in islands of {}",
-                group.gpus,
-                group.gpu_model.as_deref().unwrap_or("no GPU"),
-                group.nvlink_domain.max(1),
-                inv.gpu_count(),
-                inv_model.unwrap_or("no GPU"),
-                inv.island_size
-            )));
-        }
         let info = req.node.as_ref().expect("node_group checked it is set");
-        check_mig(&self.topo, n, &group, info)?;
-        if group.cpu_milli < inv.cpu_milli || group.memory_mib < inv.memory_mib {
-            return Err(ServiceError::FailedPrecondition(format!(
-                "node {name} reports {} mCPU / {} MiB, less than the inventory's {} mCPU / {} MiB",
-                group.cpu_milli, group.memory_mib, inv.cpu_milli, inv.memory_mib
-            )));
+        if let Err(refused) = self.check_hardware(n, &group, info) {
+            self.refuse_registration(n, &refused, now);
+            return Err(refused);
         }
         let expected = self.jobs_on(n);
         let mut stop = Vec::new();
@@ -428,6 +403,65 @@ impl Inner {
         self.heard_from(n, now);
         self.mark_node(n);
         Ok(Registration { node: n, stop })
+    }
+
+    /// What the agent reports against the inventory's node `n`: the GPU model, count and
+    /// NVLink islands, MIG modes and instances, and at least its CPU and memory.
+    fn check_hardware(
+        &self,
+        n: NodeId,
+        group: &crate::domain::NodeGroupSpec,
+        info: &pb::NodeInfo,
+    ) -> Result<(), ServiceError> {
+        let name = &group.names[0];
+        let inv = self.topo.node(n);
+        let reported_model = match &group.gpu_model {
+            Some(m) => Some(self.topo.catalog.id(m).ok_or_else(|| {
+                ServiceError::invalid("node.gpu_model", format!("unknown GPU model {m:?}"))
+            })?),
+            None => None,
+        };
+        let inv_model = inv.model.map(|m| self.topo.catalog.get(m).name.as_str());
+        if reported_model != inv.model
+            || group.gpus != inv.gpu_count()
+            || group.nvlink_domain.max(1) != inv.island_size
+        {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "node {name} reports {} × {} in NVLink islands of {}; the inventory says {} × {} in islands of {}",
+                group.gpus,
+                group.gpu_model.as_deref().unwrap_or("no GPU"),
+                group.nvlink_domain.max(1),
+                inv.gpu_count(),
+                inv_model.unwrap_or("no GPU"),
+                inv.island_size
+            )));
+        }
+        check_mig(&self.topo, n, group, info)?;
+        if group.cpu_milli < inv.cpu_milli || group.memory_mib < inv.memory_mib {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "node {name} reports {} mCPU / {} MiB, less than the inventory's {} mCPU / {} MiB",
+                group.cpu_milli, group.memory_mib, inv.cpu_milli, inv.memory_mib
+            )));
+        }
+        Ok(())
+    }
+
+    /// A node registered before whose agent now describes other hardware than the
+    /// inventory (a GPU pulled, another model) is not the node the scheduler places on:
+    /// it gets no new work from now, and its jobs are requeued after the grace period,
+    /// as for a silent node. Until then it stayed schedulable until its heartbeat timed
+    /// out (the refused agent sends none), and jobs placed there meanwhile waited for it.
+    fn refuse_registration(&mut self, n: NodeId, why: &ServiceError, now: i64) {
+        let steady = now - (self.wall_step)();
+        let r = &mut self.nodes[n.0 as usize];
+        if !r.registered || r.unreachable {
+            return;
+        }
+        r.unreachable = true;
+        r.unreachable_since_us = now;
+        r.unreachable_since_steady_us = steady;
+        tracing::warn!(node = %self.topo.node(n).name, error = %why, "registration refused: the node gets no new work, and its jobs are requeued after the grace period");
+        self.mark_node(n);
     }
 
     pub fn drain(&mut self, name: &str, reason: &str, now: i64) -> Result<NodeId, ServiceError> {
@@ -534,6 +568,55 @@ mod tests {
             attempt: 0,
             last_checkpoint_unix_s: 0.0,
         }
+    }
+
+    /// A registered node whose agent comes back describing other hardware is refused,
+    /// gets no new work at once, and loses its jobs after the grace period; a correct
+    /// registration brings it back.
+    #[test]
+    fn a_refused_re_registration_takes_the_node_out_at_once() {
+        let test = TestCore::new(ServiceConfig {
+            node_timeout_ms: 600_000,
+            node_grace_ms: 2_000,
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let path = NoModel.decision_path("topo-pack");
+        let first = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        inner.cycle(t0, &path);
+        let on = |inner: &Inner, id: u32| {
+            let p = inner.jobs[&id].placement.as_ref().unwrap();
+            p.workers[0].node
+        };
+        let node = on(&inner, first);
+        // Its agent restarts with half its GPUs gone.
+        let pulled = pb::RegisterNodeRequest {
+            node: Some(pb::NodeInfo {
+                gpus: 4,
+                nvlink_domain: 4,
+                ..node_info(node.0 as usize)
+            }),
+            running: vec![],
+        };
+        let err = inner.register(&pulled, t0 + 1).unwrap_err();
+        assert!(matches!(err, ServiceError::FailedPrecondition(_)), "{err}");
+        assert!(inner.nodes[node.0 as usize].unreachable);
+        // No new work goes there, though the heartbeat timeout is ten minutes away.
+        let second = inner.submit(Some(&whole_gpu_job(1, 8)), t0 + 2).unwrap();
+        inner.cycle(t0 + 2, &path);
+        assert_ne!(on(&inner, second), node);
+        // After the grace period its job is requeued.
+        inner.check_heartbeats(t0 + 1 + 2_000_000);
+        assert_eq!(inner.jobs[&first].state, JobState::Requeued);
+        // Its hardware restored, it registers and is reachable again.
+        let back = pb::RegisterNodeRequest {
+            node: Some(node_info(node.0 as usize)),
+            running: vec![],
+        };
+        inner.register(&back, t0 + 3_000_000).unwrap();
+        assert!(!inner.nodes[node.0 as usize].unreachable);
     }
 
     /// A gang of two 8-GPU workers on two 8-GPU nodes: one worker per node.
