@@ -344,7 +344,6 @@ fn rebalance(
     true
 }
 
-/// When the longest-running job still on each node started (`None`: none runs there).
 /// The jobs not evicted in this cycle, as preemption and rebalancing candidates, with
 /// their indices in `running`.
 fn still_running<'a>(
@@ -363,6 +362,7 @@ fn still_running<'a>(
     (index, candidates)
 }
 
+/// When the longest-running job still on each node started (`None`: none runs there).
 fn oldest_starts(
     state: &ClusterState,
     running: &[Running<'_>],

@@ -376,12 +376,26 @@ impl Inner {
                 })
                 .collect();
             let speed = crate::sim::SpeedModel::default();
+            // A multi-node job some of whose nodes have finished is shown as not
+            // preemptible, so it is neither preempted nor moved: its finished workers
+            // would run again, for a gain computed on the whole gang.
+            let partly_done: HashMap<u32, crate::domain::Job> = running_ids
+                .iter()
+                .filter(|id| !jobs[id].completed_nodes.is_empty())
+                .map(|id| {
+                    let job = crate::domain::Job {
+                        preemptible: false,
+                        ..jobs[id].job.clone()
+                    };
+                    (*id, job)
+                })
+                .collect();
             let running: Vec<Running> = running_ids
                 .iter()
                 .filter_map(|id| {
                     let r = &jobs[id];
                     Some(Running {
-                        job: &r.job,
+                        job: partly_done.get(id).unwrap_or(&r.job),
                         placement: r.placement.as_ref()?,
                         stats: stats(r, now_s),
                         started_at: r.placed_at_s,

@@ -672,6 +672,51 @@ mod tests {
         assert!(err.contains("node.mig.gpus"), "{err}");
     }
 
+    /// A gang one of whose nodes has finished is neither preempted nor moved: that node's
+    /// workers would run again.
+    #[test]
+    fn a_partly_finished_gang_is_not_preempted() {
+        let test = TestCore::new(ServiceConfig {
+            policy: "priority".into(),
+            ..ServiceConfig::default()
+        });
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us();
+        register_both(&mut inner, t0);
+        let spec = pb::JobSpec {
+            preemptible: true,
+            ..whole_gpu_job(2, 8)
+        };
+        let gang = inner.submit(Some(&spec), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("priority"));
+        assert_eq!(inner.jobs[&gang].state, JobState::Placed);
+        inner
+            .report(&report(0, gang, pb::JobState::Running), t0 + 1)
+            .unwrap();
+        inner
+            .report(&report(1, gang, pb::JobState::Running), t0 + 1)
+            .unwrap();
+        inner
+            .report(&report(0, gang, pb::JobState::Completed), t0 + 2)
+            .unwrap();
+        let urgent = pb::JobSpec {
+            priority: 10,
+            ..whole_gpu_job(1, 8)
+        };
+        // An hour later: past the priority policy's shortest run before preemption.
+        let later = t0 + 3_600_000_000;
+        let id = inner.submit(Some(&urgent), later).unwrap();
+        inner.cycle(later, &NoModel.decision_path("priority"));
+        assert_eq!(inner.jobs[&gang].state, JobState::Running);
+        assert_eq!(inner.jobs[&id].state, JobState::Pending);
+        // Once the gang is done, the urgent job starts.
+        inner
+            .report(&report(1, gang, pb::JobState::Completed), later + 1)
+            .unwrap();
+        inner.cycle(later + 1, &NoModel.decision_path("priority"));
+        assert_eq!(inner.jobs[&id].state, JobState::Placed);
+    }
+
     #[test]
     fn a_multi_node_job_completes_when_every_node_has_reported() {
         let test = TestCore::new(ServiceConfig::default());
