@@ -541,13 +541,25 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// A flag set by SIGINT or SIGTERM.
+/// A flag set by SIGINT or SIGTERM. A second signal exits at once (status 130): a
+/// shutdown stuck on a hung NVML call (a GPU off the bus) or a dead disk would otherwise
+/// end only with SIGKILL, which loses the files being finished.
 fn stop_on_signal() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
-        .context("installing the SIGINT/SIGTERM handler")?;
+    ctrlc::set_handler(move || {
+        if second_signal(&flag) {
+            eprintln!("marshal: second signal: exiting before the shutdown finished");
+            std::process::exit(130);
+        }
+    })
+    .context("installing the SIGINT/SIGTERM handler")?;
     Ok(stop)
+}
+
+/// Sets `flag`; `true` if it was set already (this is the second signal).
+fn second_signal(flag: &AtomicBool) -> bool {
+    flag.swap(true, Ordering::Relaxed)
 }
 
 /// The fastest simulated clock: a simulated year in about half a wall-clock minute.
@@ -1006,6 +1018,14 @@ fn inspect(dir: &std::path::Path, format: Format) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_signal_asks_for_a_shutdown_and_the_second_exits() {
+        let flag = AtomicBool::new(false);
+        assert!(!second_signal(&flag), "the first signal exited at once");
+        assert!(flag.load(Ordering::Relaxed));
+        assert!(second_signal(&flag));
+    }
 
     #[cfg(unix)]
     #[test]
