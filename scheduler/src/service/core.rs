@@ -230,6 +230,20 @@ impl Core {
             path: config.db.display().to_string(),
             message: e.to_string(),
         })?;
+        let new_database = loaded.jobs.is_empty() && loaded.next_decision <= 1;
+        if let Some(dir) = &config.decision_log_dir
+            && new_database
+            && holds_decision_files(dir)
+        {
+            // Decision ids start again at 1, so the log's rows of the earlier database and
+            // of this one share ids, and joining decisions to outcomes by id (training
+            // from the log) would pair rows of different jobs.
+            tracing::warn!(
+                database = %config.db.display(),
+                decision_log_dir = %dir.display(),
+                "a new database beside a decision log that holds an earlier one's files: decision ids start again at 1; give this database its own decision_log_dir (or move the old files away) before training from the log"
+            );
+        }
         let node_index: HashMap<String, NodeId> = topo
             .node_ids()
             .map(|n| (topo.node(n).name.clone(), n))
@@ -712,6 +726,15 @@ impl Core {
     }
 }
 
+/// Whether the decision log at `dir` holds any decision file.
+fn holds_decision_files(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir.join(crate::decision_log::DECISIONS_DIR)).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+    })
+}
+
 impl Inner {
     /// Rebuilds the learned policy on a newly loaded model (between cycles).
     pub(crate) fn install_model(&mut self, update: ModelUpdate) {
@@ -906,6 +929,18 @@ impl Changes {
 mod tests {
     use crate::service::config::ServiceConfig;
     use crate::service::testkit::TestCore;
+
+    #[test]
+    fn decision_files_of_an_earlier_database_are_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!super::holds_decision_files(dir.path()));
+        let decisions = dir.path().join(crate::decision_log::DECISIONS_DIR);
+        std::fs::create_dir(&decisions).unwrap();
+        std::fs::write(decisions.join("notes.txt"), b"").unwrap();
+        assert!(!super::holds_decision_files(dir.path()));
+        std::fs::write(decisions.join("decisions-0001.parquet"), b"").unwrap();
+        assert!(super::holds_decision_files(dir.path()));
+    }
 
     #[test]
     fn a_panic_in_the_scheduling_loop_stops_changes_with_its_reason() {
