@@ -115,7 +115,20 @@ pub fn run_cycle(
         }
         let (placed_before, preempted_before) = (decisions.placed.len(), decisions.preempted.len());
         let shape = JobShape::of(job);
-        if no_room.contains(&(shape, rank.0)) {
+        // The shortcut is not taken for a job owed a reservation while none is made: the
+        // job of its shape that found no room may not have been owed one (it was just
+        // requeued, or ranks by another measure than its wait), and skipping this one
+        // would leave a starving gang without the nodes held for it.
+        let owed_reservation = decisions.reserved.is_none()
+            && policy.reservation.as_ref().is_some_and(|r| {
+                r.applies(
+                    job,
+                    &pending[i].stats,
+                    ctx.now,
+                    state.topology().gpu_count(),
+                )
+            });
+        if no_room.contains(&(shape, rank.0)) && !owed_reservation {
             if policy.blocking {
                 break;
             }
@@ -829,5 +842,79 @@ mod tests {
         // Vision's waiting job outranks the running one, yet preempts nothing: the
         // tenant is at its limit, not short of room.
         assert!(d.preempted.is_empty(), "{:?}", d.preempted);
+    }
+
+    /// Two gangs of one shape and class: the first in the queue's order found no room but
+    /// is owed no reservation (it was just requeued), the second has waited past the
+    /// threshold. The second still gets the nodes held for it.
+    #[test]
+    fn a_starving_gang_behind_one_of_its_shape_that_is_not_owed_a_reservation_gets_one() {
+        use rand::SeedableRng as _;
+        let mut state = ClusterState::new(Arc::new(topo()));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        // One GPU busy on each node: no 8-GPU worker fits anywhere.
+        let small = job(1, 2, 1, 1000);
+        let on_both = Placement {
+            workers: (0..2)
+                .map(|n| crate::domain::WorkerPlacement {
+                    node: NodeId(n),
+                    gpus: vec![crate::domain::GpuShare {
+                        gpu: state.topology().node(NodeId(n)).gpu_ids().next().unwrap(),
+                        milli: 1000,
+                        mig_compute: 0,
+                        mig_memory: 0,
+                    }],
+                })
+                .collect(),
+        };
+        state.allocate(&small, &on_both).unwrap();
+        let mut policy = preempting(Box::new(crate::policies::TopoPack));
+        policy.preemptor = None;
+        policy.reservation = Some(crate::framework::ReservationConfig {
+            after_wait_s: 600.0,
+            min_gpus: 8,
+            max_share: 1.0,
+        });
+        // Submitted first, so ranked first; requeued a minute ago.
+        let requeued = Job {
+            submit_time: 0.0,
+            ..job(2, 1, 8, 1000)
+        };
+        let starving = Job {
+            submit_time: 10.0,
+            ..job(3, 1, 8, 1000)
+        };
+        let now = 5000.0;
+        let pending = [
+            Pending {
+                job: &requeued,
+                stats: JobStats {
+                    queued_since: now - 60.0,
+                    ..JobStats::default()
+                },
+            },
+            Pending {
+                job: &starving,
+                stats: JobStats {
+                    queued_since: 10.0,
+                    ..JobStats::default()
+                },
+            },
+        ];
+        let running = [Running {
+            job: &small,
+            placement: &on_both,
+            stats: JobStats::default(),
+            started_at: 0.0,
+            lost_work_s: 0.0,
+        }];
+        let mut ctx = Context::new(now, &mut rng);
+        let d = run_cycle(&policy, &mut state, &pending, &running, &mut ctx);
+        assert!(d.placed.is_empty());
+        assert_eq!(
+            d.reserved.map(|(i, _)| i),
+            Some(1),
+            "the starving gang got no reservation"
+        );
     }
 }
