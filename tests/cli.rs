@@ -438,7 +438,7 @@ fn a_quota_file_limits_each_tenant_and_a_bad_one_is_named() {
     let out = marshal(&[&base[..], &["--quota", quota.to_str().unwrap()]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("quota.toml") && err.contains("quota.default.gpus"),
+        !out.status.success() && err.contains("quota.toml") && err.contains("default.gpus"),
         "{err}"
     );
 }

@@ -1429,56 +1429,65 @@ fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Status {
 fn shutdown_says_not_serving_ends_health_watches_and_reports_unpersisted_changes() {
     let dir = tempfile::tempdir().unwrap();
     let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
     runtime().block_on(async {
-        let handle = service::start(
-            config(&dir.path().join("db.redb")),
-            common::three_nodes(),
-            Arc::new(NoModel),
-        )
-        .await
-        .unwrap();
-        let ch = connect(handle.addr).await.unwrap();
-        let mut watch = tonic_health_client(ch)
-            .watch(tonic_health::pb::HealthCheckRequest {
-                service: "marshal.v1.JobService".into(),
-            })
+        for (round, healthy) in [(0, true), (1, false)] {
+            let handle = service::start(
+                config(&dir.path().join(format!("db-{round}.redb"))),
+                common::three_nodes(),
+                Arc::new(NoModel),
+            )
             .await
-            .unwrap()
-            .into_inner();
-        let first = watch.message().await.unwrap().unwrap().status;
-        assert_eq!(
-            first,
-            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-        );
-        let seen = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Ok(Some(s)) = watch.message().await {
-                seen.push(s.status);
-            }
-            seen
-        });
-        // The scheduling loop ends (as after a panic): changes stop being persisted.
-        let ended = tokio::spawn(async { panic!("injected: the loop ended") })
-            .await
-            .unwrap_err();
-        handle.core.driver_ended(Err(ended));
-        let started = std::time::Instant::now();
-        let e = handle.shutdown().await.unwrap_err();
-        assert!(
-            e.to_string().contains("not persisted") && e.to_string().contains("injected"),
-            "{e}"
-        );
-        // Well inside the 10 s grace: nothing waited for the watch.
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
-        let seen = tokio::time::timeout(Duration::from_secs(5), seen)
-            .await
-            .expect("the health watch did not end")
             .unwrap();
-        assert_eq!(seen.last(), Some(&not_serving), "{seen:?}");
+            let ch = connect(handle.addr).await.unwrap();
+            let mut watch = tonic_health_client(ch)
+                .watch(tonic_health::pb::HealthCheckRequest {
+                    service: "marshal.v1.JobService".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let first = watch.message().await.unwrap().unwrap().status;
+            assert_eq!(first, serving);
+            let seen = tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while let Ok(Some(s)) = watch.message().await {
+                    seen.push(s.status);
+                }
+                seen
+            });
+            if !healthy {
+                // The scheduling loop ends (as after a panic): changes stop being
+                // persisted.
+                let ended = tokio::spawn(async { panic!("injected: the loop ended") })
+                    .await
+                    .unwrap_err();
+                handle.core.driver_ended(Err(ended));
+            }
+            let started = std::time::Instant::now();
+            let shut = handle.shutdown().await;
+            if healthy {
+                // The NOT_SERVING below can only come from the shutdown itself.
+                shut.unwrap();
+            } else {
+                let e = shut.unwrap_err();
+                assert!(
+                    e.to_string().contains("not persisted") && e.to_string().contains("injected"),
+                    "{e}"
+                );
+            }
+            // Well inside the 10 s grace: nothing waited for the watch.
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                started.elapsed()
+            );
+            let seen = tokio::time::timeout(Duration::from_secs(5), seen)
+                .await
+                .expect("the health watch did not end")
+                .unwrap();
+            assert_eq!(seen.last(), Some(&not_serving), "{seen:?}");
+        }
     });
 }
 

@@ -27,11 +27,6 @@ impl Episode {
         self.failures = 0;
         ended
     }
-
-    /// Whether an episode is under way.
-    pub fn ongoing(&self) -> bool {
-        self.failures > 0
-    }
 }
 
 #[cfg(test)]
@@ -44,7 +39,6 @@ mod tests {
         assert_eq!(e.succeeded(), None);
         let told: Vec<bool> = (0..5).map(|_| e.failed()).collect();
         assert_eq!(told, [true, false, false, false, false]);
-        assert!(e.ongoing());
         assert_eq!(e.succeeded(), Some(5));
         assert_eq!(e.succeeded(), None);
         // A new episode is told again.

@@ -99,6 +99,16 @@ pub struct RecordedProcess {
     pub pid: u32,
     pub start_ticks: u64,
     pub boot_id: String,
+    /// The worker the record is about, which must be the one its file name says.
+    job: u64,
+    worker: u32,
+    attempt: u32,
+}
+
+impl RecordedProcess {
+    fn is_about(&self, i: &Incarnation) -> bool {
+        (self.job, self.worker, self.attempt) == (i.job, i.worker, i.attempt)
+    }
 }
 
 impl WorkerRecord {
@@ -258,10 +268,15 @@ impl RecordStore {
             match read_record(&path, incarnation) {
                 Ok(r) => records.push(r),
                 Err(error) => unreadable.push(Unreadable {
+                    // Only from a record about the worker its name says: a misplaced
+                    // record must not get another worker's process killed.
                     process: match error {
                         RecordError::Parse { .. } => std::fs::read(&path)
                             .ok()
-                            .and_then(|bytes| serde_json::from_slice(&bytes).ok()),
+                            .and_then(|bytes| {
+                                serde_json::from_slice::<RecordedProcess>(&bytes).ok()
+                            })
+                            .filter(|p| incarnation.is_some_and(|i| p.is_about(&i))),
                         _ => None,
                     },
                     path,
@@ -284,6 +299,9 @@ fn read_record(path: &Path, named: Option<Incarnation>) -> Result<WorkerRecord, 
             path: path.to_path_buf(),
             source,
         })?;
+    if record.version > RECORD_VERSION {
+        tracing::warn!(path = %path.display(), version = record.version, "worker record of a newer agent's layout; read as this one's");
+    }
     if named != Some(record.incarnation()) {
         return Err(RecordError::Mismatch {
             path: path.to_path_buf(),
@@ -384,16 +402,24 @@ mod tests {
         std::fs::write(dir.path().join("state/9.1.2.json"), FIRST_VERSION_RECORD).unwrap();
         let (records, unreadable) = store.load_all().unwrap();
         assert!(records.is_empty());
+        let process = unreadable[0].process.as_ref().unwrap();
         assert_eq!(
-            unreadable[0].process,
-            Some(RecordedProcess {
-                pid: 4242,
-                start_ticks: 99,
-                boot_id: "b".into()
-            })
+            (process.pid, process.start_ticks, process.boot_id.as_str()),
+            (4242, 99, "b")
         );
         assert!(matches!(unreadable[1].error, RecordError::Mismatch { .. }));
         assert_eq!(unreadable[1].process, None);
+        // Unreadable and about another worker than its name says: no process either.
+        let misplaced = FIRST_VERSION_RECORD.replace("\"gpus\"", "\"slots\"");
+        std::fs::remove_file(dir.path().join("state/7.1.2.json")).unwrap();
+        std::fs::write(dir.path().join("state/5.1.2.json"), misplaced).unwrap();
+        let (_, unreadable) = store.load_all().unwrap();
+        let five = unreadable
+            .iter()
+            .find(|u| u.path.ends_with("5.1.2.json"))
+            .unwrap();
+        assert!(matches!(five.error, RecordError::Parse { .. }));
+        assert_eq!(five.process, None);
     }
 
     #[test]

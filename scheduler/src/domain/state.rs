@@ -871,7 +871,9 @@ impl ClusterState {
     /// GPU's free share, MIG slices, instances and tenants, and every node's free CPU
     /// and memory. The service checks its state against one rebuilt from its job
     /// records this way (debug builds), so a path that changes one without the other
-    /// is caught where it happens. Node health is not compared.
+    /// is caught where it happens. Node health is not compared, nor which of a GPU's
+    /// fixed MIG instances of one size is held: records do not say, and a rebuild takes
+    /// the first free one (the slices they hold are compared).
     pub fn same_allocation(&self, other: &ClusterState) -> Result<(), String> {
         let differ = |what: &str, i: usize| Err(format!("{what} {i} differs"));
         let gpu_fields: [(&str, bool); 5] = [
@@ -908,11 +910,6 @@ impl ClusterState {
                     .unwrap_or(0);
                 return differ(what, i);
             }
-        }
-        if let Some(i) = (0..self.mig_instance_held.len())
-            .find(|&i| self.mig_instance_held[i] != other.mig_instance_held[i])
-        {
-            return differ("held state of MIG instance", i);
         }
         if let Some(i) = (0..self.node_cpu_free.len()).find(|&i| {
             (self.node_cpu_free[i], self.node_mem_free[i])

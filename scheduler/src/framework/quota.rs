@@ -195,20 +195,22 @@ impl TenantUsage {
             ("GPUs", limits.gpu, gpu, held_gpu),
             ("CPU cores", limits.cpu, cpu, held_cpu),
         ];
-        for (what, limit, asked, held) in checks {
-            let Some(limit) = limit else { continue };
-            let short = Shortfall {
+        let shortfalls = checks.into_iter().filter_map(|(what, limit, asked, held)| {
+            limit.map(|limit| Shortfall {
                 what,
                 limit,
                 held,
                 asked,
-            };
-            if asked > limit {
-                return Err(OverQuota::Never(short));
-            }
-            if held + asked > limit {
-                return Err(OverQuota::Wait(short));
-            }
+            })
+        });
+        let shortfalls: Vec<Shortfall> = shortfalls.collect();
+        // "Never" first, on any resource: a job that can never fit must not wait for
+        // its tenant's GPUs to free only to be refused for its CPU then.
+        if let Some(short) = shortfalls.iter().find(|s| s.asked > s.limit) {
+            return Err(OverQuota::Never(*short));
+        }
+        if let Some(short) = shortfalls.iter().find(|s| s.held + s.asked > s.limit) {
+            return Err(OverQuota::Wait(*short));
         }
         Ok(())
     }
@@ -274,6 +276,18 @@ mod tests {
     }
 
     #[test]
+    fn a_job_that_can_never_fit_is_refused_even_while_its_tenant_is_at_another_limit() {
+        let q = quota("[tenants.vision]\ngpus = 8\ncpu_cores = 64\n");
+        let usage = TenantUsage::of([&job("vision", 1, GpuDemand::Whole(8), 1_000)]);
+        // One GPU more would wait; a hundred cores never fit in 64.
+        let greedy = job("vision", 1, GpuDemand::Whole(1), 100_000);
+        let Err(OverQuota::Never(short)) = usage.admits(&q, &greedy) else {
+            panic!("a job that can never fit was left to wait")
+        };
+        assert_eq!(short.what, "CPU cores");
+    }
+
+    #[test]
     fn the_default_limits_apply_to_tenants_not_named() {
         let q = quota("[default]\ngpus = 2\n[tenants.big]\ngpus = 100\n");
         let usage = TenantUsage::default();
@@ -297,8 +311,8 @@ mod tests {
     #[test]
     fn bad_limits_are_refused_naming_the_key() {
         for (text, key) in [
-            ("[tenants.a]\ngpus = -1\n", "quota.tenants.a.gpus"),
-            ("[default]\ncpu_cores = nan\n", "quota.default.cpu_cores"),
+            ("[tenants.a]\ngpus = -1\n", "tenants.a.gpus"),
+            ("[default]\ncpu_cores = nan\n", "default.cpu_cores"),
         ] {
             let q: QuotaConfig = toml::from_str(text).unwrap();
             let e = q.validate().unwrap_err();

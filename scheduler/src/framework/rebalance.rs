@@ -143,8 +143,14 @@ pub(crate) fn plan_moves(
         return None;
     }
     let now = ctx.now;
+    // A job with a worker on a down node is not moved: that worker cannot be told to
+    // stop (its node is unreachable, or held), so it would run twice, and a move that
+    // fails could not be undone there (the state refuses a down node).
     let mut movable: Vec<usize> = (0..candidates.len())
         .filter(|&i| config.movable(&candidates[i], job.gpu_count(), rank, now))
+        .filter(|&i| {
+            (candidates[i].running.placement.workers.iter()).all(|w| state.node_is_up(w.node))
+        })
         .collect();
     if movable.is_empty() {
         return None;

@@ -22,6 +22,8 @@ use serde::de::DeserializeOwned;
 
 /// postcard, layout 1 (2026-11-22).
 const POSTCARD_V1: u8 = 1;
+/// Format bytes kept for later layouts; anything else unknown is damage.
+const NEWEST_FORMAT_BYTE: u8 = 0x1f;
 /// Records written before the format byte existed are JSON objects.
 const JSON_OBJECT: u8 = b'{';
 
@@ -48,7 +50,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
         Some(&JSON_OBJECT) => serde_json::from_slice(bytes).map_err(|e| format!("JSON: {e}")),
         // Later layouts take the next bytes: after a rollback, say so rather than call
         // the record corrupt, which invites deleting it.
-        Some(&newer) if newer > POSTCARD_V1 && newer < JSON_OBJECT => Err(format!(
+        Some(&newer) if (POSTCARD_V1 + 1..=NEWEST_FORMAT_BYTE).contains(&newer) => Err(format!(
             "record format {newer} was written by a newer Marshal (this build reads format {POSTCARD_V1} and JSON): run that version, or a database this build wrote"
         )),
         Some(other) => Err(format!("unknown record format byte {other:#04x}")),

@@ -394,7 +394,7 @@ impl ServiceConfig {
         if let Some(q) = &self.quota
             && let Err(e) = q.validate()
         {
-            return bad(e);
+            return bad(format!("quota.{e}"));
         }
         if self
             .consolidate

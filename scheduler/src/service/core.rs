@@ -161,6 +161,9 @@ pub struct Inner {
     /// The copy of `state` that a cycle's decision records are taken against, kept
     /// between cycles so that its buffers are reused.
     pub(crate) before_cycle: Option<ClusterState>,
+    /// The pending jobs their tenant's quota held at the last cycle, and by how much
+    /// (`cycle::note_quota_waits`).
+    pub(crate) quota_waits: HashMap<u32, crate::framework::Shortfall>,
     /// Whether a node's status changed since the node gauges were last counted.
     pub(crate) node_gauges_stale: bool,
     /// [`Inner::jobs_by_node`] as of the last change to a job's placement or activity
@@ -283,6 +286,7 @@ impl Core {
             log_enabled: config.decision_log_dir.is_some(),
             cpu_nodes_first: config.cpu_nodes_first,
             before_cycle: None,
+            quota_waits: HashMap::new(),
             node_gauges_stale: true,
             jobs_by_node_cache: Default::default(),
         };

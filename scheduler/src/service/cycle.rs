@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::domain::{ClusterState, GpuDemand, Placement};
-use crate::framework::{Context, JobStats, Pending, Running, run_cycle};
+use crate::framework::{Context, JobStats, Pending, Running, Shortfall, run_cycle};
 use crate::policies::learned::DecisionTrace;
 use crate::service::checkpoint::lost_work;
 use crate::service::convert::{placement_to_pb, slot_to_pb, state_to_pb};
@@ -33,6 +33,9 @@ fn stats(r: &JobRecord, now_s: f64) -> JobStats {
         last_run_s: 0.0,
     }
 }
+
+/// How a pending job's reason begins while its tenant's quota holds it.
+const QUOTA_WAIT: &str = "waiting: tenant ";
 
 impl Inner {
     pub fn record(&self, id: u32) -> Result<&JobRecord, ServiceError> {
@@ -300,9 +303,15 @@ impl Inner {
             && self.state.idle_gpus() > 0
             && self.active.iter().any(|id| {
                 let r = &self.jobs[id];
-                r.placement.as_ref().is_some_and(|p| {
-                    crate::framework::ConsolidateConfig::is_loose_placement(&r.job, p, &self.state)
-                })
+                // A partly finished gang is never moved (see `cycle_unchecked`).
+                r.completed_nodes.is_empty()
+                    && r.placement.as_ref().is_some_and(|p| {
+                        crate::framework::ConsolidateConfig::is_loose_placement(
+                            &r.job,
+                            p,
+                            &self.state,
+                        )
+                    })
             })
     }
 
@@ -332,6 +341,40 @@ impl Inner {
             }
         }
         self.state.same_allocation(&rebuilt)
+    }
+
+    /// A pending job's reason says why it waits, as Slurm's pending reason does: set
+    /// when its tenant's quota holds it, put in words and written only when the numbers
+    /// change, and cleared once the quota no longer holds it (its tenant's job ended, but
+    /// the cluster may still be full).
+    fn note_quota_waits(&mut self, pending_ids: &[u32], over_quota: Vec<(usize, Shortfall)>) {
+        let waits: HashMap<u32, Shortfall> = over_quota
+            .into_iter()
+            .map(|(i, short)| (pending_ids[i], short))
+            .collect();
+        for (&id, short) in &waits {
+            if self.quota_waits.get(&id) == Some(short) {
+                continue;
+            }
+            if let Some(r) = self.jobs.get_mut(&id) {
+                r.reason = format!("waiting: {}", short.describe(&r.job.tenant));
+                self.dirty.jobs.insert(id);
+            }
+        }
+        let ended: Vec<u32> = (self.quota_waits.keys())
+            .filter(|id| !waits.contains_key(id))
+            .copied()
+            .collect();
+        for id in ended {
+            if let Some(r) = self.jobs.get_mut(&id)
+                && r.state == JobState::Pending
+                && r.reason.starts_with(QUOTA_WAIT)
+            {
+                r.reason.clear();
+                self.dirty.jobs.insert(id);
+            }
+        }
+        self.quota_waits = waits;
     }
 
     fn cycle_unchecked(&mut self, now: i64, path: &DecisionPath) {
@@ -518,18 +561,7 @@ impl Inner {
         for (i, error) in decisions.errors {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
-        // A pending job's reason says why it waits, as Slurm's pending reason does; it is
-        // written only when it changes, not at every cycle.
-        for (i, short) in decisions.over_quota {
-            let id = pending_ids[i];
-            if let Some(r) = self.jobs.get_mut(&id)
-                && let why = format!("waiting: {}", short.describe(&r.job.tenant))
-                && r.reason != why
-            {
-                r.reason = why;
-                self.dirty.jobs.insert(id);
-            }
-        }
+        self.note_quota_waits(&pending_ids, decisions.over_quota);
         self.before_cycle = Some(before);
     }
 }
@@ -576,12 +608,13 @@ mod tests {
             quota: Some(
                 crate::framework::QuotaConfig::from_toml("[tenants.vision]\ngpus = 8\n").unwrap(),
             ),
+            policy: "priority".into(),
             ..ServiceConfig::default()
         });
         let mut inner = test.core.lock();
         let t0 = crate::service::core::now_us() + 1_000_000;
         register_both(&mut inner, t0);
-        let path = NoModel.decision_path("topo-pack");
+        let path = NoModel.decision_path("priority");
         let of = |tenant: &str| crate::service::pb::JobSpec {
             tenant: tenant.into(),
             ..whole_gpu_job(1, 8)
@@ -605,9 +638,32 @@ mod tests {
         inner.dirty.jobs.clear();
         inner.cycle(t0 + 1, &path);
         assert!(!inner.dirty.jobs.contains(&second));
-        // Vision's running job is cancelled: its waiting one starts.
+        // Vision's running job is cancelled while an urgent job of another tenant takes
+        // its GPUs: the quota no longer holds the waiting job, the full cluster does, and
+        // its reason no longer blames the quota.
+        let urgent = inner
+            .submit(
+                Some(&crate::service::pb::JobSpec {
+                    priority: 5,
+                    ..of("nlp")
+                }),
+                t0 + 2,
+            )
+            .unwrap();
         inner.cancel(first, "", t0 + 2).unwrap();
         inner.cycle(t0 + 2, &path);
+        assert_eq!(
+            state(&inner, urgent),
+            crate::service::jobs::JobState::Placed
+        );
+        assert_eq!(
+            state(&inner, second),
+            crate::service::jobs::JobState::Pending
+        );
+        assert_eq!(inner.jobs[&second].reason, "");
+        // Room made: it starts.
+        inner.cancel(other, "", t0 + 3).unwrap();
+        inner.cycle(t0 + 3, &path);
         assert_eq!(
             state(&inner, second),
             crate::service::jobs::JobState::Placed

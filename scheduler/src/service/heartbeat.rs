@@ -19,7 +19,9 @@ impl Inner {
         // Not `max`: handlers racing for the lock move it back microseconds only.
         r.last_seen_us = now;
         r.last_seen_steady_us = steady;
-        if !r.unreachable {
+        // A refused node's telemetry, reports or heartbeats do not bring it back: only
+        // a registration that matches the inventory does.
+        if !r.unreachable || r.refused {
             return false;
         }
         r.unreachable = false;

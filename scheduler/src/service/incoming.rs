@@ -86,7 +86,7 @@ impl<S> Bounded<S> {
         self.unwarned += 1;
         let now = tokio::time::Instant::now();
         if self.warned_at.is_none_or(|at| now - at >= WARN_EVERY) {
-            tracing::warn!(%error, failures = self.unwarned, "cannot accept connections (at the open-file limit? raise `ulimit -n` or LimitNOFILE above max_connections); retrying every 100 ms");
+            tracing::warn!(%error, failures = self.unwarned, retry_ms = ACCEPT_BACKOFF.as_millis() as u64, "cannot accept connections (at the open-file limit? raise `ulimit -n` or LimitNOFILE above max_connections); retrying");
             self.warned_at = Some(now);
             self.unwarned = 0;
         }
@@ -313,7 +313,9 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         // Two aborted accepts, then a real connection.
         let incoming = aborted.take(2).chain(TcpIncoming::from(listener));
-        let mut incoming = Bounded::new(incoming, 8, Duration::from_secs(10));
+        let counter = prometheus_client::metrics::counter::Counter::<u64>::default();
+        let mut incoming =
+            Bounded::new(incoming, 8, Duration::from_secs(10)).counting_errors(counter.clone());
         let _client = TcpStream::connect(addr).await.unwrap();
         let next = tokio::time::timeout(Duration::from_secs(5), incoming.next()).await;
         assert!(
@@ -321,6 +323,8 @@ mod tests {
             "no connection after aborted accepts"
         );
         assert_eq!(tries.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // Neither was backed off (nor counted as a resource failure).
+        assert_eq!(counter.get(), 0);
     }
 
     #[tokio::test]

@@ -400,6 +400,7 @@ impl Inner {
             }
         }
         self.nodes[n.0 as usize].registered = true;
+        self.nodes[n.0 as usize].refused = false;
         self.heard_from(n, now);
         self.mark_node(n);
         Ok(Registration { node: n, stop })
@@ -454,7 +455,11 @@ impl Inner {
     fn refuse_registration(&mut self, n: NodeId, why: &ServiceError, now: i64) {
         let steady = now - (self.wall_step)();
         let r = &mut self.nodes[n.0 as usize];
-        if !r.registered || r.unreachable {
+        if !r.registered {
+            return;
+        }
+        r.refused = true;
+        if r.unreachable {
             return;
         }
         r.unreachable = true;
@@ -603,10 +608,13 @@ mod tests {
         let err = inner.register(&pulled, t0 + 1).unwrap_err();
         assert!(matches!(err, ServiceError::FailedPrecondition(_)), "{err}");
         assert!(inner.nodes[node.0 as usize].unreachable);
-        // No new work goes there, though the heartbeat timeout is ten minutes away.
-        let second = inner.submit(Some(&whole_gpu_job(1, 8)), t0 + 2).unwrap();
-        inner.cycle(t0 + 2, &path);
-        assert_ne!(on(&inner, second), node);
+        // No new work goes there, though the heartbeat timeout is ten minutes away, and
+        // what its agent still sends (a heartbeat, a report) does not bring it back.
+        assert!(!inner.state.node_is_up(node));
+        let name = inner.topo.node(node).name.clone();
+        inner.heartbeat(&name, t0 + 2).unwrap();
+        assert!(inner.nodes[node.0 as usize].unreachable);
+        assert!(!inner.state.node_is_up(node));
         // After the grace period its job is requeued.
         inner.check_heartbeats(t0 + 1 + 2_000_000);
         assert_eq!(inner.jobs[&first].state, JobState::Requeued);

@@ -37,6 +37,11 @@ pub struct NodeRecord {
     /// Telemetry samples accepted since the server started (not persisted).
     #[serde(skip)]
     pub telemetry_samples: u64,
+    /// Its last registration was refused (other hardware than the inventory's): it
+    /// stays unreachable whatever else its agent sends until a registration succeeds.
+    /// Not persisted (after a restart the node is as its stored record says).
+    #[serde(skip)]
+    pub refused: bool,
 }
 
 /// One GPU a worker holds, by its index on the node.
