@@ -615,15 +615,16 @@ mod tests {
         inner.heartbeat(&name, t0 + 2).unwrap();
         assert!(inner.nodes[node.0 as usize].unreachable);
         assert!(!inner.state.node_is_up(node));
-        // After the grace period its job is requeued.
-        inner.check_heartbeats(t0 + 1 + 2_000_000);
+        // Past the grace period its job is requeued (a second past it: the monotonic
+        // clock's reading drifts by microseconds between calls).
+        inner.check_heartbeats(t0 + 1 + 3_000_000);
         assert_eq!(inner.jobs[&first].state, JobState::Requeued);
         // Its hardware restored, it registers and is reachable again.
         let back = pb::RegisterNodeRequest {
             node: Some(node_info(node.0 as usize)),
             running: vec![],
         };
-        inner.register(&back, t0 + 3_000_000).unwrap();
+        inner.register(&back, t0 + 4_000_000).unwrap();
         assert!(!inner.nodes[node.0 as usize].unreachable);
     }
 
