@@ -195,7 +195,8 @@ impl TenantUsage {
             ("GPUs", limits.gpu, gpu, held_gpu),
             ("CPU cores", limits.cpu, cpu, held_cpu),
         ];
-        let shortfalls = checks.into_iter().filter_map(|(what, limit, asked, held)| {
+        // On the stack: this runs for every queued job of a limited tenant every cycle.
+        let shortfalls = checks.map(|(what, limit, asked, held)| {
             limit.map(|limit| Shortfall {
                 what,
                 limit,
@@ -203,16 +204,16 @@ impl TenantUsage {
                 asked,
             })
         });
-        let shortfalls: Vec<Shortfall> = shortfalls.collect();
+        let mut limited = shortfalls.iter().flatten();
         // "Never" first, on any resource: a job that can never fit must not wait for
         // its tenant's GPUs to free only to be refused for its CPU then.
-        if let Some(short) = shortfalls.iter().find(|s| s.asked > s.limit) {
+        if let Some(short) = limited.clone().find(|s| s.asked > s.limit) {
             return Err(OverQuota::Never(*short));
         }
-        if let Some(short) = shortfalls.iter().find(|s| s.held + s.asked > s.limit) {
-            return Err(OverQuota::Wait(*short));
+        match limited.find(|s| s.held + s.asked > s.limit) {
+            Some(short) => Err(OverQuota::Wait(*short)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
