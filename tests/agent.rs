@@ -3,7 +3,9 @@
 //! library server. Mixed jobs all complete without two workers on one GPU; a scheduler
 //! restart mid-run starts no job twice; a silent agent's node goes unreachable and its
 //! jobs move after the grace; `--exec` reports exit statuses and kills on cancel, and
-//! its workers outlive an agent restart (or die with it under `--stop-workers-on-exit`).
+//! its workers outlive an agent restart (or die with it under `--stop-workers-on-exit`);
+//! a refused agent, and with `--fence-when-silent` a silent one, stops its workers when
+//! the scheduler requeues their jobs.
 
 mod common;
 
@@ -135,6 +137,10 @@ struct AgentOptions {
     sampling: bool,
     /// `--stop-workers-on-exit`.
     stop_workers_on_exit: bool,
+    /// `--fence-when-silent`.
+    fence_when_silent: bool,
+    /// Registers with half the node's GPUs: other hardware than the inventory's.
+    half_the_gpus: bool,
 }
 
 impl Default for AgentOptions {
@@ -142,6 +148,8 @@ impl Default for AgentOptions {
         AgentOptions {
             sampling: true,
             stop_workers_on_exit: false,
+            fence_when_silent: false,
+            half_the_gpus: false,
         }
     }
 }
@@ -190,7 +198,16 @@ fn start_agent_with(
             url: format!("http://{addr}"),
             ..Default::default()
         },
-        node: node_info(i),
+        node: if options.half_the_gpus {
+            let full = node_info(i);
+            pb::NodeInfo {
+                gpus: full.gpus / 2,
+                nvlink_domain: full.nvlink_domain / 2,
+                ..full
+            }
+        } else {
+            node_info(i)
+        },
         mode,
         out: out.clone(),
         flush_interval: Duration::from_millis(100),
@@ -199,6 +216,7 @@ fn start_agent_with(
         mig: Vec::new(),
         stop_workers_on_exit: options.stop_workers_on_exit,
         log_retention: None,
+        fence_when_silent: options.fence_when_silent,
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let task = {
@@ -970,6 +988,160 @@ fn exec_workers_outlive_an_agent_restart_and_are_reported_once_by_the_next() {
     });
 }
 
+/// The pid an `--exec` worker of `pid_command` wrote: the job runs once its worker is
+/// spawned, and the shell writes its pid a moment later.
+async fn worker_pid(pids: &Path, job: u64, attempt: u32) -> u32 {
+    let pid_file = pids.join(format!("{job}.{attempt}"));
+    let mut pid = None;
+    wait_until(Duration::from_secs(10), "the worker's pid file", || {
+        pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        pid.is_some()
+    })
+    .await;
+    pid.unwrap()
+}
+
+/// A worker command that writes its pid to `pids/<job>.<attempt>` and sleeps a minute.
+fn pid_command(pids: &Path) -> String {
+    std::fs::create_dir_all(pids).unwrap();
+    format!(
+        "echo $$ > '{}'/$MARSHAL_JOB_ID.$MARSHAL_ATTEMPT; exec sleep 60",
+        pids.display()
+    )
+}
+
+/// An agent whose registration is refused (its node now reports half its GPUs) stops
+/// the workers it adopted when the scheduler requeues their jobs: not at the refusal,
+/// and not never (before, they ran on while the job ran again elsewhere).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_refused_agent_stops_its_workers_when_the_scheduler_requeues_their_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        // A timeout far off: only the refusal takes the node out.
+        let server = serve_with_liveness(dir.path(), 60_000, 1_500).await;
+        let addr = server.addr;
+        let pids = dir.path().join("pids");
+        let cmd = pid_command(&pids);
+        let first = start_agent(rt.handle(), addr, 0, Mode::Exec(cmd.clone()), dir.path());
+        let id = submit(addr, &[job("long", 1, whole(1), 0.0)]).await[0];
+        wait_running(addr, &[id], 1).await;
+        let pid = worker_pid(&pids, id, 1).await;
+        // Stopped, the agent leaves the worker running for the next one to adopt.
+        first.stop().await;
+        assert!(process_runs(pid));
+        let refused_from = Instant::now();
+        let options = AgentOptions {
+            half_the_gpus: true,
+            ..Default::default()
+        };
+        let second = start_agent_with(rt.handle(), addr, 0, Mode::Exec(cmd), dir.path(), options);
+        wait_until(Duration::from_secs(15), "the fenced worker gone", || {
+            !process_runs(pid)
+        })
+        .await;
+        // The refusal said 1.5 s (the agent fences 5 % early): not at the refusal.
+        let fenced_after = refused_from.elapsed();
+        assert!(
+            fenced_after >= Duration::from_millis(1_000),
+            "fenced {fenced_after:?} after the agent started"
+        );
+        assert_eq!(second.counters.fenced.load(Ordering::Relaxed), 1);
+        assert!(second.journal.lock().unwrap().iter().any(|e| e.adopted));
+        // The scheduler requeued the job meanwhile (the refused node takes no work).
+        let mut requeued = false;
+        for _ in 0..250 {
+            let j = job_state(addr, id).await;
+            if j.attempts >= 2 || j.state == pb::JobState::Requeued as i32 {
+                requeued = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(requeued, "{:?}", job_state(addr, id).await);
+        second.stop().await;
+        server.shutdown().await.unwrap();
+    });
+}
+
+/// With `--fence-when-silent`, an agent that cannot reach the scheduler stops its workers
+/// once the scheduler's timeout and grace (said at registration) have passed since it was
+/// last answered; an agent without it leaves them running.
+#[cfg(target_os = "linux")]
+#[test]
+fn fence_when_silent_stops_workers_after_the_timeout_and_grace_and_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let server = serve_with_liveness(dir.path(), 500, 1_000).await;
+        let addr = server.addr;
+        let pids = dir.path().join("pids");
+        let cmd = pid_command(&pids);
+        let fencing = AgentOptions {
+            fence_when_silent: true,
+            ..Default::default()
+        };
+        let agents = [
+            start_agent_with(
+                rt.handle(),
+                addr,
+                0,
+                Mode::Exec(cmd.clone()),
+                dir.path(),
+                fencing,
+            ),
+            start_agent(rt.handle(), addr, 1, Mode::Exec(cmd), dir.path()),
+        ];
+        // Both nodes registered before the jobs arrive: one full-node job on each.
+        wait_until(Duration::from_secs(10), "two registrations", || {
+            agents
+                .iter()
+                .all(|a| a.counters.registrations.load(Ordering::Relaxed) > 0)
+        })
+        .await;
+        let ids = submit(
+            addr,
+            &[job("a", 1, whole(8), 0.0), job("b", 1, whole(8), 0.0)],
+        )
+        .await;
+        wait_running(addr, &ids, 1).await;
+        let mut by_node = HashMap::new();
+        for &id in &ids {
+            let j = job_state(addr, id).await;
+            by_node.insert(j.placement[0].node.clone(), worker_pid(&pids, id, 1).await);
+        }
+        let (fenced, kept) = (by_node["n-0"], by_node["n-1"]);
+        let silent_from = Instant::now();
+        server.shutdown().await.unwrap();
+        wait_until(Duration::from_secs(15), "the fenced worker gone", || {
+            !process_runs(fenced)
+        })
+        .await;
+        // 1.5 s less 5 % from the last answered call, about a flush interval before.
+        let fenced_after = silent_from.elapsed();
+        assert!(
+            fenced_after >= Duration::from_millis(1_000),
+            "fenced {fenced_after:?} after the scheduler stopped"
+        );
+        assert_eq!(agents[0].counters.fenced.load(Ordering::Relaxed), 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            process_runs(kept),
+            "the agent without fencing stopped its worker"
+        );
+        assert_eq!(agents[1].counters.fenced.load(Ordering::Relaxed), 0);
+        for a in agents {
+            a.stop().await;
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{kept}")])
+            .status();
+    });
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
@@ -979,11 +1151,7 @@ fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
         let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
         let addr = server.addr;
         let pids = dir.path().join("pids");
-        std::fs::create_dir_all(&pids).unwrap();
-        let cmd = format!(
-            "echo $$ > '{}'/$MARSHAL_JOB_ID.$MARSHAL_ATTEMPT; exec sleep 30",
-            pids.display()
-        );
+        let cmd = pid_command(&pids);
         let options = AgentOptions {
             stop_workers_on_exit: true,
             ..Default::default()
@@ -998,17 +1166,7 @@ fn stop_workers_on_exit_kills_exec_workers_and_the_job_is_placed_again() {
         );
         let id = submit(addr, &[job("long", 1, whole(1), 0.0)]).await[0];
         wait_running(addr, &[id], 1).await;
-        // The job runs once its worker is spawned; the shell writes its pid a moment later.
-        let pid_file = pids.join(format!("{id}.1"));
-        let mut pid = None;
-        wait_until(Duration::from_secs(10), "the worker's pid file", || {
-            pid = std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok());
-            pid.is_some()
-        })
-        .await;
-        let pid = pid.unwrap();
+        let pid = worker_pid(&pids, id, 1).await;
         assert!(process_runs(pid));
         first.stop().await;
         assert!(

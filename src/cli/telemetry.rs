@@ -230,6 +230,14 @@ pub struct ConnectArgs {
     /// on the same `--out` adopts them and reports how they end.
     #[arg(long, requires = "exec")]
     stop_workers_on_exit: bool,
+    /// Stop this node's workers once the scheduler cannot have heard from the agent for
+    /// its node timeout plus grace (it says them at registration): by then it has
+    /// requeued their jobs, so none runs twice across a network partition. Off by
+    /// default: a scheduler down that long (an upgrade) requeues nothing, and every
+    /// agent would stop every job. A refused registration stops them regardless, when
+    /// the scheduler requeues them.
+    #[arg(long, requires = "scheduler")]
+    fence_when_silent: bool,
     /// Telemetry rows held for the scheduler while it is unreachable (the most recent
     /// are kept; every row is in Parquet regardless).
     #[arg(long, allow_negative_numbers = true, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
@@ -788,6 +796,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         mig,
         stop_workers_on_exit: a.connect.stop_workers_on_exit,
         log_retention: a.retention,
+        fence_when_silent: a.connect.fence_when_silent,
     };
     let backlog = Backlog::new(&info.name, a.connect.backlog);
     let counters = Arc::new(Counters::default());
@@ -1043,6 +1052,7 @@ mod tests {
             tls_domain: None,
             exec: None,
             stop_workers_on_exit: false,
+            fence_when_silent: false,
             backlog: 1,
             max_backoff: Duration::from_secs(1),
         };

@@ -15,11 +15,15 @@
 //! Liveness: the scheduler takes every telemetry sample, watch opened, report and
 //! registration as a heartbeat. Every `flush_interval` the agent sends what telemetry
 //! it holds, or a Heartbeat call when it holds none (a node without GPUs, a source that
-//! yielded nothing), so the node stays alive to the scheduler either way.
+//! yielded nothing), so the node stays alive to the scheduler either way. When the
+//! scheduler has given this node's jobs up (a refused registration, or, with
+//! `fence_when_silent`, a silence past its timeout and grace), the agent stops their
+//! workers: see [`fence`].
 
 mod backlog;
 mod checkpoints;
 pub mod env;
+mod fence;
 mod jobs;
 mod mig;
 mod procfs;
@@ -36,8 +40,10 @@ use marshal_scheduler::service::client::{AgentClient, Backoff, ClientConfig, Cli
 use marshal_scheduler::service::pb;
 use marshal_scheduler::service::tonic::Code;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 pub use backlog::{Backlog, BacklogStats, DEFAULT_BACKLOG, TelemetryTap, to_pb};
+use fence::{Contact, Lease};
 pub use jobs::{Adoption, Applied, Exit, Incarnation, Journal, Mode, Runner};
 
 use crate::AgentError;
@@ -69,6 +75,10 @@ pub struct ConnectedConfig {
     /// `--exec` workers' logs last written longer ago are deleted (hourly; not those of
     /// workers still here). `None`: kept for ever.
     pub log_retention: Option<Duration>,
+    /// Stop the workers once the scheduler cannot have heard from this agent for its
+    /// node timeout plus grace (it has requeued their jobs). Off by default: see
+    /// [`fence`] for why. A refused registration fences regardless.
+    pub fence_when_silent: bool,
 }
 
 /// Counters of a connected agent, readable while it runs.
@@ -78,6 +88,8 @@ pub struct Counters {
     pub registrations: AtomicU64,
     pub reports: AtomicU64,
     pub starts: AtomicU64,
+    /// Workers stopped by fencing.
+    pub fenced: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -86,6 +98,7 @@ pub struct ConnectedStats {
     pub registrations: u64,
     pub reports: u64,
     pub starts: u64,
+    pub fenced: u64,
     pub telemetry: BacklogStats,
 }
 
@@ -96,6 +109,7 @@ impl Counters {
             registrations: self.registrations.load(Ordering::Relaxed),
             reports: self.reports.load(Ordering::Relaxed),
             starts: self.starts.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
             telemetry: backlog.stats(),
         }
     }
@@ -154,20 +168,28 @@ pub async fn run_connected(
     }
     let mut backoff = Backoff::new(config.backoff_max);
     let mut client_slot: Option<AgentClient> = None;
+    let contact = Arc::new(Contact::new(config.fence_when_silent));
     tokio::pin!(shutdown);
     'outer: loop {
         counters.sessions.fetch_add(1, Ordering::Relaxed);
         let mut registered = false;
         let ended = tokio::select! {
             _ = &mut shutdown => break 'outer,
-            r = session(&config, &mut runner, &mut exits, &backlog, &counters, &mut registered, &mut client_slot) => r,
+            _ = contact.due() => {
+                fence(&mut runner, &contact, &counters).await;
+                Err(None)
+            }
+            r = session(&config, &mut runner, &mut exits, &backlog, &counters, &contact, &mut registered, &mut client_slot) => r.map_err(Some),
         };
         if registered {
             backoff.reset();
         }
         let delay = backoff.next_delay();
         match ended {
-            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "scheduler session ended"),
+            Err(Some(e)) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "scheduler session ended")
+            }
+            Err(None) => tracing::warn!(retry_in = ?delay, "scheduler session ended by fencing"),
             Ok(()) => tracing::warn!(retry_in = ?delay, "scheduler closed the assignment stream"),
         }
         let wake = tokio::time::sleep(delay);
@@ -176,6 +198,7 @@ pub async fn run_connected(
             tokio::select! {
                 _ = &mut shutdown => break 'outer,
                 _ = &mut wake => break,
+                _ = contact.due() => fence(&mut runner, &contact, &counters).await,
                 Some(e) = exits.recv() => runner.exited(e),
             }
         }
@@ -193,7 +216,7 @@ pub async fn run_connected(
         // Parquet whatever happens here).
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             if !runner.reports.is_empty() {
-                flush_reports(&mut runner, &mut client, &counters).await?;
+                flush_reports(&mut runner, &mut client, &counters, None).await?;
             }
             loop {
                 let batch = backlog.take(CHUNK);
@@ -217,6 +240,24 @@ pub async fn run_connected(
     Ok(counters.snapshot(&backlog))
 }
 
+/// Stops every worker: the scheduler has requeued (or is about to requeue) their jobs.
+/// They report nothing; their jobs are the scheduler's to run elsewhere.
+async fn fence(runner: &mut Runner, contact: &Contact, counters: &Counters) {
+    let why = contact.lease().why();
+    let workers = runner.live().count();
+    if workers > 0 {
+        tracing::warn!(
+            workers,
+            why,
+            "fencing: the scheduler has given this node's jobs up; stopping their workers so that none runs twice"
+        );
+    }
+    // Counted first: a reader that sees the workers gone sees them counted.
+    counters.fenced.fetch_add(workers as u64, Ordering::Relaxed);
+    runner.stop_all().await;
+    contact.update(Lease::fenced);
+}
+
 /// Whether the scheduler refused a report for good (the job moved on, or the report is
 /// stale); anything else is retried in a later session.
 fn refused(e: &ClientError) -> bool {
@@ -227,6 +268,7 @@ async fn flush_reports(
     runner: &mut Runner,
     client: &mut AgentClient,
     counters: &Counters,
+    contact: Option<&Contact>,
 ) -> Result<(), ClientError> {
     let owed: Vec<((u64, u32), (pb::JobState, String))> = runner
         .reports
@@ -239,9 +281,15 @@ async fn flush_reports(
         } else {
             0.0
         };
+        let sent = Instant::now();
         let result = client
             .report_checkpoint(job, attempt, state, &message, checkpoint)
             .await;
+        if result.is_ok()
+            && let Some(contact) = contact
+        {
+            contact.update(|l| l.answered(sent));
+        }
         match result {
             Ok(_) => counters.reports.fetch_add(1, Ordering::Relaxed),
             Err(e) if refused(&e) => {
@@ -267,6 +315,7 @@ impl Drop for AbortOnDrop {
 async fn stream_telemetry(
     mut client: AgentClient,
     backlog: Arc<Backlog>,
+    contact: Arc<Contact>,
     every: Duration,
     failed: tokio::sync::oneshot::Sender<ClientError>,
 ) {
@@ -281,8 +330,10 @@ async fn stream_telemetry(
             }
             sent = true;
             let full = batch.len() == CHUNK;
+            let sent = Instant::now();
             match client.telemetry(batch.clone()).await {
                 Ok(ack) => {
+                    contact.update(|l| l.answered(sent));
                     backlog.acked(&ack);
                     if ack.rejected > 0 && !warned {
                         warned = true;
@@ -303,9 +354,13 @@ async fn stream_telemetry(
                 break;
             }
         }
-        if !sent && let Err(e) = client.heartbeat().await {
-            let _ = failed.send(e);
-            return;
+        if !sent {
+            let at = Instant::now();
+            if let Err(e) = client.heartbeat().await {
+                let _ = failed.send(e);
+                return;
+            }
+            contact.update(|l| l.answered(at));
         }
     }
 }
@@ -317,6 +372,7 @@ async fn session(
     exits: &mut mpsc::UnboundedReceiver<Exit>,
     backlog: &Arc<Backlog>,
     counters: &Counters,
+    contact: &Arc<Contact>,
     registered: &mut bool,
     client_slot: &mut Option<AgentClient>,
 ) -> Result<(), ClientError> {
@@ -326,9 +382,32 @@ async fn session(
     while let Ok(e) = exits.try_recv() {
         runner.exited(e);
     }
-    let reg = client
+    let sent = Instant::now();
+    let reg = match client
         .register(config.node.clone(), runner.running_list())
-        .await?;
+        .await
+    {
+        Ok(reg) => reg,
+        Err(e) => {
+            if let Some(requeue_in) = e.requeue_in() {
+                if runner.live().next().is_some() {
+                    tracing::warn!(
+                        requeue_in = ?requeue_in,
+                        "registration refused: the scheduler requeues this node's jobs then, and their workers here are stopped then unless a registration succeeds first"
+                    );
+                }
+                contact.update(|l| l.refused(sent, requeue_in));
+            }
+            return Err(e);
+        }
+    };
+    contact.update(|l| {
+        l.registered(
+            sent,
+            Duration::from_millis(reg.node_timeout_ms),
+            Duration::from_millis(reg.node_grace_ms),
+        )
+    });
     *registered = true;
     counters.registrations.fetch_add(1, Ordering::Relaxed);
     for r in &reg.stop {
@@ -339,15 +418,18 @@ async fn session(
         );
         runner.stop_job(r.job_id, r.attempt).await;
     }
+    let sent = Instant::now();
     let mut watch = client.assignments().await?;
+    contact.update(|l| l.answered(sent));
     let (failed_tx, mut failed) = tokio::sync::oneshot::channel();
     let _telemetry = AbortOnDrop(tokio::spawn(stream_telemetry(
         client.clone(),
         backlog.clone(),
+        contact.clone(),
         config.flush_interval,
         failed_tx,
     )));
-    flush_reports(runner, &mut client, counters).await?;
+    flush_reports(runner, &mut client, counters, Some(contact)).await?;
     let mut snapshot: Option<Vec<pb::Assignment>> = Some(Vec::new());
     let mut retry = tokio::time::interval(config.flush_interval.max(Duration::from_millis(200)));
     loop {
@@ -379,7 +461,7 @@ async fn session(
             }
         }
         if !runner.reports.is_empty() {
-            flush_reports(runner, &mut client, counters).await?;
+            flush_reports(runner, &mut client, counters, Some(contact)).await?;
         }
     }
 }

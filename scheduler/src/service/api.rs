@@ -9,6 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::service::auth::BoundNode;
+use crate::service::client::REQUEUE_IN_METADATA;
 use crate::service::convert::{self, job_id, job_to_pb, state_from_pb};
 use crate::service::core::{Core, now_us};
 use crate::service::error::ServiceError;
@@ -232,15 +233,34 @@ impl NodeService for Api {
             req.get_ref().node.as_ref().map_or("", |n| n.name.as_str()),
         )?;
         let req = req.into_inner();
-        let reg = self
+        let name = req.node.as_ref().map_or("", |n| n.name.as_str());
+        let reg = match self
             .core
             .mutate(|inner| inner.register(&req, now_us()))
-            .await?;
+            .await
+        {
+            Ok(reg) => reg,
+            Err(e) => {
+                // Told only with a refusal: any other error leaves the node as it was.
+                let requeue_in = matches!(e, ServiceError::FailedPrecondition(_))
+                    .then(|| self.core.lock().requeue_in_us(name, now_us()))
+                    .flatten();
+                let mut status = Status::from(e);
+                if let Some(us) = requeue_in
+                    && let Ok(v) = (us / 1000).to_string().parse()
+                {
+                    status.metadata_mut().insert(REQUEUE_IN_METADATA, v);
+                }
+                return Err(status);
+            }
+        };
         let inner = self.core.lock();
-        tracing::info!(node = %req.node.as_ref().map(|n| n.name.as_str()).unwrap_or(""), "registered");
+        tracing::info!(node = %name, "registered");
         Ok(Response::new(pb::RegisterNodeResponse {
             status: Some(inner.node_status(reg.node)),
             stop: reg.stop,
+            node_timeout_ms: (inner.node_timeout_us / 1000) as u64,
+            node_grace_ms: (inner.node_grace_us / 1000) as u64,
         }))
     }
 

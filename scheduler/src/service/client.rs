@@ -139,6 +139,31 @@ pub enum ClientError {
     Call(#[from] Status),
 }
 
+/// The metadata key of a refused registration that says how long until the node's jobs
+/// are requeued (milliseconds; see `Register` in `nodes.proto`).
+pub const REQUEUE_IN_METADATA: &str = "marshal-requeue-in-ms";
+
+impl ClientError {
+    /// For a registration the scheduler refused: how long until it requeues the node's
+    /// jobs, when it says (a node registered before, now unreachable).
+    pub fn requeue_in(&self) -> Option<Duration> {
+        let ClientError::Call(status) = self else {
+            return None;
+        };
+        if status.code() != tonic::Code::FailedPrecondition {
+            return None;
+        }
+        let ms: u64 = status
+            .metadata()
+            .get(REQUEUE_IN_METADATA)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()?;
+        Some(Duration::from_millis(ms))
+    }
+}
+
 /// Adds `authorization: Bearer <token>` to every call.
 #[derive(Clone)]
 pub struct Token(Option<MetadataValue<tonic::metadata::Ascii>>);
@@ -328,6 +353,29 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_refusal_with_a_well_formed_requeue_time_gives_one() {
+        let with = |code: tonic::Code, value: &str| {
+            let mut status = Status::new(code, "node n-0 reports 4 × H100");
+            status
+                .metadata_mut()
+                .insert(REQUEUE_IN_METADATA, value.parse().unwrap());
+            ClientError::Call(status)
+        };
+        assert_eq!(
+            with(tonic::Code::FailedPrecondition, "1500").requeue_in(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(with(tonic::Code::Unavailable, "1500").requeue_in(), None);
+        assert_eq!(
+            with(tonic::Code::FailedPrecondition, "-3").requeue_in(),
+            None
+        );
+        let plain = ClientError::Call(Status::failed_precondition("no metadata"));
+        assert_eq!(plain.requeue_in(), None);
+        assert_eq!(ClientError::Token("bad".into()).requeue_in(), None);
+    }
 
     #[test]
     fn a_printed_client_holds_neither_its_token_nor_its_key() {

@@ -38,6 +38,19 @@ impl Inner {
         Ok((n, self.heard_from(n, now)))
     }
 
+    /// How long until the jobs of the registered, unreachable node `name` are requeued
+    /// (µs, 0 when due); `None` for any other node. What a refused agent is told, so
+    /// that it stops their workers then and no job runs here and elsewhere at once.
+    pub fn requeue_in_us(&self, name: &str, now: i64) -> Option<i64> {
+        let n = *self.node_index.get(name)?;
+        let r = &self.nodes[n.0 as usize];
+        if !(r.registered && r.unreachable) {
+            return None;
+        }
+        let steady = now - (self.wall_step)();
+        Some((r.unreachable_since_steady_us + self.node_grace_us - steady).max(0))
+    }
+
     /// Marks silent nodes unreachable and requeues the jobs of nodes unreachable for
     /// longer than the grace period. Called by the driver before every cycle.
     pub fn check_heartbeats(&mut self, now: i64) {

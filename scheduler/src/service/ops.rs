@@ -615,10 +615,18 @@ mod tests {
         inner.heartbeat(&name, t0 + 2).unwrap();
         assert!(inner.nodes[node.0 as usize].unreachable);
         assert!(!inner.state.node_is_up(node));
+        // What the refused agent is told: its jobs go at the end of the grace period,
+        // counted from the refusal (give or take the clocks' microseconds).
+        let left = inner.requeue_in_us(&name, t0 + 2).unwrap();
+        assert!((1_990_000..=2_000_000).contains(&left), "{left}");
+        let other = inner.topo.node(NodeId(1 - node.0)).name.clone();
+        assert_eq!(inner.requeue_in_us(&other, t0 + 2), None);
+        assert_eq!(inner.requeue_in_us("no-such-node", t0 + 2), None);
         // Past the grace period its job is requeued (a second past it: the monotonic
         // clock's reading drifts by microseconds between calls).
         inner.check_heartbeats(t0 + 1 + 3_000_000);
         assert_eq!(inner.jobs[&first].state, JobState::Requeued);
+        assert_eq!(inner.requeue_in_us(&name, t0 + 1 + 3_000_000), Some(0));
         // Its hardware restored, it registers and is reachable again.
         let back = pb::RegisterNodeRequest {
             node: Some(node_info(node.0 as usize)),
@@ -626,6 +634,7 @@ mod tests {
         };
         inner.register(&back, t0 + 4_000_000).unwrap();
         assert!(!inner.nodes[node.0 as usize].unreachable);
+        assert_eq!(inner.requeue_in_us(&name, t0 + 4_000_000), None);
     }
 
     /// A gang of two 8-GPU workers on two 8-GPU nodes: one worker per node.
