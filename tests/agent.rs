@@ -217,6 +217,7 @@ fn start_agent_with(
         stop_workers_on_exit: options.stop_workers_on_exit,
         log_retention: None,
         fence_when_silent: options.fence_when_silent,
+        stop_grace: Duration::ZERO,
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let task = {

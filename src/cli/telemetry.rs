@@ -238,6 +238,11 @@ pub struct ConnectArgs {
     /// the scheduler requeues them.
     #[arg(long, requires = "scheduler")]
     fence_when_silent: bool,
+    /// A stopped `--exec` worker (STOP, preemption, cancel, fencing) gets SIGTERM, and
+    /// SIGKILL this long after unless it has ended: time to write a checkpoint. Its GPUs
+    /// stay its own until then. `0s`: SIGKILL at once.
+    #[arg(long, requires = "exec", default_value = "30s", value_parser = parse_grace)]
+    stop_grace: Duration,
     /// Telemetry rows held for the scheduler while it is unreachable (the most recent
     /// are kept; every row is in Parquet regardless).
     #[arg(long, allow_negative_numbers = true, default_value_t = marshal_agent::connected::DEFAULT_BACKLOG)]
@@ -324,6 +329,21 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} must be a positive duration"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// A stop grace: a duration up to an hour (a START for the worker's GPUs waits that
+/// long), or zero.
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    if s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()) == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let grace = parse_interval(s)?;
+    if grace > Duration::from_secs(3600) {
+        return Err(format!(
+            "{s:?} is longer than an hour: a START for the worker's GPUs waits this long"
+        ));
+    }
+    Ok(grace)
 }
 
 pub fn run(args: TelemetryArgs) -> anyhow::Result<()> {
@@ -797,6 +817,7 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         stop_workers_on_exit: a.connect.stop_workers_on_exit,
         log_retention: a.retention,
         fence_when_silent: a.connect.fence_when_silent,
+        stop_grace: a.connect.stop_grace,
     };
     let backlog = Backlog::new(&info.name, a.connect.backlog);
     let counters = Arc::new(Counters::default());
@@ -1053,6 +1074,7 @@ mod tests {
             exec: None,
             stop_workers_on_exit: false,
             fence_when_silent: false,
+            stop_grace: Duration::ZERO,
             backlog: 1,
             max_backoff: Duration::from_secs(1),
         };
@@ -1079,6 +1101,21 @@ mod tests {
         assert!(parse_interval("1y").is_err());
         assert!(parse_interval("fast").is_err());
         assert!(parse_interval("NaNs").is_err());
+    }
+
+    #[test]
+    fn a_stop_grace_may_be_zero_and_at_most_an_hour() {
+        assert_eq!(parse_grace("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_grace("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_grace("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_grace("1h"), Ok(Duration::from_secs(3600)));
+        assert!(
+            parse_grace("2h")
+                .unwrap_err()
+                .contains("longer than an hour")
+        );
+        assert!(parse_grace("-1s").is_err());
+        assert!(parse_grace("soon").is_err());
     }
 
     #[test]

@@ -16,8 +16,9 @@
 //!   then stops every job of the cluster for nothing.
 //!
 //! Both deadlines are moved a twentieth earlier, for the two monotonic clocks' rates
-//! and for the kill itself; the requeued job needs a scheduling cycle and a start on
-//! another node after the requeue too.
+//! and for the kill itself, and earlier again by the stop grace, so that a worker given
+//! its grace to checkpoint has ended by the requeue; the requeued job needs a
+//! scheduling cycle and a start on another node after the requeue too.
 
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ use tokio::time::Instant;
 pub struct Lease {
     /// Fence after `silence_limit` without an answered call.
     pub fence_when_silent: bool,
+    /// How much earlier than the deadline the stop begins: the stop grace.
+    lead: Duration,
     /// Node timeout plus grace, from the last successful registration.
     silence_limit: Option<Duration>,
     /// When the latest call the scheduler answered was sent.
@@ -38,9 +41,10 @@ pub struct Lease {
 }
 
 impl Lease {
-    pub fn new(fence_when_silent: bool) -> Self {
+    pub fn new(fence_when_silent: bool, lead: Duration) -> Self {
         Lease {
             fence_when_silent,
+            lead,
             ..Lease::default()
         }
     }
@@ -55,10 +59,16 @@ impl Lease {
             (true, Some(limit), Some(sent)) => Some(sent + early(limit)),
             _ => None,
         };
-        match (silent, self.refused_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let deadline = match (silent, self.refused_deadline) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        // Earlier than any instant there is (a grace longer than the uptime): now.
+        Some(
+            deadline
+                .checked_sub(self.lead)
+                .unwrap_or_else(|| deadline.min(Instant::now())),
+        )
     }
 
     /// A registration sent at `sent` succeeded, under these liveness rules (0: the
@@ -113,8 +123,8 @@ fn early(d: Duration) -> Duration {
 pub struct Contact(watch::Sender<Lease>);
 
 impl Contact {
-    pub fn new(fence_when_silent: bool) -> Self {
-        Contact(watch::Sender::new(Lease::new(fence_when_silent)))
+    pub fn new(fence_when_silent: bool, lead: Duration) -> Self {
+        Contact(watch::Sender::new(Lease::new(fence_when_silent, lead)))
     }
 
     pub fn update(&self, change: impl FnOnce(&mut Lease)) {
@@ -163,10 +173,10 @@ mod tests {
     #[test]
     fn silence_fences_only_when_asked_and_only_after_a_registration_said_the_rules() {
         let t0 = Instant::now();
-        let mut quiet = Lease::new(false);
+        let mut quiet = Lease::new(false, Duration::ZERO);
         quiet.registered(t0, 30 * S, 60 * S);
         assert_eq!(quiet.fence_at(), None);
-        let mut fencing = Lease::new(true);
+        let mut fencing = Lease::new(true, Duration::ZERO);
         fencing.answered(t0);
         assert_eq!(fencing.fence_at(), None, "no rules known yet");
         fencing.registered(t0, 30 * S, 60 * S);
@@ -179,7 +189,7 @@ mod tests {
             Some(t0 + 10 * S + Duration::from_millis(85_500))
         );
         // A scheduler that does not say its rules: no silence fencing.
-        let mut old = Lease::new(true);
+        let mut old = Lease::new(true, Duration::ZERO);
         old.registered(t0, Duration::ZERO, Duration::ZERO);
         assert_eq!(old.fence_at(), None);
     }
@@ -187,7 +197,7 @@ mod tests {
     #[test]
     fn a_refusal_fences_whatever_the_setting_at_the_earlier_deadline_until_a_registration() {
         let t0 = Instant::now();
-        let mut lease = Lease::new(false);
+        let mut lease = Lease::new(false, Duration::ZERO);
         lease.refused(t0, 20 * S);
         assert_eq!(lease.fence_at(), Some(t0 + 19 * S));
         // A later refusal's deadline cannot postpone an earlier one.
@@ -198,7 +208,7 @@ mod tests {
             lease.fence_at(),
             Some(t0 + 5 * S + Duration::from_millis(9_500))
         );
-        let mut silent = Lease::new(true);
+        let mut silent = Lease::new(true, Duration::ZERO);
         silent.registered(t0, 30 * S, 60 * S);
         silent.refused(t0 + S, 2 * S);
         assert_eq!(
@@ -212,9 +222,24 @@ mod tests {
         assert_eq!(silent.fence_at(), None);
     }
 
+    #[test]
+    fn the_stop_grace_moves_both_deadlines_earlier() {
+        let t0 = Instant::now() + 3600 * S;
+        let mut lease = Lease::new(true, 10 * S);
+        lease.registered(t0, 30 * S, 60 * S);
+        assert_eq!(lease.fence_at(), Some(t0 + Duration::from_millis(75_500)));
+        lease.refused(t0, 20 * S);
+        assert_eq!(lease.fence_at(), Some(t0 + 9 * S));
+        // A requeue sooner than the grace: at once.
+        let now = Instant::now();
+        let mut soon = Lease::new(false, 10 * S);
+        soon.refused(now, 2 * S);
+        assert!(soon.fence_at().unwrap() <= Instant::now());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_waiter_wakes_for_an_earlier_deadline_and_not_before_a_later_one() {
-        let contact = std::sync::Arc::new(Contact::new(true));
+        let contact = std::sync::Arc::new(Contact::new(true, Duration::ZERO));
         let t0 = Instant::now();
         contact.update(|l| l.registered(t0, 10 * S, 10 * S));
         let waiter = {

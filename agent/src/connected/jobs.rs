@@ -111,6 +111,10 @@ struct Live {
     task: Option<JoinHandle<()>>,
 }
 
+/// How long past the stop grace a START waits for a stopping worker: the SIGKILL and
+/// the wait for the process group to go.
+const STOP_WAIT: Duration = Duration::from_secs(12);
+
 /// How many ended incarnations are remembered to ignore a repeated START.
 const REMEMBERED: usize = 65_536;
 
@@ -121,6 +125,11 @@ pub struct Runner {
     assignments_dir: PathBuf,
     logs_dir: PathBuf,
     live: BTreeMap<Incarnation, Live>,
+    /// `--exec` workers told to stop whose processes have not ended yet (SIGTERM sent,
+    /// within the stop grace): their GPUs are still theirs.
+    stopping: BTreeMap<Incarnation, Live>,
+    /// SIGTERM to SIGKILL, for `--exec` workers ([`Runner::with_stop_grace`]).
+    pub(crate) stop_grace: Duration,
     ended: HashSet<Incarnation>,
     ended_order: VecDeque<Incarnation>,
     /// Failed workers, so that a job's report stays FAILED whatever its other workers do.
@@ -184,6 +193,8 @@ impl Runner {
             assignments_dir,
             logs_dir,
             live: BTreeMap::new(),
+            stopping: BTreeMap::new(),
+            stop_grace: Duration::ZERO,
             ended: HashSet::new(),
             ended_order: VecDeque::new(),
             failed: HashSet::new(),
@@ -209,6 +220,13 @@ impl Runner {
         self
     }
 
+    /// How long a stopped `--exec` worker has between SIGTERM and SIGKILL (default: none,
+    /// SIGKILL at once). A START for GPUs a stopping worker holds waits for it to end.
+    pub fn with_stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
     /// At most hourly: deletes expired worker logs, except those of workers running here
     /// or awaiting their report. Returns how many went.
     pub fn sweep_logs(&mut self) -> usize {
@@ -225,7 +243,10 @@ impl Runner {
         logs::prune_logs(
             &self.logs_dir,
             before,
-            self.live.keys().chain(&self.awaiting_report),
+            self.live
+                .keys()
+                .chain(self.stopping.keys())
+                .chain(&self.awaiting_report),
         )
     }
 
@@ -325,6 +346,12 @@ impl Runner {
                 .any(|i| i.job == inc.job && i.worker == inc.worker && i.attempt > inc.attempt)
         {
             return; // an older placement than one already seen
+        }
+        self.reap_stopped();
+        let wanted: HashSet<u32> = a.gpus.iter().map(|g| g.index).collect();
+        if !wanted.is_empty() {
+            self.wait_stopped(|l| l.gpus.iter().any(|g| wanted.contains(&g.index)))
+                .await;
         }
         let mut env = job_env(a, &self.node);
         if let Some(c) = &mut self.checkpoints {
@@ -436,6 +463,7 @@ impl Runner {
             store.clone(),
             control,
             self.exits.clone(),
+            self.stop_grace,
         ));
         if let Err(e) = store.write(&record) {
             // Unrecorded, it would be left running unsupervised by the next shutdown.
@@ -486,26 +514,31 @@ impl Runner {
             .map_or(0.0, |c| c.last(job, attempt))
     }
 
-    /// Ends one incarnation at the scheduler's word (STOP, snapshot, registration): kills
-    /// its process, reports nothing.
+    /// Ends one incarnation at the scheduler's word (STOP, snapshot, registration),
+    /// reporting nothing. An `--exec` worker's process is told to stop and, until it has
+    /// ended (SIGTERM, then SIGKILL after the stop grace), keeps its GPUs: a START for
+    /// them waits. Nothing else waits for it.
     pub async fn stop(&mut self, inc: Incarnation) {
-        let Some(live) = self.live.remove(&inc) else {
+        let Some(mut live) = self.live.remove(&inc) else {
             return;
         };
-        if let Some(kill) = live.kill {
+        if let Some(kill) = live.kill.take() {
             let _ = kill.send(());
         }
-        if let Some(task) = live.task {
-            if matches!(self.mode, Mode::Exec(_)) {
-                // The task kills the process group and reaps it.
-                let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-            } else {
-                task.abort();
+        // A repeated START of it is ignored from now, not only once it has ended.
+        self.remember(inc);
+        match live.task.take() {
+            Some(task) if matches!(self.mode, Mode::Exec(_)) => {
+                // The task ends the process group and reaps it.
+                live.task = Some(task);
+                self.stopping.insert(inc, live);
             }
-        }
-        self.ended_cleanup(inc, &live.gpus);
-        if let Some(store) = &self.records {
-            store.remove(&inc);
+            task => {
+                if let Some(task) = task {
+                    task.abort();
+                }
+                self.stopped(inc, &live.gpus);
+            }
         }
         // A report owed about this incarnation is moot: the scheduler moved on.
         if !self.attempt_runs(inc) {
@@ -513,6 +546,60 @@ impl Runner {
             self.forget_finished(inc.job, inc.attempt);
         }
         self.forget_failure_once_done(inc);
+    }
+
+    /// A stopped worker's process has ended: its GPUs, MIG instances and record go.
+    fn stopped(&mut self, inc: Incarnation, gpus: &[pb::GpuSlot]) {
+        self.ended_cleanup(inc, gpus);
+        if let Some(store) = &self.records {
+            store.remove(&inc);
+        }
+    }
+
+    /// Settles the stopping workers whose processes have ended (called before a start
+    /// and at the report interval).
+    pub fn reap_stopped(&mut self) {
+        let ended: Vec<Incarnation> = self
+            .stopping
+            .iter()
+            .filter(|(_, l)| l.task.as_ref().is_none_or(|t| t.is_finished()))
+            .map(|(i, _)| *i)
+            .collect();
+        for i in ended {
+            if let Some(l) = self.stopping.remove(&i) {
+                self.stopped(i, &l.gpus);
+            }
+        }
+    }
+
+    /// Waits for the stopping workers `which` selects to end: at most the stop grace
+    /// and the kill's own wait, after which the GPUs are handed on regardless (as a
+    /// worker that ignores SIGKILL, in uninterruptible sleep on a hung driver, would
+    /// otherwise hold them for ever).
+    async fn wait_stopped(&mut self, which: impl Fn(&Live) -> bool) {
+        let waiting: Vec<Incarnation> = self
+            .stopping
+            .iter()
+            .filter(|(_, l)| which(l))
+            .map(|(i, _)| *i)
+            .collect();
+        let limit = self.stop_grace + STOP_WAIT;
+        for i in waiting {
+            let Some(mut l) = self.stopping.remove(&i) else {
+                continue;
+            };
+            if let Some(task) = l.task.as_mut()
+                && tokio::time::timeout(limit, task).await.is_err()
+            {
+                tracing::warn!(
+                    job = i.job,
+                    worker = i.worker,
+                    limit = ?limit,
+                    "a stopped worker has not ended; its GPUs are handed on"
+                );
+            }
+            self.stopped(i, &l.gpus);
+        }
     }
 
     /// A failure only has to be remembered while other workers of the same attempt
@@ -674,18 +761,21 @@ impl Runner {
         }
     }
 
-    /// Stops everything.
+    /// Stops everything, and waits until every stopped process has ended.
     pub async fn stop_all(&mut self) {
         let all: Vec<Incarnation> = self.live.keys().copied().collect();
         for i in all {
             self.stop(i).await;
         }
+        self.wait_stopped(|_| true).await;
     }
 
     /// The agent is exiting: `--exec` workers are left running for the next agent to
     /// adopt (their records stay), unless `stop_workers`; simulated and env-only
     /// workers end with the agent, since nothing of theirs outlives it.
     pub async fn shut_down(&mut self, stop_workers: bool) {
+        // Those already told to stop get their grace: left now, they would run on.
+        self.wait_stopped(|_| true).await;
         if stop_workers || self.records.is_none() {
             self.stop_all().await;
             return;
@@ -900,6 +990,49 @@ mod tests {
         assert_eq!(live, vec![2, 3]);
         assert_eq!(r.starts, 4);
         assert!(!dir.path().join("assignments/1.0.env").exists());
+    }
+
+    /// A STOP returns at once; the stopped worker keeps its GPU through its grace: a
+    /// START on that GPU waits for it to end, a START on another does not.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_start_waits_for_the_stopping_worker_on_its_gpus_and_no_other_does() {
+        let marks = tempfile::tempdir().unwrap();
+        let ended = marks.path().join("ended");
+        let ready = marks.path().join("ready");
+        let cmd = format!(
+            "trap 'sleep 2; echo $MARSHAL_JOB_ID >> \"{}\"; exit 0' TERM; \
+             touch \"{}\".$MARSHAL_JOB_ID; sleep 30 & wait",
+            ended.display(),
+            ready.display()
+        );
+        let (r, _rx, _dir) = runner(Mode::Exec(cmd));
+        let mut r = r.with_stop_grace(Duration::from_secs(20));
+        r.start(&start(1, 1, &[0])).await;
+        let ready_1 = marks.path().join("ready.1");
+        let t = Instant::now();
+        while !ready_1.exists() {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t = Instant::now();
+        r.stop_job(1, 1).await;
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(r.stopping.len(), 1);
+        // A repeated START of the stopping worker is ignored.
+        r.start(&start(1, 1, &[0])).await;
+        assert!(r.live.is_empty());
+        r.start(&start(2, 1, &[1])).await;
+        assert!(
+            !ended.exists(),
+            "a START on another GPU waited for the stopping worker"
+        );
+        r.start(&start(3, 1, &[0])).await;
+        assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n");
+        assert!(r.stopping.is_empty());
+        assert_eq!(r.live.len(), 2);
+        r.stop_all().await;
+        assert!(r.live.is_empty() && r.stopping.is_empty());
     }
 
     #[cfg(target_os = "linux")]

@@ -79,6 +79,9 @@ pub struct ConnectedConfig {
     /// node timeout plus grace (it has requeued their jobs). Off by default: see
     /// [`fence`] for why. A refused registration fences regardless.
     pub fence_when_silent: bool,
+    /// A stopped `--exec` worker's process group gets SIGTERM, and SIGKILL this long
+    /// after unless it has ended (zero: SIGKILL at once).
+    pub stop_grace: Duration,
 }
 
 /// Counters of a connected agent, readable while it runs.
@@ -155,7 +158,8 @@ pub async fn run_connected(
         config.mig.clone(),
     )
     .map_err(|e| AgentError::Config(format!("the agent's directory: {e}")))?
-    .with_log_retention(config.log_retention);
+    .with_log_retention(config.log_retention)
+    .with_stop_grace(config.stop_grace);
     let adopted = runner.adopt_survivors();
     if adopted != Adoption::default() {
         tracing::info!(
@@ -168,7 +172,11 @@ pub async fn run_connected(
     }
     let mut backoff = Backoff::new(config.backoff_max);
     let mut client_slot: Option<AgentClient> = None;
-    let contact = Arc::new(Contact::new(config.fence_when_silent));
+    let stop_grace = match config.mode {
+        Mode::Exec(_) => config.stop_grace,
+        _ => Duration::ZERO,
+    };
+    let contact = Arc::new(Contact::new(config.fence_when_silent, stop_grace));
     tokio::pin!(shutdown);
     'outer: loop {
         counters.sessions.fetch_add(1, Ordering::Relaxed);
@@ -456,6 +464,7 @@ async fn session(
                 return Err(e.unwrap_or_else(|_| ClientError::Call(marshal_scheduler::service::tonic::Status::unavailable("telemetry task ended"))));
             }
             _ = retry.tick() => {
+                runner.reap_stopped();
                 runner.poll_checkpoints();
                 runner.sweep_logs();
             }

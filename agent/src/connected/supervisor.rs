@@ -12,7 +12,12 @@
 //! the kernel does to a process group that *becomes* orphaned with a stopped member).
 //! `setsid` does not fork here (it forks only when already a group leader, and the
 //! agent's children are not), so the pid the agent holds is the shell's, and the group
-//! id equals it. A STOP kills the whole group, so nothing the command started survives.
+//! id equals it. A STOP ends the whole group, so nothing the command started survives:
+//! SIGTERM first, then, after the stop grace (or at once once the command has ended),
+//! SIGKILL, as a kubelet or Slurm's `KillWait` do, so a training job can write a
+//! checkpoint. The supervising shell traps SIGTERM (a no-op handler, which the command
+//! does not inherit, unlike an ignored signal): a trap waits for the foreground command,
+//! so the shell outlives the command and still records its exit status.
 //!
 //! The agent learns of the end from the exit file in both cases it can be in:
 //! - **Launched** by this agent ([`watch_launched`]): it is the shell's parent and waits
@@ -37,7 +42,8 @@ use crate::connected::procfs::{self, ProcError, ProcessIdentity};
 use crate::connected::records::RecordStore;
 
 /// `$1`: the command, `$2`: the exit file.
-const SUPERVISOR: &str = "sh -c \"$1\"
+const SUPERVISOR: &str = "trap : TERM
+sh -c \"$1\"
 status=$?
 printf '%s\\n' \"$status\" > \"$2.tmp\" && mv -f \"$2.tmp\" \"$2\"
 exit \"$status\"";
@@ -121,12 +127,29 @@ pub async fn launch(
 /// SIGKILL to the worker's process group, and to the pid itself in case `setsid` has
 /// not yet made it a group leader (a STOP right after the start).
 pub(crate) async fn kill_group(pid: u32) {
+    signal_group(pid, "-KILL").await;
+}
+
+async fn signal_group(pid: u32, signal: &str) {
     let _ = tokio::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pid}"), &pid.to_string()])
+        .args([signal, "--", &format!("-{pid}"), &pid.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .await;
+}
+
+/// SIGTERM to the group, then waits up to `grace` for `ended` to say the supervising
+/// shell is gone (or a zombie). Nothing to wait for with no grace.
+async fn terminate(pid: u32, grace: Duration, mut ended: impl FnMut() -> bool) {
+    if grace.is_zero() {
+        return;
+    }
+    signal_group(pid, "-TERM").await;
+    let deadline = tokio::time::Instant::now() + grace;
+    while !ended() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The outcome of a recorded exit status (`sh` gives 128 + N for a command killed by
@@ -175,20 +198,27 @@ pub fn look_at(
     Ok(recorded().unwrap_or(Seen::Vanished))
 }
 
-/// Watches a worker this agent launched: waits for it (reports its end) or for a kill
-/// (reports nothing); a dropped control sender leaves it running.
+/// Watches a worker this agent launched: waits for it (reports its end) or for a stop
+/// (SIGTERM, `grace`, SIGKILL; reports nothing); a dropped control sender leaves it
+/// running.
 pub async fn watch_launched(
     mut launched: Launched,
     inc: Incarnation,
     store: RecordStore,
     control: oneshot::Receiver<()>,
     exits: mpsc::UnboundedSender<Exit>,
+    grace: Duration,
 ) {
     let status = tokio::select! {
         s = launched.child.wait() => s,
         stop = control => {
             if stop.is_ok() {
-                kill_group(launched.identity.pid).await;
+                let pid = launched.identity.pid;
+                // The shell is this agent's child and is not reaped until the SIGKILL
+                // has gone out: its pid, and so the group id, cannot be reused before.
+                let gone_or_zombie = || procfs::stat(pid).map_or(true, |s| s.is_none_or(|s| s.state == 'Z'));
+                terminate(pid, grace, gone_or_zombie).await;
+                kill_group(pid).await;
                 let _ = launched.child.kill().await;
             }
             return;
@@ -210,21 +240,22 @@ pub async fn watch_launched(
 }
 
 /// Watches a worker adopted from an earlier agent, by polling: reports its end, or
-/// kills it on request (and waits until it is gone, so its GPUs are free when the
-/// scheduler's next START for them arrives).
+/// stops it on request (SIGTERM, `grace`, SIGKILL) and waits until it is gone, so its
+/// GPUs are free when the scheduler's next START for them arrives.
 pub async fn watch_adopted(
     identity: ProcessIdentity,
     inc: Incarnation,
     store: RecordStore,
     mut control: oneshot::Receiver<()>,
     exits: mpsc::UnboundedSender<Exit>,
+    grace: Duration,
 ) {
     let mut warned = false;
     loop {
         tokio::select! {
             stop = &mut control => {
                 if stop.is_ok() {
-                    kill_adopted(identity).await;
+                    kill_adopted(identity, grace).await;
                 }
                 return;
             }
@@ -254,10 +285,10 @@ pub async fn watch_adopted(
     }
 }
 
-/// Kills an adopted worker's group, unless its pid now names another process (the
+/// Stops an adopted worker's group, unless its pid now names another process (the
 /// group id cannot be reused while the group has members, so a pid that names no
 /// process may still lead our group's survivors and is killed as a group).
-async fn kill_adopted(identity: ProcessIdentity) {
+async fn kill_adopted(identity: ProcessIdentity, grace: Duration) {
     match procfs::stat(identity.pid) {
         Ok(Some(s)) if s.start_ticks != identity.start_ticks => return,
         Ok(_) => {}
@@ -266,6 +297,10 @@ async fn kill_adopted(identity: ProcessIdentity) {
             return;
         }
     }
+    terminate(identity.pid, grace, || {
+        !procfs::is_running(identity).unwrap_or(false)
+    })
+    .await;
     kill_group(identity.pid).await;
     let deadline = tokio::time::Instant::now() + KILL_WAIT;
     while procfs::is_running(identity).unwrap_or(false) && tokio::time::Instant::now() < deadline {
@@ -297,7 +332,14 @@ mod tests {
             .unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (_keep, control) = oneshot::channel();
-        tokio::spawn(watch_launched(launched, inc(), store.clone(), control, tx));
+        tokio::spawn(watch_launched(
+            launched,
+            inc(),
+            store.clone(),
+            control,
+            tx,
+            Duration::ZERO,
+        ));
         let exit = rx.recv().await.unwrap();
         assert_eq!(exit.outcome, Err("exited with exit status: 3".into()));
         assert_eq!(store.exit_status(&inc()).unwrap(), Some(3));
@@ -305,6 +347,105 @@ mod tests {
             std::fs::read_to_string(&log).unwrap(),
             "it's \"quoted\" x'y\n"
         );
+    }
+
+    /// Waits (up to 10 s) for the file `path`.
+    async fn appears(path: &Path) {
+        let t = std::time::Instant::now();
+        while !path.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{path:?} never appeared"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_gives_the_command_its_grace_and_the_shell_still_records_its_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(dir.path().join("state")).unwrap();
+        let (saved, ready) = (dir.path().join("saved"), dir.path().join("ready"));
+        // Checkpoints on SIGTERM, taking a moment, then exits 0.
+        let cmd = format!(
+            "trap 'sleep 0.3; echo saved > \"{}\"; exit 0' TERM; touch \"{}\"; sleep 30 & wait",
+            saved.display(),
+            ready.display()
+        );
+        let log = dir.path().join("w.log");
+        let launched = launch(&cmd, &BTreeMap::new(), &log, &store.exit_path(&inc()))
+            .await
+            .unwrap();
+        let identity = launched.identity;
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (control_tx, control) = oneshot::channel();
+        let grace = Duration::from_secs(20);
+        let watch = tokio::spawn(watch_launched(
+            launched,
+            inc(),
+            store.clone(),
+            control,
+            tx,
+            grace,
+        ));
+        appears(&ready).await;
+        let t = std::time::Instant::now();
+        control_tx.send(()).unwrap();
+        watch.await.unwrap();
+        assert_eq!(std::fs::read_to_string(&saved).unwrap(), "saved\n");
+        // Over when the command was, not at the grace's end.
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert!(!procfs::is_running(identity).unwrap());
+        // The supervising shell outlived the SIGTERM and recorded the command's status.
+        assert_eq!(store.exit_status(&inc()).unwrap(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn a_command_that_ignores_sigterm_is_killed_when_the_grace_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(dir.path().join("state")).unwrap();
+        let ready = dir.path().join("ready");
+        let cmd = format!("trap '' TERM; touch \"{}\"; sleep 30", ready.display());
+        let log = dir.path().join("w.log");
+        let launched = launch(&cmd, &BTreeMap::new(), &log, &store.exit_path(&inc()))
+            .await
+            .unwrap();
+        let identity = launched.identity;
+        // Left running, then adopted, as by a restarted agent: the same grace applies.
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (control_tx, control) = oneshot::channel();
+        let watch = tokio::spawn(watch_launched(
+            launched,
+            inc(),
+            store.clone(),
+            control,
+            tx,
+            Duration::ZERO,
+        ));
+        drop(control_tx);
+        watch.await.unwrap();
+        appears(&ready).await;
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (control_tx, control) = oneshot::channel();
+        let grace = Duration::from_millis(400);
+        let watch = tokio::spawn(watch_adopted(
+            identity,
+            inc(),
+            store.clone(),
+            control,
+            tx,
+            grace,
+        ));
+        let t = std::time::Instant::now();
+        control_tx.send(()).unwrap();
+        watch.await.unwrap();
+        assert!(
+            t.elapsed() >= grace,
+            "killed before its grace: {:?}",
+            t.elapsed()
+        );
+        assert!(!procfs::is_running(identity).unwrap());
+        assert_eq!(store.exit_status(&inc()).unwrap(), None);
     }
 
     #[tokio::test]
@@ -321,7 +462,14 @@ mod tests {
         let identity = launched.identity;
         let (tx, _rx) = mpsc::unbounded_channel();
         let (control_tx, control) = oneshot::channel();
-        let watch = tokio::spawn(watch_launched(launched, inc(), store.clone(), control, tx));
+        let watch = tokio::spawn(watch_launched(
+            launched,
+            inc(),
+            store.clone(),
+            control,
+            tx,
+            Duration::ZERO,
+        ));
         drop(control_tx);
         watch.await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -329,7 +477,14 @@ mod tests {
         // Adopted now, as a restarted agent would: a kill ends the whole group.
         let (tx, _rx) = mpsc::unbounded_channel();
         let (control_tx, control) = oneshot::channel();
-        let watch = tokio::spawn(watch_adopted(identity, inc(), store.clone(), control, tx));
+        let watch = tokio::spawn(watch_adopted(
+            identity,
+            inc(),
+            store.clone(),
+            control,
+            tx,
+            Duration::ZERO,
+        ));
         control_tx.send(()).unwrap();
         watch.await.unwrap();
         assert!(!procfs::is_running(identity).unwrap());

@@ -105,6 +105,7 @@ impl Runner {
                     store.clone(),
                     control,
                     self.exits.clone(),
+                    self.stop_grace,
                 )));
                 self.owe(
                     inc,
@@ -509,9 +510,11 @@ mod tests {
         assert_eq!(exit.incarnation.job, 2);
         second.exited(exit);
         assert!(second.reports[&(2, 1)].1.contains("no free MIG instance"));
-        // A STOP kills the adopted worker's group and reports nothing.
+        // A STOP kills the adopted worker's group (in the background: waited for here,
+        // as a START on its GPU would) and reports nothing.
         let t = Instant::now();
         second.stop_job(1, 1).await;
+        second.wait_stopped(|_| true).await;
         assert!(t.elapsed() < Duration::from_secs(5));
         assert!(!procfs::is_running(worker).unwrap());
         assert!(state_files(dir.path()).is_empty());
