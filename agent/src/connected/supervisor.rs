@@ -400,18 +400,14 @@ mod tests {
         assert_eq!(store.exit_status(&inc()).unwrap(), Some(0));
     }
 
-    #[tokio::test]
-    async fn a_command_that_ignores_sigterm_is_killed_when_the_grace_ends() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = RecordStore::open(dir.path().join("state")).unwrap();
-        let ready = dir.path().join("ready");
-        let cmd = format!("trap '' TERM; touch \"{}\"; sleep 30", ready.display());
-        let log = dir.path().join("w.log");
-        let launched = launch(&cmd, &BTreeMap::new(), &log, &store.exit_path(&inc()))
+    /// Launches `cmd` in `dir` and leaves it running, as an agent that exits does.
+    async fn left_running(cmd: &str, dir: &Path) -> (RecordStore, ProcessIdentity) {
+        let store = RecordStore::open(dir.join("state")).unwrap();
+        let log = dir.join("w.log");
+        let launched = launch(cmd, &BTreeMap::new(), &log, &store.exit_path(&inc()))
             .await
             .unwrap();
         let identity = launched.identity;
-        // Left running, then adopted, as by a restarted agent: the same grace applies.
         let (tx, _rx) = mpsc::unbounded_channel();
         let (control_tx, control) = oneshot::channel();
         let watch = tokio::spawn(watch_launched(
@@ -424,6 +420,16 @@ mod tests {
         ));
         drop(control_tx);
         watch.await.unwrap();
+        (store, identity)
+    }
+
+    #[tokio::test]
+    async fn a_command_that_ignores_sigterm_is_killed_when_the_grace_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let cmd = format!("trap '' TERM; touch \"{}\"; sleep 30", ready.display());
+        // Left running, then adopted, as by a restarted agent: the same grace applies.
+        let (store, identity) = left_running(&cmd, dir.path()).await;
         appears(&ready).await;
         let (tx, _rx) = mpsc::unbounded_channel();
         let (control_tx, control) = oneshot::channel();
@@ -451,27 +457,10 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_control_leaves_the_worker_running_and_a_kill_ends_its_group() {
         let dir = tempfile::tempdir().unwrap();
-        let store = RecordStore::open(dir.path().join("state")).unwrap();
-        let log = dir.path().join("w.log");
         // The command's own child (`sleep`) must die with the group too.
         let child_pid = dir.path().join("child");
         let cmd = format!("sleep 30 & echo $! > '{}'; wait", child_pid.display());
-        let launched = launch(&cmd, &BTreeMap::new(), &log, &store.exit_path(&inc()))
-            .await
-            .unwrap();
-        let identity = launched.identity;
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let (control_tx, control) = oneshot::channel();
-        let watch = tokio::spawn(watch_launched(
-            launched,
-            inc(),
-            store.clone(),
-            control,
-            tx,
-            Duration::ZERO,
-        ));
-        drop(control_tx);
-        watch.await.unwrap();
+        let (store, identity) = left_running(&cmd, dir.path()).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(look_at(identity, &inc(), &store).unwrap(), Seen::Running);
         // Adopted now, as a restarted agent would: a kill ends the whole group.
