@@ -1057,6 +1057,18 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
             Code::Unauthenticated,
             "client token on the node service: {e:?}"
         );
+        // The refusals are counted per method: the metrics layer sits outside the
+        // authentication.
+        let text = http_get(handle.metrics_addr.unwrap(), "/metrics").await;
+        for (method, calls) in [
+            ("marshal.v1.JobService\",grpc_method=\"Submit", 2),
+            ("marshal.v1.NodeService\",grpc_method=\"ListNodes", 1),
+        ] {
+            let line = format!(
+                "marshal_grpc_server_handled_total{{grpc_service=\"{method}\",grpc_code=\"Unauthenticated\"}} {calls}"
+            );
+            assert!(text.contains(&line), "{line} not in {text}");
+        }
         // Validation names the field.
         let bad = |f: fn(&mut pb::JobSpec)| {
             let mut s = good.clone();

@@ -241,7 +241,7 @@ pub struct ConnectArgs {
     /// A stopped `--exec` worker (STOP, preemption, cancel, fencing) gets SIGTERM, and
     /// SIGKILL this long after unless it has ended: time to write a checkpoint. Its GPUs
     /// stay its own until then. `0s`: SIGKILL at once.
-    #[arg(long, requires = "exec", default_value = "30s", value_parser = parse_grace)]
+    #[arg(long, requires = "exec", allow_hyphen_values = true, default_value = "30s", value_parser = parse_grace)]
     stop_grace: Duration,
     /// Telemetry rows held for the scheduler while it is unreachable (the most recent
     /// are kept; every row is in Parquet regardless).

@@ -14,6 +14,9 @@ use tokio::net::TcpListener;
 
 type Labels = Vec<(&'static str, &'static str)>;
 
+/// Labels of the per-RPC families (service, method, code: see `rpc_metrics`).
+pub type RpcLabels = Vec<(&'static str, String)>;
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -48,6 +51,14 @@ pub struct Metrics {
     pub decision_log_pruned: Counter,
     /// Accepts of gRPC connections that failed for want of resources (descriptors).
     pub accept_errors: Counter,
+    /// gRPC calls by service, method and status code.
+    pub rpc_handled: Family<RpcLabels, Counter>,
+    /// gRPC call latency by service and method.
+    pub rpc_seconds: Family<RpcLabels, Histogram, fn() -> Histogram>,
+}
+
+fn rpc_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
 }
 
 impl Default for Metrics {
@@ -95,6 +106,8 @@ impl Metrics {
             decision_log_errors: Counter::default(),
             decision_log_pruned: Counter::default(),
             accept_errors: Counter::default(),
+            rpc_handled: Family::default(),
+            rpc_seconds: Family::new_with_constructor(rpc_histogram as fn() -> Histogram),
             registry: Registry::default(),
         };
         registry.register(
@@ -122,6 +135,16 @@ impl Metrics {
             "accept_errors",
             "gRPC connection accepts that failed for want of resources (EMFILE: at the open-file limit), each retried after 100 ms",
             m.accept_errors.clone(),
+        );
+        registry.register(
+            "grpc_server_handled",
+            "gRPC calls, by service, method and status code (a stream's when it opens; unary OK is read from the absence of an error status in the headers)",
+            m.rpc_handled.clone(),
+        );
+        registry.register(
+            "grpc_server_handling_seconds",
+            "gRPC call latency until the response headers (a stream: until it opens), by service and method",
+            m.rpc_seconds.clone(),
         );
         registry.register(
             "cycle_duration_seconds",

@@ -45,6 +45,7 @@ pub mod pem;
 pub mod records;
 mod registration;
 mod retention;
+pub mod rpc_metrics;
 pub mod secret;
 pub mod server;
 pub mod shadow;

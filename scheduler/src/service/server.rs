@@ -26,6 +26,7 @@ use crate::service::pb::advisor_service_server::AdvisorServiceServer;
 use crate::service::pb::job_service_server::JobServiceServer;
 use crate::service::pb::node_service_server::NodeServiceServer;
 use crate::service::pem::{PemKind, check_pem};
+use crate::service::rpc_metrics::{KnownMethods, RpcMetricsLayer};
 use crate::service::store::Store;
 
 const SERVICES: [&str; 4] = [
@@ -344,6 +345,15 @@ pub async fn start(
     let listener = bind(config.listen_addr()?, "listen").await?;
     let addr = listener.local_addr()?;
     let accept_errors = metrics.accept_errors.clone();
+    let rpc_metrics = RpcMetricsLayer::new(
+        metrics.clone(),
+        KnownMethods::from_descriptor_sets(&[
+            FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        ])
+        .map_err(|e| StartError::Config(format!("the services' descriptors: {e}")))?,
+    );
     let (metrics_addr, metrics_task) = match config.metrics_addr()? {
         Some(a) => {
             let l = bind(a, "metrics_listen").await?;
@@ -380,7 +390,7 @@ pub async fn start(
         .map_err(|e| StartError::Config(format!("reflection: {e}")))?;
 
     let sec = &config.security;
-    let mut builder = server_builder(&config)?;
+    let mut builder = server_builder(&config)?.layer(rpc_metrics);
     let clients = BearerAuth::new(&sec.client_tokens, "client");
     let mut agents = BearerAuth::new(&sec.agent_tokens, "agent").with_node_tokens(&sec.node_tokens);
     if sec.bind_node_certificates {
