@@ -1265,6 +1265,80 @@ fn a_touched_checkpoint_file_is_reported_as_the_jobs_last_checkpoint() {
     });
 }
 
+/// `marshal agent --metrics-listen` serves the connected agent's counters: registered,
+/// with its node's name on every series.
+#[test]
+fn the_binary_agent_serves_its_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let cluster = marshal_scheduler::domain::ClusterSpec::from_toml(MIG_NODE).unwrap();
+        let config = ServiceConfig {
+            cluster: cluster.name.clone(),
+            ..config(&dir.path().join("db.redb"), "127.0.0.1:0")
+        };
+        let server = service::start(config, cluster, Arc::new(NoModel))
+            .await
+            .unwrap();
+        // A free port, let go for the agent to take.
+        let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let _agent = KillOnDrop(
+            std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
+                .args(["agent", "--source", "nvml", "--nvml-lib"])
+                .arg(fake_driver())
+                .args(["--node", "fake-mig-0", "--interval", "200ms", "--out"])
+                .arg(dir.path().join("telemetry"))
+                .args(["--scheduler", &format!("http://{}", server.addr)])
+                .args(["--metrics-listen", &metrics_addr.to_string()])
+                .env("FAKE_NVML_MACHINE", "a100-mig")
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let registered = "marshal_agent_registered{node=\"fake-mig-0\"} 1";
+        let t = Instant::now();
+        let text = loop {
+            let text = scrape(metrics_addr).await;
+            if text.contains(registered) {
+                break text;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "never registered: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            text.contains("marshal_agent_registrations_total{node=\"fake-mig-0\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "marshal_agent_telemetry_rows_total{node=\"fake-mig-0\",outcome=\"produced\"}"
+            ),
+            "{text}"
+        );
+        server.shutdown().await.unwrap();
+    });
+}
+
+/// `GET /metrics` at `addr`; empty while nothing listens there yet.
+async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let _ = s
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
+}
+
 /// One node of two A100s in MIG mode, named as the binary agent below registers it.
 const MIG_NODE: &str = r#"
 name = "fake-mig"

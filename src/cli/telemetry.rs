@@ -238,6 +238,11 @@ pub struct ConnectArgs {
     /// the scheduler requeues them.
     #[arg(long, requires = "scheduler")]
     fence_when_silent: bool,
+    /// Serves the agent's counters at `http://ADDR/metrics` (Prometheus text):
+    /// registrations, whether it is registered now, workers running, stopping and
+    /// fenced, reports, telemetry rows by outcome.
+    #[arg(long, requires = "scheduler")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// A stopped `--exec` worker (STOP, preemption, cancel, fencing) gets SIGTERM, and
     /// SIGKILL this long after unless it has ended: time to write a checkpoint. Its GPUs
     /// stay its own until then. `0s`: SIGKILL at once.
@@ -826,6 +831,22 @@ pub fn agent(a: AgentArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if let Some(addr) = a.connect.metrics_listen {
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+        let bound = listener.local_addr()?;
+        let metrics = marshal_agent::connected::AgentMetrics::new(
+            &info.name,
+            counters.clone(),
+            backlog.clone(),
+        );
+        runtime.spawn(marshal_scheduler::service::metrics::serve_metrics(
+            listener,
+            Arc::new(metrics),
+        ));
+        eprintln!("agent: metrics at http://{bound}/metrics");
+    }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let backlog_for_session = backlog.clone();
     // The connected side returns early only on an error no retry fixes (its directory
@@ -1075,6 +1096,7 @@ mod tests {
             stop_workers_on_exit: false,
             fence_when_silent: false,
             stop_grace: Duration::ZERO,
+            metrics_listen: None,
             backlog: 1,
             max_backoff: Duration::from_secs(1),
         };

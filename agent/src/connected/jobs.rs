@@ -254,6 +254,11 @@ impl Runner {
         self.live.keys()
     }
 
+    /// Stopped workers whose processes have not ended yet.
+    pub fn stopping_count(&self) -> usize {
+        self.stopping.len()
+    }
+
     /// What runs here, and what finished without its report acknowledged: the
     /// registration's `running` list.
     pub fn running_list(&self) -> Vec<pb::RunningJob> {

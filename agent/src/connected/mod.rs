@@ -25,6 +25,7 @@ mod checkpoints;
 pub mod env;
 mod fence;
 mod jobs;
+mod metrics;
 mod mig;
 mod procfs;
 mod records;
@@ -45,6 +46,7 @@ use tokio::time::Instant;
 pub use backlog::{Backlog, BacklogStats, DEFAULT_BACKLOG, TelemetryTap, to_pb};
 use fence::{Contact, Lease};
 pub use jobs::{Adoption, Applied, Exit, Incarnation, Journal, Mode, Runner};
+pub use metrics::AgentMetrics;
 
 use crate::AgentError;
 
@@ -93,6 +95,20 @@ pub struct Counters {
     pub starts: AtomicU64,
     /// Workers stopped by fencing.
     pub fenced: AtomicU64,
+    /// 1 while a session is registered, else 0.
+    pub registered: AtomicU64,
+    /// Workers running now, and stopped ones still within their grace.
+    pub workers: AtomicU64,
+    pub workers_stopping: AtomicU64,
+}
+
+impl Counters {
+    fn note_workers(&self, runner: &Runner) {
+        self.workers
+            .store(runner.live().count() as u64, Ordering::Relaxed);
+        self.workers_stopping
+            .store(runner.stopping_count() as u64, Ordering::Relaxed);
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -189,6 +205,8 @@ pub async fn run_connected(
             }
             r = session(&config, &mut runner, &mut exits, &backlog, &counters, &contact, &mut registered, &mut client_slot) => r.map_err(Some),
         };
+        counters.registered.store(0, Ordering::Relaxed);
+        counters.note_workers(&runner);
         if registered {
             backoff.reset();
         }
@@ -209,6 +227,7 @@ pub async fn run_connected(
                 _ = contact.due() => fence(&mut runner, &contact, &counters).await,
                 Some(e) = exits.recv() => runner.exited(e),
             }
+            counters.note_workers(&runner);
         }
     }
     // Exits first, so that the workers that ended are reported, not just dropped.
@@ -418,6 +437,7 @@ async fn session(
     });
     *registered = true;
     counters.registrations.fetch_add(1, Ordering::Relaxed);
+    counters.registered.store(1, Ordering::Relaxed);
     for r in &reg.stop {
         tracing::info!(
             job = r.job_id,
@@ -469,6 +489,7 @@ async fn session(
                 runner.sweep_logs();
             }
         }
+        counters.note_workers(runner);
         if !runner.reports.is_empty() {
             flush_reports(runner, &mut client, counters, Some(contact)).await?;
         }

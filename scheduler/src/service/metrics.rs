@@ -257,10 +257,26 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        render(&self.registry)
+    }
+}
+
+/// The registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, registry);
+    out
+}
+
+/// What [`serve_metrics`] serves: the scheduler's metrics, or the agent's.
+pub trait Render: Send + Sync + 'static {
+    fn render(&self) -> String;
+}
+
+impl Render for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
     }
 }
 
@@ -271,7 +287,7 @@ pub const METRICS_CONNECTION_DEADLINE: std::time::Duration = std::time::Duration
 pub const METRICS_MAX_CONNECTIONS: usize = 64;
 
 /// HTTP/1.1 responder: one request per connection, headers capped at 8 KiB.
-pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
+pub async fn serve_metrics<R: Render>(listener: TcpListener, metrics: Arc<R>) {
     serve_metrics_within(listener, metrics, METRICS_CONNECTION_DEADLINE).await
 }
 
@@ -279,9 +295,9 @@ pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
 /// dribbles a byte every few seconds would otherwise hold its connection for hours),
 /// at most [`METRICS_MAX_CONNECTIONS`] at once, and a pause after a failed accept (out
 /// of file descriptors, the loop would otherwise spin a core).
-pub async fn serve_metrics_within(
+pub async fn serve_metrics_within<R: Render>(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
+    metrics: Arc<R>,
     deadline: std::time::Duration,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_MAX_CONNECTIONS));
@@ -300,12 +316,12 @@ pub async fn serve_metrics_within(
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let _ = tokio::time::timeout(deadline, answer(&mut socket, &metrics)).await;
+            let _ = tokio::time::timeout(deadline, answer(&mut socket, metrics.as_ref())).await;
         });
     }
 }
 
-async fn answer(socket: &mut tokio::net::TcpStream, metrics: &Metrics) {
+async fn answer(socket: &mut tokio::net::TcpStream, metrics: &impl Render) {
     let mut buf = vec![0u8; 8192];
     let mut len = 0;
     while len < buf.len() {
