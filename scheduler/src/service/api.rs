@@ -39,10 +39,17 @@ impl Api {
     }
 
     /// Sends `first`, then what `source` yields, until the watcher goes away, the source
-    /// ends (with its last word, if any) or the server shuts down.
-    fn forward<T: Send + 'static>(&self, first: Vec<T>, mut source: impl Source<T>) -> Stream_<T> {
+    /// ends (with its last word, if any) or the server shuts down. A watcher cut off for
+    /// falling behind is counted under `watch` (`watchers_cut_off_total`).
+    fn forward<T: Send + 'static>(
+        &self,
+        watch: &'static str,
+        first: Vec<T>,
+        mut source: impl Source<T>,
+    ) -> Stream_<T> {
         let (tx, out) = mpsc::channel(1024);
         let shutdown = crate::service::core::stopped(self.shutdown.clone());
+        let metrics = self.core.metrics.clone();
         tokio::spawn(async move {
             tokio::pin!(shutdown);
             for item in first {
@@ -68,6 +75,12 @@ impl Api {
                     Next::Skip => {}
                     Next::End(last) => {
                         if let Some(status) = last {
+                            if status.code() == tonic::Code::ResourceExhausted {
+                                metrics
+                                    .watchers_cut_off
+                                    .get_or_create(&vec![("watch", watch)])
+                                    .inc();
+                            }
                             let _ = tx.send(Err(status)).await;
                         }
                         return;
@@ -218,7 +231,11 @@ impl JobService for Api {
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let ids = req.into_inner().job_ids;
         let rx = self.core.events.subscribe();
-        Ok(Response::new(self.forward(vec![], JobEvents { rx, ids })))
+        Ok(Response::new(self.forward(
+            "jobs",
+            vec![],
+            JobEvents { rx, ids },
+        )))
     }
 }
 
@@ -339,7 +356,7 @@ impl NodeService for Api {
         // The snapshot may hold changes not yet durable: send it only once they are.
         self.core.wake();
         self.core.wait_durable(epoch).await?;
-        Ok(Response::new(self.forward(first, watch)))
+        Ok(Response::new(self.forward("assignments", first, watch)))
     }
 
     async fn report_job(
@@ -529,5 +546,54 @@ impl Api {
             rejected_reloads: s.rejected_reloads,
             last_error: s.last_error,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::service::config::ServiceConfig;
+    use crate::service::core::EVENT_BUFFER;
+    use crate::service::testkit::TestCore;
+
+    /// A job watcher that reads nothing while more events than the buffers hold go out
+    /// is cut off with RESOURCE_EXHAUSTED, and counted.
+    #[tokio::test]
+    async fn a_watcher_that_falls_behind_is_cut_off_and_counted() {
+        let (core, _dir) = TestCore::new(ServiceConfig::default()).shared();
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let api = Api {
+            core: core.clone(),
+            shutdown,
+        };
+        let rx = core.events.subscribe();
+        let mut stream = api.forward("jobs", vec![], JobEvents { rx, ids: vec![] });
+        let sent = EVENT_BUFFER as u64 + 2048;
+        for job_id in 0..sent {
+            let _ = core.events.send(Arc::new(pb::JobEvent {
+                job_id,
+                ..Default::default()
+            }));
+        }
+        let mut items = 0;
+        let last = loop {
+            match stream.next().await {
+                Some(Ok(_)) => items += 1,
+                Some(Err(status)) => break status,
+                None => panic!("the stream ended without a status after {items} events"),
+            }
+        };
+        assert_eq!(last.code(), tonic::Code::ResourceExhausted, "{last:?}");
+        assert!(items < sent, "{items}");
+        let cut = |watch| {
+            core.metrics
+                .watchers_cut_off
+                .get_or_create(&vec![("watch", watch)])
+                .get()
+        };
+        assert_eq!(cut("jobs"), 1);
+        assert_eq!(cut("assignments"), 0);
     }
 }

@@ -51,6 +51,9 @@ pub struct Metrics {
     pub decision_log_pruned: Counter,
     /// Accepts of gRPC connections that failed for want of resources (descriptors).
     pub accept_errors: Counter,
+    /// Watch streams ended because the watcher fell behind, by watch (`jobs`,
+    /// `assignments`).
+    pub watchers_cut_off: Family<Labels, Counter>,
     /// gRPC calls by service, method and status code.
     pub rpc_handled: Family<RpcLabels, Counter>,
     /// gRPC call latency by service and method.
@@ -106,6 +109,7 @@ impl Metrics {
             decision_log_errors: Counter::default(),
             decision_log_pruned: Counter::default(),
             accept_errors: Counter::default(),
+            watchers_cut_off: Family::default(),
             rpc_handled: Family::default(),
             rpc_seconds: Family::new_with_constructor(rpc_histogram as fn() -> Histogram),
             registry: Registry::default(),
@@ -135,6 +139,11 @@ impl Metrics {
             "accept_errors",
             "gRPC connection accepts that failed for want of resources (EMFILE: at the open-file limit), each retried after 100 ms",
             m.accept_errors.clone(),
+        );
+        registry.register(
+            "watchers_cut_off",
+            "Watch streams ended (RESOURCE_EXHAUSTED) because their watcher fell behind, by watch: jobs (WatchEvents), assignments (an agent's WatchAssignments)",
+            m.watchers_cut_off.clone(),
         );
         registry.register(
             "grpc_server_handled",

@@ -73,6 +73,11 @@ impl TestCore {
         .unwrap();
         TestCore { core, _dir: dir }
     }
+
+    /// The core, shared (as the server holds it), and the directory to keep.
+    pub fn shared(self) -> (Arc<Core>, tempfile::TempDir) {
+        (Arc::new(self.core), self._dir)
+    }
 }
 
 /// Registers both nodes at `t0` with nothing running.
