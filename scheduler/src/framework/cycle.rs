@@ -316,37 +316,23 @@ fn rebalance(
     ) else {
         return false;
     };
-    // Applied to the real state in the order the plan was checked in; a failure (which
-    // the plan rules out) undoes everything.
+    // Applied to a copy, in the order the plan was checked in, and kept only if every
+    // step holds: the plan says each will, and a failure (a GPU that failed under a
+    // moved job since) then leaves the state as it was instead of half moved, with no
+    // rollback that could itself fail. Rebalancing happens at most once a cycle.
     let moved: Vec<(usize, Placement)> = moves.into_iter().map(|(c, to)| (index[c], to)).collect();
+    let mut after = state.clone();
     for (k, _) in &moved {
-        state.release(running[*k].job, running[*k].placement);
+        after.release(running[*k].job, running[*k].placement);
     }
-    let mut done: Vec<usize> = Vec::new();
-    let mut ok = state.allocate(p.job, &placement).is_ok();
-    if ok {
-        for (n, (k, to)) in moved.iter().enumerate() {
-            if state.allocate(running[*k].job, to).is_err() {
-                ok = false;
-                break;
-            }
-            done.push(n);
-        }
-        if !ok {
-            for &n in done.iter().rev() {
-                state.release(running[moved[n].0].job, &moved[n].1);
-            }
-            state.release(p.job, &placement);
-        }
-    }
-    if !ok {
-        for (k, _) in moved.iter().rev() {
-            state
-                .allocate(running[*k].job, running[*k].placement)
-                .expect("a released placement fits again");
-        }
+    let fits = after.allocate(p.job, &placement).is_ok()
+        && moved
+            .iter()
+            .all(|(k, to)| after.allocate(running[*k].job, to).is_ok());
+    if !fits {
         return false;
     }
+    *state = after;
     // A moved job is no longer a candidate for anything else in this cycle.
     for (k, _) in &moved {
         evicted[*k] = true;
