@@ -1077,7 +1077,7 @@ fn fence_when_silent_stops_workers_after_the_timeout_and_grace_and_only_when_ask
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let server = serve_with_liveness(dir.path(), 500, 1_000).await;
+        let server = serve_with_liveness(dir.path(), 1_000, 1_000).await;
         let addr = server.addr;
         let pids = dir.path().join("pids");
         let cmd = pid_command(&pids);
@@ -1121,7 +1121,7 @@ fn fence_when_silent_stops_workers_after_the_timeout_and_grace_and_only_when_ask
             !process_runs(fenced)
         })
         .await;
-        // 1.5 s less 5 % from the last answered call, about a flush interval before.
+        // 2 s less 5 % from the last answered call, about a flush interval before.
         let fenced_after = silent_from.elapsed();
         assert!(
             fenced_after >= Duration::from_millis(1_000),
@@ -1137,8 +1137,9 @@ fn fence_when_silent_stops_workers_after_the_timeout_and_grace_and_only_when_ask
         for a in agents {
             a.stop().await;
         }
+        // The worker's own pid (its command exec'd `sleep`), not its group's leader.
         let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{kept}")])
+            .args(["-KILL", &kept.to_string()])
             .status();
     });
 }
@@ -1280,24 +1281,40 @@ fn the_binary_agent_serves_its_metrics() {
         let server = service::start(config, cluster, Arc::new(NoModel))
             .await
             .unwrap();
-        // A free port, let go for the agent to take.
-        let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let _agent = KillOnDrop(
+        let mut agent = KillOnDrop(
             std::process::Command::new(env!("CARGO_BIN_EXE_marshal"))
                 .args(["agent", "--source", "nvml", "--nvml-lib"])
                 .arg(fake_driver())
                 .args(["--node", "fake-mig-0", "--interval", "200ms", "--out"])
                 .arg(dir.path().join("telemetry"))
                 .args(["--scheduler", &format!("http://{}", server.addr)])
-                .args(["--metrics-listen", &metrics_addr.to_string()])
+                .args(["--metrics-listen", "127.0.0.1:0"])
                 .env("FAKE_NVML_MACHINE", "a100-mig")
-                .stderr(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap(),
         );
+        // The port it bound, from its log (read to the end, so the pipe never fills).
+        let stderr = agent.0.stderr.take().unwrap();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(rest) = line.strip_prefix("agent: metrics at http://") {
+                    let _ = addr_tx.send(rest.trim_end_matches("/metrics").to_string());
+                }
+            }
+        });
+        let metrics_addr: SocketAddr =
+            tokio::task::spawn_blocking(move || addr_rx.recv_timeout(Duration::from_secs(30)))
+                .await
+                .unwrap()
+                .expect("the agent never said where its metrics are")
+                .parse()
+                .unwrap();
         let registered = "marshal_agent_registered{node=\"fake-mig-0\"} 1";
         let t = Instant::now();
         let text = loop {

@@ -18,7 +18,9 @@
 //! Both deadlines are moved a twentieth earlier, for the two monotonic clocks' rates
 //! and for the kill itself, and earlier again by the stop grace, so that a worker given
 //! its grace to checkpoint has ended by the requeue; the requeued job needs a
-//! scheduling cycle and a start on another node after the requeue too.
+//! scheduling cycle and a start on another node after the requeue too. For silence the
+//! grace counts at most half the scheduler's limit: a grace as long as the limit would
+//! fence at every registration, and every job would die at the first hiccup.
 
 use std::time::Duration;
 
@@ -51,24 +53,43 @@ impl Lease {
 
     /// When this node's workers must be stopped, if ever.
     pub fn fence_at(&self) -> Option<Instant> {
-        let silent = match (
+        match (self.silent_fence_at(), self.refused_fence_at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn silent_fence_at(&self) -> Option<Instant> {
+        match (
             self.fence_when_silent,
             self.silence_limit,
             self.last_answered,
         ) {
-            (true, Some(limit), Some(sent)) => Some(sent + early(limit)),
+            (true, Some(limit), Some(sent)) => {
+                let limit = early(limit);
+                Some(sent + limit - self.lead.min(limit / 2))
+            }
             _ => None,
-        };
-        let deadline = match (silent, self.refused_deadline) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
+        }
+    }
+
+    fn refused_fence_at(&self) -> Option<Instant> {
+        let deadline = self.refused_deadline?;
         // Earlier than any instant there is (a grace longer than the uptime): now.
         Some(
             deadline
                 .checked_sub(self.lead)
                 .unwrap_or_else(|| deadline.min(Instant::now())),
         )
+    }
+
+    /// The stop grace is more than half of the silence limit the scheduler said: silence
+    /// fencing gives workers less than their grace (see the module's docs).
+    pub fn grace_cut_for_silence(&self) -> bool {
+        self.fence_when_silent
+            && self
+                .silence_limit
+                .is_some_and(|limit| self.lead > early(limit) / 2)
     }
 
     /// A registration sent at `sent` succeeded, under these liveness rules (0: the
@@ -97,10 +118,11 @@ impl Lease {
 
     /// Why [`fence_at`](Self::fence_at) has come, for the log.
     pub fn why(&self) -> &'static str {
-        if self.refused_deadline.is_some_and(|d| d <= Instant::now()) {
-            "the scheduler refused this node's registration and has requeued its jobs"
+        let refused = self.refused_fence_at();
+        if refused.is_some() && self.silent_fence_at().is_none_or(|s| refused <= Some(s)) {
+            "the scheduler refused this node's registration and requeues its jobs at the end of its grace"
         } else {
-            "the scheduler has not answered for its node timeout plus grace, and has requeued this node's jobs if it is up"
+            "the scheduler has not answered for about its node timeout plus grace, and requeues this node's jobs then if it is up"
         }
     }
 
@@ -235,6 +257,25 @@ mod tests {
         let mut soon = Lease::new(false, 10 * S);
         soon.refused(now, 2 * S);
         assert!(soon.fence_at().unwrap() <= Instant::now());
+    }
+
+    #[test]
+    fn silence_fencing_keeps_at_least_half_the_limit_whatever_the_grace() {
+        let t0 = Instant::now();
+        // A 30 s grace against a scheduler that requeues 30 s after silence (10 + 20):
+        // fencing at registration would be a livelock; half the limit is kept.
+        let mut lease = Lease::new(true, 30 * S);
+        lease.registered(t0, 10 * S, 20 * S);
+        assert_eq!(lease.fence_at(), Some(t0 + Duration::from_millis(14_250)));
+        assert!(lease.grace_cut_for_silence());
+        assert!(lease.why().contains("not answered"));
+        let mut roomy = Lease::new(true, 30 * S);
+        roomy.registered(t0, 30 * S, 60 * S);
+        assert!(!roomy.grace_cut_for_silence());
+        // The refusal that comes first is the reason given, grace or not.
+        roomy.refused(t0, 40 * S);
+        assert_eq!(roomy.fence_at(), Some(t0 + 8 * S));
+        assert!(roomy.why().contains("refused"), "{}", roomy.why());
     }
 
     #[tokio::test(start_paused = true)]

@@ -353,11 +353,13 @@ impl Runner {
             return; // an older placement than one already seen
         }
         self.reap_stopped();
+        // Its GPUs must be free, and an earlier attempt of the same job gone: two
+        // attempts at once would write one checkpoint.
         let wanted: HashSet<u32> = a.gpus.iter().map(|g| g.index).collect();
-        if !wanted.is_empty() {
-            self.wait_stopped(|l| l.gpus.iter().any(|g| wanted.contains(&g.index)))
-                .await;
-        }
+        self.wait_stopped(|i, l| {
+            i.job == inc.job || l.gpus.iter().any(|g| wanted.contains(&g.index))
+        })
+        .await;
         let mut env = job_env(a, &self.node);
         if let Some(c) = &mut self.checkpoints {
             c.reset(&inc);
@@ -577,24 +579,24 @@ impl Runner {
         }
     }
 
-    /// Waits for the stopping workers `which` selects to end: at most the stop grace
-    /// and the kill's own wait, after which the GPUs are handed on regardless (as a
-    /// worker that ignores SIGKILL, in uninterruptible sleep on a hung driver, would
-    /// otherwise hold them for ever).
-    async fn wait_stopped(&mut self, which: impl Fn(&Live) -> bool) {
+    /// Waits for the stopping workers `which` selects to end: all of them together at
+    /// most the stop grace and the kill's own wait, after which the GPUs are handed on
+    /// regardless (as a worker that ignores SIGKILL, in uninterruptible sleep on a hung
+    /// driver, would otherwise hold them for ever). Each stays in `stopping` until it is
+    /// settled, so a wait cut short (the session dropped at shutdown or by fencing)
+    /// leaves it for the next one.
+    async fn wait_stopped(&mut self, which: impl Fn(&Incarnation, &Live) -> bool) {
         let waiting: Vec<Incarnation> = self
             .stopping
             .iter()
-            .filter(|(_, l)| which(l))
+            .filter(|(i, l)| which(i, l))
             .map(|(i, _)| *i)
             .collect();
         let limit = self.stop_grace + STOP_WAIT;
+        let deadline = tokio::time::Instant::now() + limit;
         for i in waiting {
-            let Some(mut l) = self.stopping.remove(&i) else {
-                continue;
-            };
-            if let Some(task) = l.task.as_mut()
-                && tokio::time::timeout(limit, task).await.is_err()
+            if let Some(task) = self.stopping.get_mut(&i).and_then(|l| l.task.as_mut())
+                && tokio::time::timeout_at(deadline, task).await.is_err()
             {
                 tracing::warn!(
                     job = i.job,
@@ -603,7 +605,9 @@ impl Runner {
                     "a stopped worker has not ended; its GPUs are handed on"
                 );
             }
-            self.stopped(i, &l.gpus);
+            if let Some(l) = self.stopping.remove(&i) {
+                self.stopped(i, &l.gpus);
+            }
         }
     }
 
@@ -772,7 +776,7 @@ impl Runner {
         for i in all {
             self.stop(i).await;
         }
-        self.wait_stopped(|_| true).await;
+        self.wait_stopped(|_, _| true).await;
     }
 
     /// The agent is exiting: `--exec` workers are left running for the next agent to
@@ -780,7 +784,7 @@ impl Runner {
     /// workers end with the agent, since nothing of theirs outlives it.
     pub async fn shut_down(&mut self, stop_workers: bool) {
         // Those already told to stop get their grace: left now, they would run on.
-        self.wait_stopped(|_| true).await;
+        self.wait_stopped(|_, _| true).await;
         if stop_workers || self.records.is_none() {
             self.stop_all().await;
             return;
@@ -1036,6 +1040,18 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n");
         assert!(r.stopping.is_empty());
         assert_eq!(r.live.len(), 2);
+        // A later attempt of a stopping job waits for it wherever it is placed: two
+        // attempts at once would write one checkpoint.
+        r.start(&start(4, 1, &[4])).await;
+        let ready_4 = marks.path().join("ready.4");
+        let t = Instant::now();
+        while !ready_4.exists() {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r.stop_job(4, 1).await;
+        r.start(&start(4, 2, &[5])).await;
+        assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n4\n");
         r.stop_all().await;
         assert!(r.live.is_empty() && r.stopping.is_empty());
     }

@@ -435,6 +435,14 @@ async fn session(
             Duration::from_millis(reg.node_grace_ms),
         )
     });
+    if contact.lease().grace_cut_for_silence() {
+        tracing::warn!(
+            stop_grace = ?config.stop_grace,
+            node_timeout_ms = reg.node_timeout_ms,
+            node_grace_ms = reg.node_grace_ms,
+            "the stop grace is more than half the scheduler's timeout plus grace: fencing on silence starts at half of that, and workers get less than their grace"
+        );
+    }
     *registered = true;
     counters.registrations.fetch_add(1, Ordering::Relaxed);
     counters.registered.store(1, Ordering::Relaxed);

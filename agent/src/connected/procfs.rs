@@ -21,6 +21,8 @@ pub struct ProcessIdentity {
 pub struct ProcStat {
     /// Field 3: `R`, `S`, `D`, `Z` (exited, not yet reaped), `X` (dead), …
     pub state: char,
+    /// Field 5: its process group.
+    pub pgrp: u32,
     /// Field 22.
     pub start_ticks: u64,
 }
@@ -44,8 +46,13 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // fields[0] is field 3 (state), so field N is fields[N - 3].
     let state = fields.first()?.chars().next()?;
+    let pgrp = fields.get(5 - 3)?.parse().ok()?;
     let start_ticks = fields.get(22 - 3)?.parse().ok()?;
-    Some(ProcStat { state, start_ticks })
+    Some(ProcStat {
+        state,
+        pgrp,
+        start_ticks,
+    })
 }
 
 /// The process's stat, or `None` when no process has that pid.
@@ -115,6 +122,7 @@ mod tests {
         let text = "4242 (we ird) (name)) S 1 4242 4242 0 -1 4194560 120 0 0 0 1 2 0 0 20 0 1 0 987654 2437120 250 18446744073709551615 1 1 0 0 0 0 0 0 65536 0 0 0 17 3 0 0 0 0 0\n";
         let s = parse_stat(text).unwrap();
         assert_eq!(s.state, 'S');
+        assert_eq!(s.pgrp, 4242);
         assert_eq!(s.start_ticks, 987_654);
         assert_eq!(parse_stat("12 (sh) R 1 2"), None);
         assert_eq!(parse_stat("garbage"), None);

@@ -130,6 +130,15 @@ pub(crate) async fn kill_group(pid: u32) {
     signal_group(pid, "-KILL").await;
 }
 
+async fn signal_group_only(pid: u32, signal: &str) {
+    let _ = tokio::process::Command::new("kill")
+        .args([signal, "--", &format!("-{pid}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+}
+
 async fn signal_group(pid: u32, signal: &str) {
     let _ = tokio::process::Command::new("kill")
         .args([signal, "--", &format!("-{pid}"), &pid.to_string()])
@@ -301,7 +310,14 @@ async fn kill_adopted(identity: ProcessIdentity, grace: Duration) {
         !procfs::is_running(identity).unwrap_or(false)
     })
     .await;
-    kill_group(identity.pid).await;
+    // The shell may have ended in the grace, init reaped it, and its pid been taken:
+    // then only its group is killed (survivors keep the group id from reuse), and not
+    // even that when the pid's new holder leads a group of that id (ours is empty).
+    match procfs::stat(identity.pid) {
+        Ok(Some(s)) if s.start_ticks == identity.start_ticks => kill_group(identity.pid).await,
+        Ok(Some(s)) if s.pgrp == identity.pid => return,
+        _ => signal_group_only(identity.pid, "-KILL").await,
+    }
     let deadline = tokio::time::Instant::now() + KILL_WAIT;
     while procfs::is_running(identity).unwrap_or(false) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

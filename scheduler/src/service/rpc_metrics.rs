@@ -7,6 +7,8 @@
 //! is a trailers-only response, which carries it there; a unary success carries it in
 //! the trailers, after the body, and is counted OK. A streaming call (the watches) is
 //! counted and timed when its stream opens: an error later in the stream is not seen.
+//! A call dropped before it answered (the client cancelled, its deadline passed) counts
+//! as `Cancelled`.
 //!
 //! Label values are bounded: a path that names no method of the served services counts
 //! as service and method `unknown`, so a client sending made-up paths cannot grow the
@@ -111,30 +113,61 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (service, method) = self.layer.known.labels(req.uri().path());
-        let metrics = self.layer.metrics.clone();
-        let started = Instant::now();
+        let mut record = Record {
+            metrics: self.layer.metrics.clone(),
+            service,
+            method,
+            started: Instant::now(),
+            code: None,
+        };
         let call = self.inner.call(req);
         Box::pin(async move {
             let result = call.await;
-            let code = match &result {
+            record.ended(match &result {
                 Ok(response) => status_code(response),
                 Err(_) => "transport error".to_string(),
-            };
-            metrics
-                .rpc_seconds
-                .get_or_create(&vec![
-                    ("grpc_service", service.clone()),
-                    ("grpc_method", method.clone()),
-                ])
-                .observe(started.elapsed().as_secs_f64());
-            let labels: RpcLabels = vec![
-                ("grpc_service", service),
-                ("grpc_method", method),
-                ("grpc_code", code),
-            ];
-            metrics.rpc_handled.get_or_create(&labels).inc();
+            });
             result
         })
+    }
+}
+
+/// One call's labels and start, recorded when dropped: with the code the call ended
+/// with, or `Cancelled` when its future was dropped first.
+struct Record {
+    metrics: Arc<Metrics>,
+    service: String,
+    method: String,
+    started: Instant,
+    code: Option<String>,
+}
+
+impl Record {
+    fn ended(&mut self, code: String) {
+        self.code = Some(code);
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        let (service, method) = (
+            std::mem::take(&mut self.service),
+            std::mem::take(&mut self.method),
+        );
+        self.metrics
+            .rpc_seconds
+            .get_or_create(&vec![
+                ("grpc_service", service.clone()),
+                ("grpc_method", method.clone()),
+            ])
+            .observe(self.started.elapsed().as_secs_f64());
+        let code = self.code.take().unwrap_or_else(|| "Cancelled".into());
+        let labels: RpcLabels = vec![
+            ("grpc_service", service),
+            ("grpc_method", method),
+            ("grpc_code", code),
+        ];
+        self.metrics.rpc_handled.get_or_create(&labels).inc();
     }
 }
 
@@ -157,6 +190,24 @@ mod tests {
     /// Answers every call with `status` in the headers (none: a unary success).
     #[derive(Clone)]
     struct Answers(Option<&'static str>);
+
+    /// Never answers.
+    #[derive(Clone)]
+    struct Hangs;
+
+    impl Service<Request<()>> for Hangs {
+        type Response = Response<()>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Pending<Result<Response<()>, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::pending()
+        }
+    }
 
     impl Service<Request<()>> for Answers {
         type Response = Response<()>;
@@ -223,6 +274,22 @@ mod tests {
         let text = metrics.render();
         let submits = "marshal_grpc_server_handling_seconds_count{grpc_service=\"marshal.v1.JobService\",grpc_method=\"Submit\"} 2";
         assert!(text.contains(submits), "{text}");
+        // A call dropped before it answers (a client's cancel, a deadline) is counted.
+        let mut hangs = layer.layer(Hangs);
+        let request = Request::builder()
+            .uri("/marshal.v1.JobService/List")
+            .body(())
+            .unwrap();
+        let pending = hangs.call(request);
+        assert_eq!(
+            handled(&metrics, ["marshal.v1.JobService", "List", "Cancelled"]),
+            0
+        );
+        drop(pending);
+        assert_eq!(
+            handled(&metrics, ["marshal.v1.JobService", "List", "Cancelled"]),
+            1
+        );
         // The node service's methods are known too, the streaming ones included.
         call(None, "/marshal.v1.NodeService/WatchAssignments")
             .await

@@ -514,7 +514,7 @@ mod tests {
         // as a START on its GPU would) and reports nothing.
         let t = Instant::now();
         second.stop_job(1, 1).await;
-        second.wait_stopped(|_| true).await;
+        second.wait_stopped(|_, _| true).await;
         assert!(t.elapsed() < Duration::from_secs(5));
         assert!(!procfs::is_running(worker).unwrap());
         assert!(state_files(dir.path()).is_empty());
