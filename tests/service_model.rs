@@ -424,6 +424,13 @@ fn learned_model_reloads_by_rpc_and_poll_and_the_decision_log_reads_back() {
 
         // The decision log: one row per placement, an outcome for every completed job.
         let data = read_decision_log(&log).unwrap();
+        // Every file names the database that wrote it.
+        assert!(
+            data.database.is_some() && data.skipped.is_empty(),
+            "{:?} {:?}",
+            data.database,
+            data.skipped
+        );
         let all: Vec<u64> = ids_a.iter().chain(&ids_b).chain(&ids_c).copied().collect();
         let places: Vec<_> = data
             .decisions

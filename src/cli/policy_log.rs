@@ -50,7 +50,7 @@ pub fn train(a: TrainFromLogArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("reading the decision log {}", a.log.display()))?;
     for skipped in &data.skipped {
-        eprintln!("warning: left out a damaged decision-log file: {skipped}");
+        eprintln!("warning: left out a decision-log file: {skipped}");
     }
     let started = std::time::Instant::now();
     let trained = retrain_from_log(&a.init, &data, &a.out, &opts, &mut |epoch, step| {
@@ -64,7 +64,7 @@ pub fn train(a: TrainFromLogArgs) -> anyhow::Result<()> {
     .map_err(anyhow::Error::msg)?;
     let r = &trained.report;
     println!(
-        "{} decisions in {} files ({} damaged files left out): {} used ({} on the learned path, {} with a (name, shape) baseline, mean weight {:.2}); skipped: {} without features, {} still running, {} not completed, {} unusable{}",
+        "{} decisions in {} files ({} files left out: damaged, of a later layout or of another database): {} used ({} on the learned path, {} with a (name, shape) baseline, mean weight {:.2}); skipped: {} without features, {} still running, {} not completed, {} unusable{}",
         r.decisions,
         data.files,
         data.skipped.len(),

@@ -47,7 +47,17 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+
+/// The layout of the log's files, written into each file's key-value metadata: a
+/// reader skips a file of a later version rather than misread it. Files without it were
+/// written before it was kept, in version 1.
+pub const LOG_VERSION: u32 = 1;
+const VERSION_KEY: &str = "marshal.decision_log.version";
+/// The database whose decisions a file holds (`Store::database_id`): decision ids start
+/// again at 1 in each database, so rows of two databases must never be joined.
+const DATABASE_KEY: &str = "marshal.database";
 
 /// Sub-directory of the decision rows.
 pub const DECISIONS_DIR: &str = "decisions";
@@ -145,6 +155,8 @@ pub struct LogOptions {
     /// Files last written longer ago than this are deleted ([`prune_log`]: at start,
     /// then every [`RETENTION_SWEEP`]); `None`: kept for ever.
     pub retention: Option<Duration>,
+    /// The database the decisions belong to, written into every file.
+    pub database: Option<u64>,
 }
 
 /// How often the writer deletes expired files when a retention is set.
@@ -157,6 +169,7 @@ impl Default for LogOptions {
             flush_ms: 10_000,
             channel_batches: 1024,
             retention: None,
+            database: None,
         }
     }
 }
@@ -385,8 +398,9 @@ impl Writer {
             let rows: Vec<DecisionRow> = self.decisions.drain(..n).collect();
             let name = format!("part-{:020}-{:06}.parquet", rows[0].decision_id, self.seq);
             self.seq += 1;
-            let result = decisions_batch(&rows)
-                .and_then(|b| write_file(&self.dir.join(DECISIONS_DIR), &name, &b));
+            let result = decisions_batch(&rows).and_then(|b| {
+                write_file(&self.dir.join(DECISIONS_DIR), &name, &b, self.opts.database)
+            });
             self.account(result, rows.len());
         }
     }
@@ -397,8 +411,9 @@ impl Writer {
             let rows: Vec<OutcomeRow> = self.outcomes.drain(..n).collect();
             let name = format!("part-{:020}-{:06}.parquet", rows[0].at_us.max(0), self.seq);
             self.seq += 1;
-            let result = outcomes_batch(&rows)
-                .and_then(|b| write_file(&self.dir.join(OUTCOMES_DIR), &name, &b));
+            let result = outcomes_batch(&rows).and_then(|b| {
+                write_file(&self.dir.join(OUTCOMES_DIR), &name, &b, self.opts.database)
+            });
             self.account(result, rows.len());
         }
     }
@@ -423,7 +438,12 @@ impl Writer {
 }
 
 /// Writes `batch` to `dir/name` through a hidden temporary file, `fsync` and rename.
-fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String> {
+fn write_file(
+    dir: &Path,
+    name: &str,
+    batch: &RecordBatch,
+    database: Option<u64>,
+) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     // The process id keeps two servers that share the directory (a misconfiguration,
     // or the old and new process during a restart) off each other's temporary files.
@@ -431,8 +451,19 @@ fn write_file(dir: &Path, name: &str, batch: &RecordBatch) -> Result<(), String>
     let done = unused_name(dir, name);
     let write = || -> Result<(), String> {
         let file = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+        let mut meta = vec![KeyValue::new(
+            VERSION_KEY.to_string(),
+            LOG_VERSION.to_string(),
+        )];
+        if let Some(db) = database {
+            meta.push(KeyValue::new(
+                DATABASE_KEY.to_string(),
+                format!("{db:016x}"),
+            ));
+        }
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_key_value_metadata(Some(meta))
             .build();
         let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props))
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
@@ -608,6 +639,8 @@ pub struct DecisionLogData {
     pub files: usize,
     /// Files left out because they could not be read, each with its path and reason.
     pub skipped: Vec<String>,
+    /// The database the rows read are of, when their files say.
+    pub database: Option<u64>,
 }
 
 impl DecisionLogData {
@@ -655,13 +688,47 @@ fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-fn batches(path: &Path) -> Result<Vec<RecordBatch>, String> {
+/// A file's batches, and the database it names (none in a file written before files
+/// named it). A file of a later layout than [`LOG_VERSION`] is refused.
+fn batches(path: &Path) -> Result<(Option<u64>, Vec<RecordBatch>), String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.build())
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default();
+    let value = |key: &str| {
+        meta.iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.clone())
+    };
+    if let Some(v) = value(VERSION_KEY) {
+        match v.parse::<u32>() {
+            Ok(n) if n <= LOG_VERSION => {}
+            _ => {
+                return Err(format!(
+                    "{}: decision log version {v:?}, written by a newer Marshal (this one reads up to {LOG_VERSION})",
+                    path.display()
+                ));
+            }
+        }
+    }
+    let database = match value(DATABASE_KEY) {
+        Some(v) => Some(
+            u64::from_str_radix(&v, 16)
+                .map_err(|_| format!("{}: database {v:?} is not an id", path.display()))?,
+        ),
+        None => None,
+    };
+    let batches = builder
+        .build()
         .map_err(|e| format!("{}: {e}", path.display()))?
         .map(|b| b.map_err(|e| format!("{}: {e}", path.display())))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((database, batches))
 }
 
 fn opt_f64(a: &Float64Array, i: usize) -> Option<f64> {
@@ -669,37 +736,89 @@ fn opt_f64(a: &Float64Array, i: usize) -> Option<f64> {
 }
 
 /// Reads the decision log under `dir` (both file sets). A damaged file (cut short, of
-/// another schema) is skipped whole and named in [`DecisionLogData::skipped`], so one bad
-/// file costs its own rows only; a directory that cannot be listed is an error.
+/// another schema, of a later layout) is skipped whole and named in
+/// [`DecisionLogData::skipped`], so one bad file costs its own rows only; a directory
+/// that cannot be listed is an error.
+///
+/// Files of several databases (a database replaced while its log directory was kept)
+/// are not mixed: decision ids start again at 1 in each, so joining them would pair
+/// rows of different jobs. The database whose files hold the latest row is read; the
+/// others' files are skipped, each named with why. Files that name no database
+/// (written before files did) are read as before.
 pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
     let mut data = DecisionLogData::default();
+    let mut decisions = Vec::new();
     for path in parquet_files(&dir.join(DECISIONS_DIR))? {
         match decisions_in(&path) {
-            Ok(rows) => {
+            Ok((db, rows)) => decisions.push((path, db, rows)),
+            Err(e) => data.skipped.push(e),
+        }
+    }
+    let mut outcomes = Vec::new();
+    for path in parquet_files(&dir.join(OUTCOMES_DIR))? {
+        match outcomes_in(&path) {
+            Ok((db, rows)) => outcomes.push((path, db, rows)),
+            Err(e) => data.skipped.push(e),
+        }
+    }
+    let latest = |db: &Option<u64>, at: i64, best: &mut Option<(i64, u64)>| {
+        if let Some(db) = *db
+            && best.is_none_or(|(t, _)| at > t)
+        {
+            *best = Some((at, db));
+        }
+    };
+    let mut newest: Option<(i64, u64)> = None;
+    for (_, db, rows) in &decisions {
+        for r in rows {
+            latest(db, r.at_us, &mut newest);
+        }
+    }
+    for (_, db, rows) in &outcomes {
+        for r in rows {
+            latest(db, r.at_us, &mut newest);
+        }
+    }
+    data.database = newest.map(|(_, db)| db);
+    let foreign = |path: &Path, db: &Option<u64>| -> Option<String> {
+        match (db, data.database) {
+            (Some(db), Some(kept)) if *db != kept => Some(format!(
+                "{}: from database {db:016x}, not {kept:016x} whose rows are the latest here; decision ids start again in each database, so its rows are left out",
+                path.display()
+            )),
+            _ => None,
+        }
+    };
+    let mut skipped = Vec::new();
+    for (path, db, rows) in decisions {
+        match foreign(&path, &db) {
+            Some(why) => skipped.push(why),
+            None => {
                 data.files += 1;
                 data.decisions.extend(rows);
             }
-            Err(e) => data.skipped.push(e),
         }
     }
-    for path in parquet_files(&dir.join(OUTCOMES_DIR))? {
-        match outcomes_in(&path) {
-            Ok(rows) => {
+    for (path, db, rows) in outcomes {
+        match foreign(&path, &db) {
+            Some(why) => skipped.push(why),
+            None => {
                 data.files += 1;
                 data.outcomes.extend(rows);
             }
-            Err(e) => data.skipped.push(e),
         }
     }
+    data.skipped.extend(skipped);
     data.decisions.sort_by_key(|d| d.decision_id);
     data.outcomes.sort_by_key(|o| (o.at_us, o.decision_id));
     Ok(data)
 }
 
 /// Every decision row of one file, or why the file is unusable (naming it).
-fn decisions_in(path: &Path) -> Result<Vec<DecisionRow>, String> {
+fn decisions_in(path: &Path) -> Result<(Option<u64>, Vec<DecisionRow>), String> {
     let mut rows = Vec::new();
-    for b in batches(path)? {
+    let (database, batches) = batches(path)?;
+    for b in batches {
         let err = |e: String| format!("{}: {e}", path.display());
         let u64s = |n| column::<UInt64Array>(&b, n).map_err(err);
         let u32s = |n| column::<UInt32Array>(&b, n).map_err(err);
@@ -769,13 +888,14 @@ fn decisions_in(path: &Path) -> Result<Vec<DecisionRow>, String> {
             });
         }
     }
-    Ok(rows)
+    Ok((database, rows))
 }
 
 /// Every outcome row of one file, or why the file is unusable (naming it).
-fn outcomes_in(path: &Path) -> Result<Vec<OutcomeRow>, String> {
+fn outcomes_in(path: &Path) -> Result<(Option<u64>, Vec<OutcomeRow>), String> {
     let mut rows = Vec::new();
-    for b in batches(path)? {
+    let (database, batches) = batches(path)?;
+    for b in batches {
         let err = |e: String| format!("{}: {e}", path.display());
         let id = column::<UInt64Array>(&b, "decision_id").map_err(err)?;
         let job = column::<StringArray>(&b, "job_id").map_err(err)?;
@@ -794,7 +914,7 @@ fn outcomes_in(path: &Path) -> Result<Vec<OutcomeRow>, String> {
             });
         }
     }
-    Ok(rows)
+    Ok((database, rows))
 }
 
 #[cfg(test)]
@@ -834,6 +954,7 @@ mod tests {
             flush_ms: 60_000,
             channel_batches: 16,
             retention: None,
+            database: None,
         }
     }
 
@@ -873,6 +994,80 @@ mod tests {
                 .iter()
                 .all(|(d, o)| o.is_none_or(|o| o.decision_id == d.decision_id))
         );
+    }
+
+    #[test]
+    fn files_of_two_databases_are_not_joined_and_a_later_layout_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        // Database a wrote decisions 1–4 and their outcomes; then database b, beside it
+        // and later, its own decisions 1–4.
+        for (db, later) in [(0xa_u64, 0), (0xb, 1_000_000)] {
+            let log = DecisionLog::open(
+                dir.path(),
+                LogOptions {
+                    database: Some(db),
+                    ..four_row_files()
+                },
+            );
+            for id in 1..=4 {
+                log.send(LogBatch {
+                    decisions: vec![DecisionRow {
+                        at_us: decision(id).at_us + later,
+                        job_name: format!("of {db:x}"),
+                        ..decision(id)
+                    }],
+                    outcomes: vec![OutcomeRow {
+                        decision_id: id,
+                        job_id: id.to_string(),
+                        state: "COMPLETED".into(),
+                        at_us: 5_000 + later + id as i64,
+                        wait_s: 1.0,
+                        run_s: Some(2.0),
+                    }],
+                });
+            }
+            assert_eq!(log.finish().write_errors, 0);
+        }
+        // A file from before files named their database, and one of a later layout.
+        let decisions = dir.path().join(DECISIONS_DIR);
+        let legacy = decisions_batch(&[decision(50)]).unwrap();
+        write_file(&decisions, "legacy.parquet", &legacy, None).unwrap();
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(vec![KeyValue::new(
+                VERSION_KEY.to_string(),
+                "2".to_string(),
+            )]))
+            .build();
+        let newer = File::create(decisions.join("newer.parquet")).unwrap();
+        let mut w = ArrowWriter::try_new(newer, legacy.schema(), Some(props)).unwrap();
+        w.write(&legacy).unwrap();
+        w.close().unwrap();
+
+        let data = read_decision_log(dir.path()).unwrap();
+        assert_eq!(data.database, Some(0xb));
+        let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 50]);
+        assert!(data.decisions[..4].iter().all(|d| d.job_name == "of b"));
+        assert_eq!(data.outcomes.len(), 4);
+        assert!(data.outcomes.iter().all(|o| o.at_us > 1_000_000));
+        let skipped = data.skipped.join("\n");
+        assert_eq!(data.skipped.len(), 3, "{skipped}");
+        assert_eq!(
+            skipped.matches("from database 000000000000000a").count(),
+            2,
+            "{skipped}"
+        );
+        assert!(
+            skipped
+                .contains("newer.parquet: decision log version \"2\", written by a newer Marshal"),
+            "{skipped}"
+        );
+        // Each of b's decisions meets b's outcome, never a's.
+        for (d, o) in data.joined() {
+            if d.decision_id <= 4 {
+                assert!(o.unwrap().at_us > 1_000_000);
+            }
+        }
     }
 
     #[test]
@@ -922,7 +1117,13 @@ mod tests {
         let bytes = std::fs::read(&files[1]).unwrap();
         std::fs::write(&files[1], &bytes[..bytes.len() / 2]).unwrap();
         let batch = decisions_batch(&[decision(99)]).unwrap();
-        write_file(&dir.path().join(OUTCOMES_DIR), "foreign.parquet", &batch).unwrap();
+        write_file(
+            &dir.path().join(OUTCOMES_DIR),
+            "foreign.parquet",
+            &batch,
+            None,
+        )
+        .unwrap();
 
         let data = read_decision_log(dir.path()).unwrap();
         assert_eq!(data.files, 2);

@@ -234,6 +234,7 @@ impl Core {
             message: e.to_string(),
         })?;
         let new_database = loaded.jobs.is_empty() && loaded.next_decision <= 1;
+        let database_id = loaded.database_id;
         if let Some(dir) = &config.decision_log_dir
             && new_database
             && holds_decision_files(dir)
@@ -244,7 +245,7 @@ impl Core {
             tracing::warn!(
                 database = %config.db.display(),
                 decision_log_dir = %dir.display(),
-                "a new database beside a decision log that holds an earlier one's files: decision ids start again at 1; give this database its own decision_log_dir (or move the old files away) before training from the log"
+                "a new database beside a decision log that holds an earlier one's files: decision ids start again at 1, and training from the log reads only the files of the database with the latest rows (each file names its database); give this database its own decision_log_dir to keep both"
             );
         }
         let node_index: HashMap<String, NodeId> = topo
@@ -425,6 +426,7 @@ impl Core {
                         file_rows: config.decision_log_file_rows,
                         flush_ms: config.decision_log_flush_ms,
                         retention: config.decision_log_retention_s.map(Duration::from_secs),
+                        database: Some(database_id),
                         ..LogOptions::default()
                     },
                 )

@@ -20,6 +20,9 @@ const INVENTORY_KEY: &str = "current";
 
 pub const META_NEXT_JOB: &str = "next_job_id";
 pub const META_NEXT_DECISION: &str = "next_decision_id";
+/// The database's identity, made when it is created (or first opened by a Marshal that
+/// keeps one) and never changed: the decision log's files name it.
+pub const META_DATABASE_ID: &str = "database_id";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -70,6 +73,8 @@ pub struct Loaded {
     /// The inventory the job records were written under; `None` in a database written
     /// before it was kept.
     pub inventory: Option<Inventory>,
+    /// See [`META_DATABASE_ID`].
+    pub database_id: u64,
 }
 
 #[derive(Debug)]
@@ -78,6 +83,16 @@ pub struct Store {
     path: PathBuf,
     /// fsync every commit (the recovery guarantees depend on it).
     durable: bool,
+}
+
+/// A fresh database identity. It must differ between databases, not be reproducible:
+/// no schedule depends on it, so it takes no seed.
+fn new_database_id(path: &Path) -> u64 {
+    use std::hash::BuildHasher as _;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one((now, std::process::id(), path))
 }
 
 impl Store {
@@ -106,7 +121,11 @@ impl Store {
             txn.open_table(JOBS).map_err(|e| err(&e))?;
             txn.open_table(NODES).map_err(|e| err(&e))?;
             txn.open_table(DECISIONS).map_err(|e| err(&e))?;
-            txn.open_table(META).map_err(|e| err(&e))?;
+            let mut meta = txn.open_table(META).map_err(|e| err(&e))?;
+            if meta.get(META_DATABASE_ID).map_err(|e| err(&e))?.is_none() {
+                meta.insert(META_DATABASE_ID, new_database_id(path))
+                    .map_err(|e| err(&e))?;
+            }
             txn.open_table(INVENTORY).map_err(|e| err(&e))?;
         }
         txn.commit().map_err(|e| err(&e))?;
@@ -176,6 +195,10 @@ impl Store {
         loaded.next_decision = get(META_NEXT_DECISION)?
             .max(last_decision.saturating_add(1))
             .max(last_referenced.saturating_add(1));
+        loaded.database_id = meta
+            .get(META_DATABASE_ID)
+            .map_err(|e| self.err(e))?
+            .map_or(0, |v| v.value());
         let inventory = txn.open_table(INVENTORY).map_err(|e| self.err(e))?;
         if let Some(v) = inventory.get(INVENTORY_KEY).map_err(|e| self.err(e))? {
             loaded.inventory =
@@ -271,6 +294,17 @@ mod tests {
             let err = Store::open(&cut, true).unwrap_err().to_string();
             assert!(err.contains(&format!("cut-{len}.redb")), "{len}: {err}");
         }
+    }
+
+    #[test]
+    fn a_database_keeps_its_identity_and_another_has_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
+        let id = |path: &Path| Store::open(path, true).unwrap().load().unwrap().database_id;
+        let first = id(&a);
+        assert_ne!(first, 0);
+        assert_eq!(id(&a), first, "reopened, the identity changed");
+        assert_ne!(id(&b), first);
     }
 
     #[test]

@@ -73,6 +73,7 @@ fn every_row_is_accounted_for_and_faster_runs_weigh_more() {
         ],
         files: 0,
         skipped: Vec::new(),
+        database: None,
     };
     let opts = LogTrainOptions::default();
     let (samples, report) = log_samples(&data, &opts);
