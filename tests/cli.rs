@@ -512,6 +512,40 @@ fn eval_compares_policies_with_intervals_and_plots() {
     );
 }
 
+/// `marshal eval --quota` gives every policy the same limits: with two GPUs per
+/// virtual cluster, jobs wait longer under each policy than without.
+#[test]
+fn eval_applies_a_quota_to_every_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let quota = dir.path().join("quota.toml");
+    std::fs::write(&quota, "[default]\ngpus = 2\n").unwrap();
+    let (trace, cluster) = (fixture("philly-150.csv"), fixture("small-cluster.toml"));
+    let base = [
+        "eval",
+        "--policies",
+        "fifo,topo-pack",
+        "--trace",
+        &trace,
+        "--cluster",
+        &cluster,
+        "--seeds",
+        "2",
+        "--format",
+        "json",
+    ];
+    let free = json(&base);
+    let limited = json(&[&base[..], &["--quota", quota.to_str().unwrap()]].concat());
+    for i in 0..2 {
+        let mean = |v: &Value| v[i]["mean"]["jct_mean_s"].as_f64().unwrap();
+        assert!(
+            mean(&limited) > mean(&free),
+            "policy {i}: {} limited vs {} free",
+            mean(&limited),
+            mean(&free)
+        );
+    }
+}
+
 #[test]
 fn a_closed_stdout_stops_the_command_quietly() {
     use std::process::{Command, Stdio};

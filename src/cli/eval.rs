@@ -56,6 +56,9 @@ pub struct EvalArgs {
     /// them (see `marshal sim --cpu-nodes-first`).
     #[arg(long)]
     cpu_nodes_first: bool,
+    /// Per-tenant limits for every policy (see `marshal sim --quota`).
+    #[arg(long, value_name = "FILE")]
+    quota: Option<PathBuf>,
 }
 
 /// Two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
@@ -138,6 +141,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         model: a.model.clone(),
         fallback: a.fallback.clone(),
         cpu_nodes_first: a.cpu_nodes_first,
+        quota: a.quota.clone(),
         ..SimArgs::replay(&a.trace, a.cluster.clone(), a.policies.clone(), a.seed)
     };
     let experiment = Experiment::load(&sim_args)?;
