@@ -36,6 +36,9 @@ pub struct CycleDecisions {
     /// Jobs not tried because their tenant is at its quota (`framework::quota`), with
     /// the limit they do not fit under: they stay queued.
     pub over_quota: Vec<(usize, Shortfall)>,
+    /// Jobs the placer chose to hold back although they fit (`Status::Deferred`), with
+    /// its reason: they stay queued.
+    pub deferred: Vec<(usize, String)>,
     /// The starving gang capacity was held for in this cycle, and the nodes held
     /// (`framework::reserve`): no job ranked after it was placed on them.
     pub reserved: Option<(usize, Vec<NodeId>)>,
@@ -226,8 +229,13 @@ pub fn run_cycle(
             // moved or held for it, since none of that is needed. As for a job that found
             // no room, a strict queue stops here, and later jobs of its shape and class
             // are not offered the room it waits for.
-            Err(Status::Deferred(_)) if policy.blocking => break,
-            Err(Status::Deferred(_)) => no_room.push((shape, rank.0)),
+            Err(Status::Deferred(why)) => {
+                decisions.deferred.push((i, why));
+                if policy.blocking {
+                    break;
+                }
+                no_room.push((shape, rank.0));
+            }
             Err(Status::Unresolvable(why)) => decisions.rejected.push((i, why)),
             Err(Status::Error(e)) => decisions.errors.push((i, e.to_string())),
         }
@@ -753,6 +761,7 @@ mod tests {
         assert!(d.migrated.is_empty(), "{:?}", d.migrated);
         assert_eq!(d.reserved, None);
         assert!(d.placed.is_empty() && d.errors.is_empty() && d.rejected.is_empty());
+        assert_eq!(d.deferred, [(0, "waits".to_string())]);
         assert_eq!(state.allocated_milli(), 1000);
         assert!(state.topology().node_ids().all(|n| state.node_is_up(n)));
     }

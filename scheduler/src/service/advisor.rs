@@ -315,6 +315,13 @@ pub fn advise(
     for (k, why) in decisions.rejected {
         verdicts[schedulable[k]] = (Verdict::Reject, why, None);
     }
+    for (k, why) in decisions.deferred {
+        verdicts[schedulable[k]] = (
+            Verdict::Wait,
+            format!("{why} (it fits the free capacity now)"),
+            None,
+        );
+    }
     for (k, why) in decisions.errors {
         verdicts[schedulable[k]] = (Verdict::Wait, format!("placement error: {why}"), None);
     }
