@@ -310,12 +310,13 @@ async fn kill_adopted(identity: ProcessIdentity, grace: Duration) {
         !procfs::is_running(identity).unwrap_or(false)
     })
     .await;
-    // The shell may have ended in the grace, init reaped it, and its pid been taken:
-    // then only its group is killed (survivors keep the group id from reuse), and not
-    // even that when the pid's new holder leads a group of that id (ours is empty).
+    // The shell may have ended in the grace and init reaped it. Its group's survivors,
+    // if any, keep the group id from reuse and are killed as a group. A pid that now
+    // names another process means the group has no member left (Linux reuses no pid
+    // that still names a group), so nothing of ours remains to kill.
     match procfs::stat(identity.pid) {
         Ok(Some(s)) if s.start_ticks == identity.start_ticks => kill_group(identity.pid).await,
-        Ok(Some(s)) if s.pgrp == identity.pid => return,
+        Ok(Some(_)) => return,
         _ => signal_group_only(identity.pid, "-KILL").await,
     }
     let deadline = tokio::time::Instant::now() + KILL_WAIT;

@@ -744,7 +744,8 @@ fn opt_f64(a: &Float64Array, i: usize) -> Option<f64> {
 /// are not mixed: decision ids start again at 1 in each, so joining them would pair
 /// rows of different jobs. The database whose files hold the latest row is read; the
 /// others' files are skipped, each named with why. Files that name no database
-/// (written before files did) are read as before.
+/// (written before files did) are read as before beside one named database, and
+/// skipped beside two or more, where they could be of either.
 pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
     let mut data = DecisionLogData::default();
     let mut decisions = Vec::new();
@@ -780,11 +781,24 @@ pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
         }
     }
     data.database = newest.map(|(_, db)| db);
+    let named: std::collections::BTreeSet<u64> = decisions
+        .iter()
+        .map(|(_, db, _)| db)
+        .chain(outcomes.iter().map(|(_, db, _)| db))
+        .flatten()
+        .copied()
+        .collect();
     let foreign = |path: &Path, db: &Option<u64>| -> Option<String> {
         match (db, data.database) {
             (Some(db), Some(kept)) if *db != kept => Some(format!(
                 "{}: from database {db:016x}, not {kept:016x} whose rows are the latest here; decision ids start again in each database, so its rows are left out",
                 path.display()
+            )),
+            // Beside two named databases, a file naming none could be of either.
+            (None, Some(_)) if named.len() > 1 => Some(format!(
+                "{}: names no database (written before files did), and this log holds {} databases' files; its rows are left out",
+                path.display(),
+                named.len()
             )),
             _ => None,
         }
@@ -1046,12 +1060,16 @@ mod tests {
         let data = read_decision_log(dir.path()).unwrap();
         assert_eq!(data.database, Some(0xb));
         let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
-        assert_eq!(ids, [1, 2, 3, 4, 50]);
-        assert!(data.decisions[..4].iter().all(|d| d.job_name == "of b"));
+        assert_eq!(ids, [1, 2, 3, 4]);
+        assert!(data.decisions.iter().all(|d| d.job_name == "of b"));
         assert_eq!(data.outcomes.len(), 4);
         assert!(data.outcomes.iter().all(|o| o.at_us > 1_000_000));
         let skipped = data.skipped.join("\n");
-        assert_eq!(data.skipped.len(), 3, "{skipped}");
+        assert_eq!(data.skipped.len(), 4, "{skipped}");
+        assert!(
+            skipped.contains("legacy.parquet: names no database"),
+            "{skipped}"
+        );
         assert_eq!(
             skipped.matches("from database 000000000000000a").count(),
             2,
@@ -1068,6 +1086,21 @@ mod tests {
                 assert!(o.unwrap().at_us > 1_000_000);
             }
         }
+    }
+
+    /// A database upgraded to files that name it keeps the files it wrote before.
+    #[test]
+    fn files_naming_no_database_are_read_beside_one_named_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let decisions = dir.path().join(DECISIONS_DIR);
+        let legacy = decisions_batch(&[decision(1)]).unwrap();
+        write_file(&decisions, "legacy.parquet", &legacy, None).unwrap();
+        let named = decisions_batch(&[decision(2)]).unwrap();
+        write_file(&decisions, "named.parquet", &named, Some(7)).unwrap();
+        let data = read_decision_log(dir.path()).unwrap();
+        assert_eq!(data.database, Some(7));
+        assert!(data.skipped.is_empty(), "{:?}", data.skipped);
+        assert_eq!(data.decisions.len(), 2);
     }
 
     #[test]

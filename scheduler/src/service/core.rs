@@ -245,7 +245,7 @@ impl Core {
             tracing::warn!(
                 database = %config.db.display(),
                 decision_log_dir = %dir.display(),
-                "a new database beside a decision log that holds an earlier one's files: decision ids start again at 1, and training from the log reads only the files of the database with the latest rows (each file names its database); give this database its own decision_log_dir to keep both"
+                "a new database beside a decision log that holds an earlier one's files: decision ids start again at 1; training from the log reads only the files of the database with the latest rows (each file names its database), but the earlier files that name none are still read beside a single named database; give this database its own decision_log_dir"
             );
         }
         let node_index: HashMap<String, NodeId> = topo
