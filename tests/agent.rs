@@ -1318,7 +1318,7 @@ fn the_binary_agent_serves_its_metrics() {
         let registered = "marshal_agent_registered{node=\"fake-mig-0\"} 1";
         let t = Instant::now();
         let text = loop {
-            let text = scrape(metrics_addr).await;
+            let text = common::http_get(metrics_addr, "/metrics").await;
             if text.contains(registered) {
                 break text;
             }
@@ -1340,20 +1340,6 @@ fn the_binary_agent_serves_its_metrics() {
         );
         server.shutdown().await.unwrap();
     });
-}
-
-/// `GET /metrics` at `addr`; empty while nothing listens there yet.
-async fn scrape(addr: SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
-    };
-    let _ = s
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await;
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out).await;
-    out
 }
 
 /// One node of two A100s in MIG mode, named as the binary agent below registers it.

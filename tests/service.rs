@@ -626,7 +626,7 @@ fn three_agents_and_a_thousand_mixed_jobs_all_complete_without_over_allocation()
             .unwrap();
         assert_eq!(again.id, acked[&7]);
         // Metrics are served and count what happened.
-        let text = http_get(handle.metrics_addr.unwrap(), "/metrics").await;
+        let text = common::http_get(handle.metrics_addr.unwrap(), "/metrics").await;
         assert!(
             text.contains(&format!("marshal_jobs_submitted_total {JOBS}")),
             "{text}"
@@ -646,17 +646,6 @@ fn three_agents_and_a_thousand_mixed_jobs_all_complete_without_over_allocation()
         }
         handle.shutdown().await.unwrap();
     });
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 /// A child killed when the test ends, also when it fails (so no server outlives it).
@@ -1059,7 +1048,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
         );
         // The refusals are counted per method: the metrics layer sits outside the
         // authentication.
-        let text = http_get(handle.metrics_addr.unwrap(), "/metrics").await;
+        let text = common::http_get(handle.metrics_addr.unwrap(), "/metrics").await;
         for (method, calls) in [
             ("marshal.v1.JobService\",grpc_method=\"Submit", 2),
             ("marshal.v1.NodeService\",grpc_method=\"ListNodes", 1),

@@ -71,3 +71,19 @@ pub fn node_info(i: usize) -> marshal_scheduler::service::pb::NodeInfo {
         mig_layout: None,
     }
 }
+
+/// `GET path` at `addr` over HTTP/1.1, the whole reply; empty while nothing listens there.
+#[allow(dead_code)]
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use marshal_scheduler::service::tokio;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let _ = s
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await;
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
+}

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use marshal_scheduler::service::metrics::{Render, render};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
@@ -110,12 +111,11 @@ impl Collector for Scrape {
             c.workers_stopping.load(Ordering::Relaxed),
         )?;
         let t = s.telemetry;
-        let rows = ConstCounter::new(0u64);
         let mut family = e.encode_descriptor(
             "telemetry_rows",
             "Telemetry rows by outcome: produced by sampling, streamed (the scheduler took them), rejected (it refused them), dropped (pushed out of the full backlog; they are in Parquet)",
             None,
-            rows.metric_type(),
+            MetricType::Counter,
         )?;
         for (outcome, n) in [
             ("produced", t.produced),

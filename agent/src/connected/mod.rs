@@ -102,15 +102,6 @@ pub struct Counters {
     pub workers_stopping: AtomicU64,
 }
 
-impl Counters {
-    fn note_workers(&self, runner: &Runner) {
-        self.workers
-            .store(runner.live().count() as u64, Ordering::Relaxed);
-        self.workers_stopping
-            .store(runner.stopping_count() as u64, Ordering::Relaxed);
-    }
-}
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnectedStats {
     pub sessions: u64,
@@ -122,6 +113,13 @@ pub struct ConnectedStats {
 }
 
 impl Counters {
+    fn note_workers(&self, runner: &Runner) {
+        self.workers
+            .store(runner.live().count() as u64, Ordering::Relaxed);
+        self.workers_stopping
+            .store(runner.stopping_count() as u64, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self, backlog: &Backlog) -> ConnectedStats {
         ConnectedStats {
             sessions: self.sessions.load(Ordering::Relaxed),

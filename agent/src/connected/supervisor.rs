@@ -130,18 +130,19 @@ pub(crate) async fn kill_group(pid: u32) {
     signal_group(pid, "-KILL").await;
 }
 
+/// `signal` to process group `pid` only.
 async fn signal_group_only(pid: u32, signal: &str) {
-    let _ = tokio::process::Command::new("kill")
-        .args([signal, "--", &format!("-{pid}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await;
+    kill(&[signal, "--", &format!("-{pid}")]).await;
 }
 
+/// `signal` to process group `pid` and to the pid itself.
 async fn signal_group(pid: u32, signal: &str) {
+    kill(&[signal, "--", &format!("-{pid}"), &pid.to_string()]).await;
+}
+
+async fn kill(args: &[&str]) {
     let _ = tokio::process::Command::new("kill")
-        .args([signal, "--", &format!("-{pid}"), &pid.to_string()])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
