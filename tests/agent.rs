@@ -141,6 +141,8 @@ struct AgentOptions {
     fence_when_silent: bool,
     /// Registers with half the node's GPUs: other hardware than the inventory's.
     half_the_gpus: bool,
+    /// `--stop-grace`.
+    stop_grace: Duration,
 }
 
 impl Default for AgentOptions {
@@ -150,6 +152,7 @@ impl Default for AgentOptions {
             stop_workers_on_exit: false,
             fence_when_silent: false,
             half_the_gpus: false,
+            stop_grace: Duration::ZERO,
         }
     }
 }
@@ -217,7 +220,7 @@ fn start_agent_with(
         stop_workers_on_exit: options.stop_workers_on_exit,
         log_retention: None,
         fence_when_silent: options.fence_when_silent,
-        stop_grace: Duration::ZERO,
+        stop_grace: options.stop_grace,
     };
     let (stop, mut stop_rx) = watch::channel(false);
     let task = {
@@ -1141,6 +1144,97 @@ fn fence_when_silent_stops_workers_after_the_timeout_and_grace_and_only_when_ask
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &kept.to_string()])
             .status();
+    });
+}
+
+/// A job moved off a drained node starts on the other node only once its worker on the
+/// first has ended: the worker takes 2 s of its stop grace to checkpoint, and until the
+/// first agent confirms the stop the scheduler holds the second one's START (before,
+/// both ran for those 2 s).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_moved_job_starts_elsewhere_only_after_its_stopped_worker_has_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
+        let addr = server.addr;
+        let marks = dir.path().join("marks");
+        std::fs::create_dir_all(&marks).unwrap();
+        let at = |what: &str| {
+            format!(
+                "date +%s%N > '{}'/{what}.$MARSHAL_JOB_ID.$MARSHAL_ATTEMPT",
+                marks.display()
+            )
+        };
+        let cmd = format!(
+            "trap 'sleep 2; {}; exit 0' TERM; {}; sleep 60 & wait",
+            at("ended"),
+            at("started")
+        );
+        let options = AgentOptions {
+            stop_grace: Duration::from_secs(20),
+            ..Default::default()
+        };
+        let agents: Vec<Agent> = (0..2)
+            .map(|i| {
+                start_agent_with(
+                    rt.handle(),
+                    addr,
+                    i,
+                    Mode::Exec(cmd.clone()),
+                    dir.path(),
+                    options,
+                )
+            })
+            .collect();
+        wait_until(Duration::from_secs(10), "two registrations", || {
+            agents
+                .iter()
+                .all(|a| a.counters.registrations.load(Ordering::Relaxed) > 0)
+        })
+        .await;
+        let id = submit(addr, &[job("ckpt", 1, whole(8), 0.0)]).await[0];
+        wait_running(addr, &[id], 1).await;
+        let first = job_state(addr, id).await.placement[0].node.clone();
+        NodeServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap()
+            .drain(pb::DrainRequest {
+                node: first.clone(),
+                reason: "maintenance".into(),
+            })
+            .await
+            .unwrap();
+        let read = |what: &str, attempt: u32| -> Option<u128> {
+            std::fs::read_to_string(marks.join(format!("{what}.{id}.{attempt}")))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let t = Instant::now();
+        while read("started", 2).is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "attempt 2 never started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (ended, started) = (read("ended", 1), read("started", 2).unwrap());
+        assert!(
+            ended.is_some_and(|e| e <= started),
+            "attempt 2 started at {started} ns while attempt 1 ended at {ended:?}"
+        );
+        let second = job_state(addr, id).await.placement[0].node.clone();
+        assert_ne!(first, second);
+        let on_first = agents.iter().find(|a| a.node == first).unwrap();
+        assert_eq!(on_first.counters.stops_confirmed.load(Ordering::Relaxed), 1);
+        cancel(addr, id).await;
+        for a in agents {
+            a.stop().await;
+        }
+        server.shutdown().await.unwrap();
     });
 }
 

@@ -300,6 +300,7 @@ async fn agent_session(
         .register(pb::RegisterNodeRequest {
             node: Some(node_info(node)),
             running,
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -849,6 +850,7 @@ fn a_node_token_acts_as_its_own_node_only() {
                 pb::RegisterNodeRequest {
                     node: Some(node_info(i)),
                     running: vec![],
+                    ..Default::default()
                 },
                 token,
             )
@@ -1191,6 +1193,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
                     pb::RegisterNodeRequest {
                         node: Some(unknown),
                         running: vec![],
+                        ..Default::default()
                     },
                     AGENT_TOKEN,
                 ))
@@ -1206,6 +1209,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
                     pb::RegisterNodeRequest {
                         node: Some(wrong),
                         running: vec![],
+                        ..Default::default()
                     },
                     AGENT_TOKEN,
                 ))
@@ -1221,6 +1225,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
                     pb::RegisterNodeRequest {
                         node: Some(odd),
                         running: vec![],
+                        ..Default::default()
                     },
                     AGENT_TOKEN,
                 ))
@@ -1265,6 +1270,7 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
                         job_id: 77,
                         attempt: 1,
                     }],
+                    ..Default::default()
                 },
                 AGENT_TOKEN,
             ))
@@ -1640,6 +1646,7 @@ fn advise_is_stateless_and_explain_tells_why() {
             .register(pb::RegisterNodeRequest {
                 node: Some(node_info(0)),
                 running: vec![],
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -1919,7 +1926,7 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
         let mut agent = service::client::AgentClient::connect(&agent_config, "n-1")
             .await
             .unwrap();
-        let reg = agent.register(node_info(1), vec![]).await.unwrap();
+        let reg = agent.register(node_info(1), vec![], None).await.unwrap();
         assert!(reg.status.unwrap().registered);
         // Its certificate names n-1: it cannot act as another node.
         let as_other = NodeServiceClient::new(with_cert.clone())

@@ -118,6 +118,7 @@ async fn register(ch: &Channel) {
             .register(pb::RegisterNodeRequest {
                 node: Some(common::node_info(i)),
                 running: vec![],
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -339,6 +339,7 @@ async fn load(a: &Args, handle: &service::ServerHandle) -> Result<Outcome, Strin
                     mig_layout: None,
                 }),
                 running: vec![],
+                ..Default::default()
             })
             .await
             .map_err(|e| e.to_string())?;

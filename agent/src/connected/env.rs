@@ -112,6 +112,7 @@ mod tests {
             .collect(),
             reason: String::new(),
             attempt: 3,
+            confirm: false,
         }
     }
 

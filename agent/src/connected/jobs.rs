@@ -136,6 +136,12 @@ pub struct Runner {
     failed: HashSet<(u64, u32)>,
     /// (job, attempt) → the report owed: state and message.
     pub reports: BTreeMap<(u64, u32), (pb::JobState, String)>,
+    /// (job, attempt) told to stop whose end the scheduler waits to hear about before
+    /// it starts the job elsewhere: owed a confirmation once no worker of it is left here.
+    confirm_when_ended: HashSet<(u64, u32)>,
+    /// (job, attempt) whose workers here have all ended after such a stop: the
+    /// confirmations owed (`ReportStopped`).
+    pub stops_to_confirm: BTreeSet<(u64, u32)>,
     exits: mpsc::UnboundedSender<Exit>,
     backlog: Arc<Backlog>,
     journal: Option<Journal>,
@@ -194,6 +200,8 @@ impl Runner {
             logs_dir,
             live: BTreeMap::new(),
             stopping: BTreeMap::new(),
+            confirm_when_ended: HashSet::new(),
+            stops_to_confirm: BTreeSet::new(),
             stop_grace: Duration::ZERO,
             ended: HashSet::new(),
             ended_order: VecDeque::new(),
@@ -561,6 +569,43 @@ impl Runner {
         if let Some(store) = &self.records {
             store.remove(&inc);
         }
+        self.confirm_if_ended(inc.job, inc.attempt);
+    }
+
+    /// The stop grace this agent confirms stops within (`RegisterNodeRequest`), or
+    /// `None` in a mode that cannot tell when a job's processes end.
+    pub fn confirms_stops(&self) -> Option<Duration> {
+        match self.mode {
+            Mode::Exec(_) => Some(self.stop_grace),
+            Mode::Simulated { .. } => Some(Duration::ZERO),
+            Mode::EnvOnly => None,
+        }
+    }
+
+    /// Notes that the scheduler waits to hear when `job` at `attempt` has no worker
+    /// left here.
+    fn want_stop_confirmed(&mut self, job: u64, attempt: u32) {
+        if self.confirms_stops().is_some() {
+            self.confirm_when_ended.insert((job, attempt));
+        }
+    }
+
+    /// Owes the confirmation of `job` at `attempt` once none of its workers is left
+    /// here, running or stopping, if one was asked for.
+    fn confirm_if_ended(&mut self, job: u64, attempt: u32) {
+        let key = (job, attempt);
+        if !self.confirm_when_ended.contains(&key) {
+            return;
+        }
+        let runs = self
+            .live
+            .keys()
+            .chain(self.stopping.keys())
+            .any(|i| i.job == job && i.attempt == attempt);
+        if !runs {
+            self.confirm_when_ended.remove(&key);
+            self.stops_to_confirm.insert(key);
+        }
     }
 
     /// Settles the stopping workers whose processes have ended (called before a start
@@ -701,8 +746,12 @@ impl Runner {
             .filter(|i| i.job == job && (attempt == 0 || i.attempt == attempt))
             .copied()
             .collect();
+        // The scheduler did not place these here; it may have placed the job elsewhere
+        // while this agent was away, and then waits to hear that they ended.
         for i in matching {
+            self.want_stop_confirmed(i.job, i.attempt);
             self.stop(i).await;
+            self.confirm_if_ended(i.job, i.attempt);
         }
         if attempt == 0 {
             self.reports.retain(|(j, _), _| *j != job);
@@ -712,9 +761,15 @@ impl Runner {
         self.forget_finished(job, attempt);
     }
 
-    /// Applies a STOP assignment.
+    /// Applies a STOP assignment, confirming it once its workers here have ended when
+    /// the scheduler asks (`Assignment.confirm`: it holds the job's next START until
+    /// then). A STOP of nothing running here is confirmed at once.
     pub async fn apply_stop(&mut self, a: &pb::Assignment) {
+        if a.confirm {
+            self.want_stop_confirmed(a.job_id, a.attempt);
+        }
         self.stop(Incarnation::of(a)).await;
+        self.confirm_if_ended(a.job_id, a.attempt);
     }
 
     /// Applies a watch's opening snapshot.
@@ -726,8 +781,11 @@ impl Runner {
             .filter(|i| !keep.contains(i))
             .copied()
             .collect();
+        // A STOP sent while this agent was away may have been waited on.
         for i in gone {
+            self.want_stop_confirmed(i.job, i.attempt);
             self.stop(i).await;
+            self.confirm_if_ended(i.job, i.attempt);
         }
         for a in snapshot {
             self.start(a).await;
@@ -825,6 +883,7 @@ mod tests {
             env: Default::default(),
             reason: String::new(),
             attempt,
+            confirm: false,
         }
     }
 
@@ -1054,6 +1113,67 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n4\n");
         r.stop_all().await;
         assert!(r.live.is_empty() && r.stopping.is_empty());
+    }
+
+    fn stop_of(job: u64, attempt: u32, confirm: bool) -> pb::Assignment {
+        pb::Assignment {
+            action: pb::AssignmentAction::Stop as i32,
+            confirm,
+            ..start(job, attempt, &[])
+        }
+    }
+
+    /// A STOP the scheduler waits on is confirmed once the worker's process has ended,
+    /// not when the SIGTERM is sent; one it does not wait on is never confirmed; a STOP
+    /// of nothing running here is confirmed at once.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_stop_is_confirmed_when_the_stopped_worker_has_ended_if_asked() {
+        let marks = tempfile::tempdir().unwrap();
+        let ready = marks.path().join("ready");
+        let cmd = format!(
+            "trap 'sleep 1; exit 0' TERM; touch \"{}\".$MARSHAL_JOB_ID; sleep 30 & wait",
+            ready.display()
+        );
+        let (r, _rx, _dir) = runner(Mode::Exec(cmd));
+        let mut r = r.with_stop_grace(Duration::from_secs(20));
+        assert_eq!(r.confirms_stops(), Some(Duration::from_secs(20)));
+        for job in [1, 2] {
+            r.start(&start(job, 1, &[job as u32])).await;
+            let t = Instant::now();
+            while !marks.path().join(format!("ready.{job}")).exists() {
+                assert!(t.elapsed() < Duration::from_secs(10));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        r.apply_stop(&stop_of(1, 1, true)).await;
+        r.apply_stop(&stop_of(2, 1, false)).await;
+        assert_eq!(r.stopping.len(), 2);
+        assert!(r.stops_to_confirm.is_empty(), "confirmed before it ended");
+        let t = Instant::now();
+        while !r.stopping.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(15));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            r.reap_stopped();
+        }
+        assert_eq!(r.stops_to_confirm, BTreeSet::from([(1, 1)]));
+        r.stops_to_confirm.clear();
+        r.apply_stop(&stop_of(9, 4, true)).await;
+        assert_eq!(r.stops_to_confirm, BTreeSet::from([(9, 4)]));
+    }
+
+    #[tokio::test]
+    async fn only_an_agent_that_sees_its_workers_end_confirms_stops() {
+        let (mut r, _rx, _dir) = runner(Mode::Simulated { speedup: 1.0 });
+        assert_eq!(r.confirms_stops(), Some(Duration::ZERO));
+        r.start(&start(3, 2, &[0])).await;
+        r.apply_stop(&stop_of(3, 2, true)).await;
+        assert_eq!(r.stops_to_confirm, BTreeSet::from([(3, 2)]));
+        let (mut r, _rx, _dir) = runner(Mode::EnvOnly);
+        assert_eq!(r.confirms_stops(), None);
+        r.start(&start(3, 2, &[0])).await;
+        r.apply_stop(&stop_of(3, 2, true)).await;
+        assert!(r.stops_to_confirm.is_empty());
     }
 
     #[cfg(target_os = "linux")]

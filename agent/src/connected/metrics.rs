@@ -98,6 +98,12 @@ impl Collector for Scrape {
             "Workers stopped because the scheduler had given their jobs up (fencing)",
             s.fenced,
         )?;
+        counter(
+            e,
+            "stops_confirmed",
+            "Ends of stopped workers confirmed to the scheduler, which holds a moved job's next start until then",
+            c.stops_confirmed.load(Ordering::Relaxed),
+        )?;
         gauge(
             e,
             "workers",

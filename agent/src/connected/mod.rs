@@ -95,6 +95,8 @@ pub struct Counters {
     pub starts: AtomicU64,
     /// Workers stopped by fencing.
     pub fenced: AtomicU64,
+    /// Stops confirmed to the scheduler (`ReportStopped`).
+    pub stops_confirmed: AtomicU64,
     /// 1 while a session is registered, else 0.
     pub registered: AtomicU64,
     /// Workers running now, and stopped ones still within their grace.
@@ -240,7 +242,7 @@ pub async fn run_connected(
         // Best effort, briefly: the reports owed and the rows held (the rows are in
         // Parquet whatever happens here).
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            if !runner.reports.is_empty() {
+            if !runner.reports.is_empty() || !runner.stops_to_confirm.is_empty() {
                 flush_reports(&mut runner, &mut client, &counters, None).await?;
             }
             loop {
@@ -324,6 +326,28 @@ async fn flush_reports(
             Err(e) => return Err(e),
         };
         runner.settle_report(job, attempt, state);
+    }
+    let confirmations: Vec<(u64, u32)> = runner.stops_to_confirm.iter().copied().collect();
+    for (job, attempt) in confirmations {
+        let sent = Instant::now();
+        match client.report_stopped(job, attempt).await {
+            Ok(awaited) => {
+                if let Some(contact) = contact {
+                    contact.update(|l| l.answered(sent));
+                }
+                counters.stops_confirmed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(job, attempt, awaited, "stop confirmed");
+            }
+            // A scheduler that predates ReportStopped never asks for it; nothing waits.
+            Err(e)
+                if refused(&e)
+                    || matches!(&e, ClientError::Call(s) if s.code() == Code::Unimplemented) =>
+            {
+                tracing::info!(job, attempt, error = %e, "stop confirmation refused; dropped");
+            }
+            Err(e) => return Err(e),
+        }
+        runner.stops_to_confirm.remove(&(job, attempt));
     }
     Ok(())
 }
@@ -409,7 +433,11 @@ async fn session(
     }
     let sent = Instant::now();
     let reg = match client
-        .register(config.node.clone(), runner.running_list())
+        .register(
+            config.node.clone(),
+            runner.running_list(),
+            runner.confirms_stops(),
+        )
         .await
     {
         Ok(reg) => reg,
@@ -496,7 +524,7 @@ async fn session(
             }
         }
         counters.note_workers(runner);
-        if !runner.reports.is_empty() {
+        if !runner.reports.is_empty() || !runner.stops_to_confirm.is_empty() {
             flush_reports(runner, &mut client, counters, Some(contact)).await?;
         }
     }

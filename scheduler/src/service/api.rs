@@ -375,6 +375,19 @@ impl NodeService for Api {
         }))
     }
 
+    async fn report_stopped(
+        &self,
+        req: Request<pb::ReportStoppedRequest>,
+    ) -> Result<Response<pb::ReportStoppedResponse>, Status> {
+        BoundNode::check(&req, &req.get_ref().node)?;
+        let req = req.into_inner();
+        let awaited = self
+            .core
+            .mutate(|inner| inner.stop_confirmed(&req, now_us()))
+            .await?;
+        Ok(Response::new(pb::ReportStoppedResponse { awaited }))
+    }
+
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,

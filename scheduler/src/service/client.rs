@@ -244,17 +244,32 @@ impl AgentClient {
     }
 
     /// Registers with the hardware found and the jobs running now; returns what to stop
-    /// and what the node should run.
+    /// and what the node should run. `confirms_stops`: the agent's stop grace, when it
+    /// reports that stopped workers ended ([`AgentClient::report_stopped`]).
     pub async fn register(
         &mut self,
         info: pb::NodeInfo,
         running: Vec<pb::RunningJob>,
+        confirms_stops: Option<Duration>,
     ) -> Result<pb::RegisterNodeResponse, ClientError> {
         let call = self.client.register(pb::RegisterNodeRequest {
             node: Some(info),
             running,
+            confirms_stops: confirms_stops.is_some(),
+            stop_grace_ms: confirms_stops.map_or(0, |g| g.as_millis() as u64),
         });
         within(self.call_timeout, call).await
+    }
+
+    /// Says that this node's workers of `job_id`'s incarnation `attempt`, told to stop,
+    /// have all ended. Returns whether the scheduler was waiting for it.
+    pub async fn report_stopped(&mut self, job_id: u64, attempt: u32) -> Result<bool, ClientError> {
+        let call = self.client.report_stopped(pb::ReportStoppedRequest {
+            node: self.node.clone(),
+            job_id,
+            attempt,
+        });
+        Ok(within(self.call_timeout, call).await?.awaited)
     }
 
     /// The node's assignment stream: long-lived, so it has no deadline; a dead

@@ -164,6 +164,8 @@ pub struct Inner {
     /// The pending jobs their tenant's quota held at the last cycle, and by how much
     /// (`cycle::note_quota_waits`).
     pub(crate) quota_waits: HashMap<u32, crate::framework::Shortfall>,
+    /// Moved jobs whose START waits for their stopped workers to end.
+    pub(crate) stop_waits: crate::service::stop_waits::StopWaits,
     /// Whether a node's status changed since the node gauges were last counted.
     pub(crate) node_gauges_stale: bool,
     /// [`Inner::jobs_by_node`] as of the last change to a job's placement or activity
@@ -288,6 +290,7 @@ impl Core {
             cpu_nodes_first: config.cpu_nodes_first,
             before_cycle: None,
             quota_waits: HashMap::new(),
+            stop_waits: Default::default(),
             node_gauges_stale: true,
             jobs_by_node_cache: Default::default(),
         };
@@ -569,6 +572,7 @@ impl Core {
                 if last_heartbeat_check.elapsed() >= HEARTBEAT_CHECK_EVERY {
                     last_heartbeat_check = Instant::now();
                     inner.check_heartbeats(now_us());
+                    inner.expire_stop_waits(now_us());
                 }
                 if last_purge.elapsed() >= PURGE_CHECK_EVERY {
                     last_purge = Instant::now();
@@ -805,6 +809,7 @@ impl Inner {
         m.queue_depth.set(self.queue.len() as i64);
         m.active_jobs.set(self.active.len() as i64);
         m.allocated_milli.set(self.state.allocated_milli() as i64);
+        m.starts_held.set(self.stop_waits.held_jobs() as i64);
         // Counting walks every node, and this runs after every event.
         if !std::mem::take(&mut self.node_gauges_stale) {
             return;

@@ -107,6 +107,7 @@ impl Inner {
                         env,
                         reason: reason.to_string(),
                         attempt: r.attempts,
+                        confirm: false,
                     },
                 )
             })
@@ -174,12 +175,26 @@ impl Inner {
                 self.state.release(&record.job, p);
             }
             self.needs_cycle = true;
-            events.extend(self.assignments(record, p, pb::AssignmentAction::Stop, &record.reason));
+            let mut stops = self.assignments(record, p, pb::AssignmentAction::Stop, &record.reason);
+            // A placement whose START was still held never ran, so there is nothing of
+            // it to wait for; a job that ended for good is started nowhere again.
+            let ran = !self.stop_waits.drop_held(id);
+            if ran && to.is_waiting() {
+                let nodes = self.confirming_nodes(p);
+                for (node, stop) in &mut stops {
+                    stop.confirm = nodes.iter().any(|(n, _)| n == node);
+                }
+                let steady = now - (self.wall_step)();
+                self.stop_waits
+                    .await_stops(id, record.attempts, nodes, steady);
+            }
+            events.extend(stops);
         }
         if to == JobState::Placed
             && let Some(p) = &record.placement
         {
-            events.extend(self.assignments(record, p, pb::AssignmentAction::Start, ""));
+            let starts = self.assignments(record, p, pb::AssignmentAction::Start, "");
+            events.extend(self.stop_waits.hold_or_pass(id, starts));
         }
         let job_event = pb::JobEvent {
             job_id: id as u64,

@@ -41,6 +41,11 @@ pub struct Metrics {
     pub reserved_nodes: Gauge,
     /// Jobs requeued because their node stayed unreachable past the grace period.
     pub node_lost_requeues: Counter,
+    /// Stop confirmations a moved job's START waited for, by outcome (`confirmed`,
+    /// `timed_out`), one per node (`service::stop_waits`).
+    pub stop_waits: Family<Labels, Counter>,
+    /// Placed jobs whose START is held until their stopped workers have ended.
+    pub starts_held: Gauge,
     pub fallback_ratio: Gauge<f64, AtomicU64>,
     pub telemetry: Family<Labels, Counter>,
     /// Model (re)loads by outcome (`loaded`, `rejected`).
@@ -102,6 +107,8 @@ impl Metrics {
             unreachable_nodes: Gauge::default(),
             reserved_nodes: Gauge::default(),
             node_lost_requeues: Counter::default(),
+            stop_waits: Family::default(),
+            starts_held: Gauge::default(),
             fallback_ratio: Gauge::default(),
             telemetry: Family::default(),
             model_reloads: Family::default(),
@@ -209,6 +216,16 @@ impl Metrics {
             "node_lost_requeues",
             "Jobs requeued because their node stayed unreachable past node_grace_ms",
             m.node_lost_requeues.clone(),
+        );
+        registry.register(
+            "stop_waits",
+            "Confirmations that a moved job's stopped workers ended, waited for before starting it elsewhere, by outcome (confirmed, timed_out), one per node",
+            m.stop_waits.clone(),
+        );
+        registry.register(
+            "starts_held",
+            "Placed jobs whose START waits for their stopped workers to end",
+            m.starts_held.clone(),
         );
         registry.register(
             "fallback_ratio",

@@ -49,6 +49,7 @@ pub mod rpc_metrics;
 pub mod secret;
 pub mod server;
 pub mod shadow;
+mod stop_waits;
 pub mod store;
 #[cfg(test)]
 mod testkit;

@@ -16,6 +16,26 @@ pub struct Registration {
     pub stop: Vec<pb::RunningJob>,
 }
 
+/// The longest stop grace an agent may declare: the agent's own `--stop-grace` limit.
+const MAX_STOP_GRACE_MS: u64 = 3_600_000;
+
+/// The stop grace (µs) of an agent that confirms stops; `None` when it does not.
+fn confirms_stops_within_us(req: &pb::RegisterNodeRequest) -> Result<Option<i64>, ServiceError> {
+    if !req.confirms_stops {
+        return Ok(None);
+    }
+    if req.stop_grace_ms > MAX_STOP_GRACE_MS {
+        return Err(ServiceError::invalid(
+            "stop_grace_ms",
+            format!(
+                "{} ms is more than the {MAX_STOP_GRACE_MS} ms a moved job may be held for",
+                req.stop_grace_ms
+            ),
+        ));
+    }
+    Ok(Some(req.stop_grace_ms as i64 * 1000))
+}
+
 impl Inner {
     pub fn node_id(&self, field: &str, name: &str) -> Result<NodeId, ServiceError> {
         if name.is_empty() {
@@ -106,6 +126,8 @@ impl Inner {
     pub fn node_assignments(&self, n: NodeId) -> Vec<pb::Assignment> {
         self.jobs_on(n)
             .into_iter()
+            // Sent once its stopped workers elsewhere have ended (`stop_waits`).
+            .filter(|&id| !self.stop_waits.is_held(id))
             .flat_map(|id| {
                 let r = &self.jobs[&id];
                 let p = r.placement.as_ref().expect("active jobs hold a placement");
@@ -358,6 +380,7 @@ impl Inner {
         let name = &group.names[0];
         let n = self.node_id("node.name", name)?;
         let info = req.node.as_ref().expect("node_group checked it is set");
+        let confirms_stops_within_us = confirms_stops_within_us(req)?;
         if let Err(refused) = self.check_hardware(n, &group, info) {
             self.refuse_registration(n, &refused, now);
             return Err(refused);
@@ -401,6 +424,7 @@ impl Inner {
         }
         self.nodes[n.0 as usize].registered = true;
         self.nodes[n.0 as usize].refused = false;
+        self.nodes[n.0 as usize].confirms_stops_within_us = confirms_stops_within_us;
         self.heard_from(n, now);
         self.mark_node(n);
         Ok(Registration { node: n, stop })
@@ -604,6 +628,7 @@ mod tests {
                 ..node_info(node.0 as usize)
             }),
             running: vec![],
+            ..Default::default()
         };
         let err = inner.register(&pulled, t0 + 1).unwrap_err();
         assert!(matches!(err, ServiceError::FailedPrecondition(_)), "{err}");
@@ -631,6 +656,7 @@ mod tests {
         let back = pb::RegisterNodeRequest {
             node: Some(node_info(node.0 as usize)),
             running: vec![],
+            ..Default::default()
         };
         inner.register(&back, t0 + 4_000_000).unwrap();
         assert!(!inner.nodes[node.0 as usize].unreachable);
@@ -656,6 +682,7 @@ mod tests {
                     ..node_info(0)
                 }),
                 running: vec![],
+                ..Default::default()
             };
             inner.register(&req, 1).map(|_| ())
         };
@@ -762,6 +789,7 @@ mod tests {
         let again = pb::RegisterNodeRequest {
             node: Some(node_info(0)),
             running: vec![],
+            ..Default::default()
         };
         inner.register(&again, t0 + 3).unwrap();
         assert_eq!(inner.jobs[&id].state, JobState::Running);

@@ -42,6 +42,11 @@ pub struct NodeRecord {
     /// Not persisted (after a restart the node is as its stored record says).
     #[serde(skip)]
     pub refused: bool,
+    /// Its agent's stop grace (µs) when it confirms that stopped workers ended
+    /// (`service::stop_waits`); `None` when it does not. From its last registration, not
+    /// persisted.
+    #[serde(skip)]
+    pub confirms_stops_within_us: Option<i64>,
 }
 
 /// One GPU a worker holds, by its index on the node.

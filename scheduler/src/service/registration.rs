@@ -168,6 +168,7 @@ mod tests {
                 ..node_info(0)
             }),
             running: vec![],
+            ..Default::default()
         };
         let mut inner = test.core.lock();
         inner.register(&req, 1).map(|_| ()).map_err(|e| {

@@ -86,6 +86,7 @@ pub fn register_both(inner: &mut Inner, t0: i64) {
         let req = pb::RegisterNodeRequest {
             node: Some(node_info(i)),
             running: vec![],
+            ..Default::default()
         };
         inner.register(&req, t0).unwrap();
         inner.heard_from(NodeId(i as u32), t0);

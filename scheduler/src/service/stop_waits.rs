@@ -1,0 +1,538 @@
+//! Holding a moved job's START until its stopped workers have ended.
+//!
+//! A job that is preempted, requeued or migrated gets a STOP on the nodes it ran on and,
+//! often in the same cycle, a START somewhere else. An agent gives a stopped worker a
+//! grace (SIGTERM, then SIGKILL), which checkpointing jobs need; but while it lasts the
+//! old worker still runs, and a START sent at once would run the job twice: two writers
+//! of one checkpoint, two members of one rendezvous. So the START of the next placement
+//! is held here until every node the job was stopped on has confirmed that its workers
+//! ended (`ReportStopped`), or until that node's stop grace and [`STOP_CONFIRM_MARGIN_US`]
+//! have passed, the most the agent takes to end them.
+//!
+//! Only agents that registered with `confirms_stops` are waited for: one that only
+//! writes the job's environment cannot tell when its processes end. A node that is
+//! unreachable when its job is stopped is not waited for either: the STOP cannot reach
+//! it, and its jobs were requeued only after the timeout and grace that a fencing agent
+//! stops its workers within (`agent --fence-when-silent`).
+//!
+//! The placement itself is made at once, as before: its GPUs are allocated and the job
+//! is PLACED; only the agents' START is held. The waits are not persisted: after a
+//! restart the new server sends every placed job's START in its watch snapshot (an agent
+//! still waits for a stopping worker of the same job on its own node).
+
+use std::collections::HashMap;
+
+use crate::domain::{NodeId, Placement};
+use crate::service::core::{Event, Inner};
+use crate::service::error::ServiceError;
+use crate::service::pb;
+
+/// What a stop confirmation may take beyond the agent's stop grace: the agent's own wait
+/// for the SIGKILL to take effect (12 s), its report interval, and the call.
+pub const STOP_CONFIRM_MARGIN_US: i64 = 15_000_000;
+
+/// A node whose workers of one incarnation were told to stop and have not yet been
+/// confirmed ended.
+#[derive(Clone, Debug)]
+struct Unconfirmed {
+    node: NodeId,
+    attempt: u32,
+    /// On the monotonic clock (`core::wall_step_us`), as node timeouts are.
+    until_steady_us: i64,
+}
+
+/// The jobs waiting for stop confirmations, and the STARTs held for them.
+#[derive(Default, Debug)]
+pub struct StopWaits {
+    unconfirmed: HashMap<u32, Vec<Unconfirmed>>,
+    held: HashMap<u32, Vec<(NodeId, pb::Assignment)>>,
+}
+
+/// STARTs a confirmation or a deadline released, to send now.
+pub type Released = Vec<(NodeId, pb::Assignment)>;
+
+/// What [`StopWaits::expire`] found: a job whose wait ran out on some nodes.
+#[derive(Debug)]
+pub struct Expired {
+    pub job: u32,
+    pub nodes: Vec<NodeId>,
+    pub released: Released,
+}
+
+impl StopWaits {
+    /// Waits for `job`'s incarnation `attempt` to be confirmed stopped on each of
+    /// `nodes`, each until its `grace_us` and the margin have passed from `steady_now`.
+    pub fn await_stops(
+        &mut self,
+        job: u32,
+        attempt: u32,
+        nodes: impl IntoIterator<Item = (NodeId, i64)>,
+        steady_now: i64,
+    ) {
+        let waits = self.unconfirmed.entry(job).or_default();
+        for (node, grace_us) in nodes {
+            if waits.iter().any(|w| w.node == node && w.attempt == attempt) {
+                continue;
+            }
+            waits.push(Unconfirmed {
+                node,
+                attempt,
+                until_steady_us: steady_now + grace_us + STOP_CONFIRM_MARGIN_US,
+            });
+        }
+        if waits.is_empty() {
+            self.unconfirmed.remove(&job);
+        }
+    }
+
+    /// The STARTs of `job`'s new placement: returned to send now when nothing is
+    /// awaited, else held (and an empty list returned).
+    pub fn hold_or_pass(&mut self, job: u32, starts: Released) -> Released {
+        if self.unconfirmed.contains_key(&job) {
+            self.held.entry(job).or_default().extend(starts);
+            Vec::new()
+        } else {
+            starts
+        }
+    }
+
+    /// Forgets the held STARTs of `job`, whose placement ended before they were sent.
+    /// Returns whether any were held: then nothing of that placement ever ran.
+    pub fn drop_held(&mut self, job: u32) -> bool {
+        self.held.remove(&job).is_some()
+    }
+
+    /// Whether `job`'s START is held (its nodes must not be told to run it yet).
+    pub fn is_held(&self, job: u32) -> bool {
+        self.held.contains_key(&job)
+    }
+
+    /// Whether `job` still waits for a node's confirmation.
+    #[cfg(test)]
+    pub fn awaits(&self, job: u32) -> bool {
+        self.unconfirmed.contains_key(&job)
+    }
+
+    /// `node` confirmed `job`'s incarnation `attempt` stopped. Returns whether that was
+    /// awaited, and the STARTs it released when it was the last one.
+    pub fn confirm(&mut self, job: u32, node: NodeId, attempt: u32) -> (bool, Released) {
+        let Some(waits) = self.unconfirmed.get_mut(&job) else {
+            return (false, Vec::new());
+        };
+        let before = waits.len();
+        waits.retain(|w| !(w.node == node && w.attempt == attempt));
+        let awaited = waits.len() < before;
+        if !waits.is_empty() {
+            return (awaited, Vec::new());
+        }
+        self.unconfirmed.remove(&job);
+        (awaited, self.held.remove(&job).unwrap_or_default())
+    }
+
+    /// Gives up the waits whose deadline has passed at `steady_now`, releasing the
+    /// STARTs of every job left waiting for nothing, in job order.
+    pub fn expire(&mut self, steady_now: i64) -> Vec<Expired> {
+        let mut expired = Vec::new();
+        for (&job, waits) in &mut self.unconfirmed {
+            let mut nodes = Vec::new();
+            waits.retain(|w| {
+                let due = w.until_steady_us <= steady_now;
+                if due {
+                    nodes.push(w.node);
+                }
+                !due
+            });
+            if !nodes.is_empty() {
+                expired.push(Expired {
+                    job,
+                    nodes,
+                    released: Vec::new(),
+                });
+            }
+        }
+        self.unconfirmed.retain(|_, w| !w.is_empty());
+        expired.sort_by_key(|e| e.job);
+        for e in &mut expired {
+            if !self.unconfirmed.contains_key(&e.job) {
+                e.released = self.held.remove(&e.job).unwrap_or_default();
+            }
+        }
+        expired
+    }
+
+    /// Jobs waiting for a confirmation.
+    #[cfg(test)]
+    pub fn waiting_jobs(&self) -> usize {
+        self.unconfirmed.len()
+    }
+
+    /// Jobs whose START is held.
+    pub fn held_jobs(&self) -> usize {
+        self.held.len()
+    }
+}
+
+impl Inner {
+    /// The distinct nodes of `placement` whose agents confirm stops and can hear the
+    /// STOP (registered and reachable), each with its stop grace.
+    pub(crate) fn confirming_nodes(&self, placement: &Placement) -> Vec<(NodeId, i64)> {
+        let mut nodes: Vec<(NodeId, i64)> = Vec::new();
+        for w in &placement.workers {
+            let r = &self.nodes[w.node.0 as usize];
+            if let Some(grace) = r.confirms_stops_within_us
+                && r.registered
+                && !r.unreachable
+                && !nodes.iter().any(|(n, _)| *n == w.node)
+            {
+                nodes.push((w.node, grace));
+            }
+        }
+        nodes
+    }
+
+    /// The ReportStopped RPC: `node`'s workers of `job_id`'s incarnation `attempt` have
+    /// ended. Returns whether that was awaited; the STARTs it released are sent.
+    pub fn stop_confirmed(
+        &mut self,
+        req: &pb::ReportStoppedRequest,
+        now: i64,
+    ) -> Result<bool, ServiceError> {
+        let n = self.registered_node("node", &req.node)?;
+        self.heard_from(n, now);
+        let id = crate::service::convert::job_id("job_id", req.job_id)?.0;
+        if req.attempt == 0 {
+            return Err(ServiceError::invalid(
+                "attempt",
+                "must name the stopped incarnation (Assignment.attempt of its STOP)",
+            ));
+        }
+        let (awaited, released) = self.stop_waits.confirm(id, n, req.attempt);
+        if awaited {
+            self.metrics
+                .stop_waits
+                .get_or_create(&vec![("outcome", "confirmed")])
+                .inc();
+        }
+        if !released.is_empty() {
+            tracing::info!(job = id, "stopped workers ended; the next placement starts");
+        }
+        self.send_released(released);
+        Ok(awaited)
+    }
+
+    /// Gives up the stop confirmations that are overdue (called with the heartbeat
+    /// check), starting the jobs they held.
+    pub fn expire_stop_waits(&mut self, now: i64) {
+        let steady = now - (self.wall_step)();
+        for e in self.stop_waits.expire(steady) {
+            let names: Vec<&str> = e
+                .nodes
+                .iter()
+                .map(|&n| self.topo.node(n).name.as_str())
+                .collect();
+            tracing::warn!(
+                job = e.job,
+                nodes = ?names,
+                "no confirmation that the job's stopped workers ended within the nodes' stop grace; assuming they did"
+            );
+            self.metrics
+                .stop_waits
+                .get_or_create(&vec![("outcome", "timed_out")])
+                .inc_by(e.nodes.len() as u64);
+            self.send_released(e.released);
+        }
+    }
+
+    fn send_released(&mut self, released: Released) {
+        for (node, assignment) in released {
+            self.push_event(Event::Assignment { node, assignment });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(job: u64, node: u32) -> (NodeId, pb::Assignment) {
+        (
+            NodeId(node),
+            pb::Assignment {
+                job_id: job,
+                action: pb::AssignmentAction::Start as i32,
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_start_passes_when_nothing_is_awaited() {
+        let mut waits = StopWaits::default();
+        assert_eq!(waits.hold_or_pass(1, vec![start(1, 0)]).len(), 1);
+        assert!(!waits.is_held(1));
+        assert_eq!(waits.confirm(1, NodeId(0), 1), (false, Vec::new()));
+    }
+
+    #[test]
+    fn a_start_is_held_until_every_stopped_node_confirms() {
+        let mut waits = StopWaits::default();
+        waits.await_stops(7, 2, [(NodeId(0), 30_000_000), (NodeId(1), 0)], 0);
+        assert!(waits.hold_or_pass(7, vec![start(7, 2)]).is_empty());
+        assert!(waits.is_held(7));
+        // Another attempt's confirmation, or another job's, releases nothing.
+        assert_eq!(waits.confirm(7, NodeId(0), 1), (false, Vec::new()));
+        assert_eq!(waits.confirm(8, NodeId(0), 2), (false, Vec::new()));
+        let (awaited, released) = waits.confirm(7, NodeId(1), 2);
+        assert!(awaited && released.is_empty());
+        assert!(waits.is_held(7));
+        let (awaited, released) = waits.confirm(7, NodeId(0), 2);
+        assert!(awaited);
+        assert_eq!(released, vec![start(7, 2)]);
+        assert!(!waits.is_held(7) && !waits.awaits(7));
+        // A repeated confirmation is accepted and changes nothing.
+        assert_eq!(waits.confirm(7, NodeId(0), 2), (false, Vec::new()));
+    }
+
+    #[test]
+    fn a_wait_ends_at_the_nodes_grace_and_the_margin() {
+        let mut waits = StopWaits::default();
+        waits.await_stops(3, 1, [(NodeId(0), 1_000_000)], 100);
+        waits.await_stops(4, 1, [(NodeId(1), 60_000_000)], 100);
+        waits.hold_or_pass(3, vec![start(3, 5)]);
+        waits.hold_or_pass(4, vec![start(4, 6)]);
+        let deadline = 100 + 1_000_000 + STOP_CONFIRM_MARGIN_US;
+        assert!(waits.expire(deadline - 1).is_empty());
+        let expired = waits.expire(deadline);
+        assert_eq!(expired.len(), 1);
+        assert_eq!((expired[0].job, &expired[0].nodes), (3, &vec![NodeId(0)]));
+        assert_eq!(expired[0].released, vec![start(3, 5)]);
+        assert!(waits.is_held(4) && waits.awaits(4));
+        assert_eq!(waits.waiting_jobs(), 1);
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_on_one_node_still_holds_for_the_other() {
+        let mut waits = StopWaits::default();
+        waits.await_stops(3, 1, [(NodeId(0), 0), (NodeId(1), 10_000_000)], 0);
+        waits.hold_or_pass(3, vec![start(3, 5)]);
+        let expired = waits.expire(STOP_CONFIRM_MARGIN_US);
+        assert_eq!(expired.len(), 1);
+        assert!(expired[0].released.is_empty());
+        assert_eq!(waits.confirm(3, NodeId(1), 1).1, vec![start(3, 5)]);
+    }
+
+    #[test]
+    fn a_placement_that_ends_before_its_start_drops_it_and_keeps_waiting() {
+        let mut waits = StopWaits::default();
+        waits.await_stops(9, 1, [(NodeId(0), 0)], 0);
+        waits.hold_or_pass(9, vec![start(9, 1)]);
+        assert!(waits.drop_held(9));
+        assert!(!waits.drop_held(9));
+        // The next placement is held as well: the first one's worker may still run.
+        assert!(waits.hold_or_pass(9, vec![start(9, 2)]).is_empty());
+        assert_eq!(waits.confirm(9, NodeId(0), 1).1, vec![start(9, 2)]);
+    }
+
+    #[test]
+    fn no_nodes_to_wait_for_hold_nothing() {
+        let mut waits = StopWaits::default();
+        waits.await_stops(1, 1, [], 0);
+        assert!(!waits.awaits(1));
+        assert_eq!(waits.hold_or_pass(1, vec![start(1, 0)]).len(), 1);
+    }
+}
+
+/// The waits as the service runs them: a drained node's job placed on the other node.
+#[cfg(test)]
+mod service_tests {
+    use crate::domain::NodeId;
+    use crate::service::config::ServiceConfig;
+    use crate::service::core::{Event, Inner, now_us};
+    use crate::service::jobs::JobState;
+    use crate::service::model::{ModelSlot, NoModel};
+    use crate::service::pb;
+    use crate::service::testkit::{TestCore, node_info, whole_gpu_job};
+
+    use super::STOP_CONFIRM_MARGIN_US;
+
+    const GRACE_MS: u64 = 30_000;
+
+    fn register(inner: &mut Inner, t0: i64, confirms: bool) {
+        for i in 0..2 {
+            let req = pb::RegisterNodeRequest {
+                node: Some(node_info(i)),
+                confirms_stops: confirms,
+                stop_grace_ms: if confirms { GRACE_MS } else { 0 },
+                ..Default::default()
+            };
+            inner.register(&req, t0).unwrap();
+        }
+    }
+
+    /// (node, job, action, attempt) of each assignment the last epoch sends.
+    fn sent(inner: &mut Inner) -> Vec<(u32, u32, i32, u32)> {
+        let (_, _, events) = inner.take_batch();
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Assignment { node, assignment } => Some((
+                    node.0,
+                    assignment.job_id as u32,
+                    assignment.action,
+                    assignment.attempt,
+                )),
+                Event::Job(_) => None,
+            })
+            .collect()
+    }
+
+    const START: i32 = pb::AssignmentAction::Start as i32;
+    const STOP: i32 = pb::AssignmentAction::Stop as i32;
+
+    /// A job of one 8-GPU worker placed, its node drained and the job placed on the
+    /// other node: returns the job, its first node and the second.
+    fn moved(inner: &mut Inner, t0: i64) -> (u32, u32, u32) {
+        let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+        let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0]
+            .node
+            .0;
+        assert_eq!(sent(inner), vec![(first, id, START, 1)]);
+        let name = inner.topo.node(NodeId(first)).name.clone();
+        inner.drain(&name, "maintenance", t0 + 1).unwrap();
+        inner.cycle(t0 + 2, &NoModel.decision_path("topo-pack"));
+        let r = &inner.jobs[&id];
+        assert_eq!((r.state, r.attempts), (JobState::Placed, 2));
+        let second = r.placement.as_ref().unwrap().workers[0].node.0;
+        assert_ne!(first, second);
+        (id, first, second)
+    }
+
+    fn confirm(inner: &mut Inner, node: u32, job: u32, attempt: u32, now: i64) -> bool {
+        let req = pb::ReportStoppedRequest {
+            node: format!("n-{node}"),
+            job_id: job as u64,
+            attempt,
+        };
+        inner.stop_confirmed(&req, now).unwrap()
+    }
+
+    #[test]
+    fn a_moved_job_starts_once_its_old_node_confirms_the_stop() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        register(&mut inner, t0, true);
+        let (id, first, second) = moved(&mut inner, t0);
+        // Stopped where it ran; not started yet, not even in a new watch's snapshot.
+        assert_eq!(sent(&mut inner), vec![(first, id, STOP, 1)]);
+        assert!(inner.node_assignments(NodeId(second)).is_empty());
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
+        // The other node's word, or another attempt's, releases nothing.
+        assert!(!confirm(&mut inner, second, id, 1, t0 + 3));
+        assert!(!confirm(&mut inner, first, id, 2, t0 + 3));
+        assert!(sent(&mut inner).is_empty());
+        assert!(confirm(&mut inner, first, id, 1, t0 + 4));
+        assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
+        assert_eq!(inner.node_assignments(NodeId(second)).len(), 1);
+        assert_eq!(inner.stop_waits.held_jobs(), 0);
+        let confirmed = inner
+            .metrics
+            .stop_waits
+            .get_or_create(&vec![("outcome", "confirmed")])
+            .get();
+        assert_eq!(confirmed, 1);
+        // A late repeat is accepted and sends nothing.
+        assert!(!confirm(&mut inner, first, id, 1, t0 + 5));
+        assert!(sent(&mut inner).is_empty());
+    }
+
+    #[test]
+    fn without_a_confirmation_the_start_waits_out_the_grace_and_the_margin() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        register(&mut inner, t0, true);
+        let (id, _, second) = moved(&mut inner, t0);
+        sent(&mut inner);
+        let due = t0 + 1 + GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
+        inner.expire_stop_waits(due - 1_000);
+        assert!(sent(&mut inner).is_empty());
+        inner.expire_stop_waits(due);
+        assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
+        let timed_out = inner
+            .metrics
+            .stop_waits
+            .get_or_create(&vec![("outcome", "timed_out")])
+            .get();
+        assert_eq!(timed_out, 1);
+    }
+
+    #[test]
+    fn an_agent_that_does_not_confirm_stops_gets_the_start_at_once() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        register(&mut inner, t0, false);
+        let (id, first, second) = moved(&mut inner, t0);
+        assert_eq!(
+            sent(&mut inner),
+            vec![(first, id, STOP, 1), (second, id, START, 2)]
+        );
+    }
+
+    #[test]
+    fn a_job_cancelled_while_held_is_never_started() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        register(&mut inner, t0, true);
+        let (id, first, _) = moved(&mut inner, t0);
+        sent(&mut inner);
+        inner.cancel(id, "no longer needed", t0 + 3).unwrap();
+        assert_eq!(inner.stop_waits.held_jobs(), 0);
+        sent(&mut inner);
+        assert!(confirm(&mut inner, first, id, 1, t0 + 4));
+        assert!(
+            sent(&mut inner).iter().all(|a| a.2 != START),
+            "a cancelled job's START must stay unsent"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_node_is_not_waited_for() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        register(&mut inner, t0, true);
+        let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+        let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
+        inner.nodes[first.0 as usize].unreachable = true;
+        let name = inner.topo.node(first).name.clone();
+        inner.drain(&name, "lost", t0 + 1).unwrap();
+        inner.cycle(t0 + 2, &NoModel.decision_path("topo-pack"));
+        assert!(
+            sent(&mut inner)
+                .iter()
+                .any(|a| a.0 != first.0 && a.2 == START)
+        );
+    }
+
+    #[test]
+    fn a_stop_grace_beyond_an_hour_is_refused() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let req = pb::RegisterNodeRequest {
+            node: Some(node_info(0)),
+            confirms_stops: true,
+            stop_grace_ms: 3_600_001,
+            ..Default::default()
+        };
+        let Err(e) = inner.register(&req, now_us()) else {
+            panic!("a stop grace of an hour and a millisecond was accepted");
+        };
+        assert!(e.to_string().contains("stop_grace_ms"), "{e}");
+        assert!(!inner.nodes[0].registered);
+    }
+}
