@@ -1171,6 +1171,21 @@ fn malformed_and_unauthorised_requests_get_precise_status_codes() {
         );
         assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
         assert!(e.message().contains("already cancelled"), "{e:?}");
+        // Successes and errors the handler returned are counted too: a success once
+        // its trailers have passed (through tonic's own response body).
+        let text = common::http_get(handle.metrics_addr.unwrap(), "/metrics").await;
+        for (method, code, calls) in [
+            ("Submit", "Ok", 1),
+            ("Submit", "InvalidArgument", 6),
+            ("Cancel", "Ok", 1),
+            ("Cancel", "FailedPrecondition", 1),
+            ("Get", "NotFound", 1),
+        ] {
+            let line = format!(
+                "marshal_grpc_server_handled_total{{grpc_service=\"marshal.v1.JobService\",grpc_method=\"{method}\",grpc_code=\"{code}\"}} {calls}"
+            );
+            assert!(text.contains(&line), "{line} not in {text}");
+        }
         // Nodes. An error quoting a huge name stays small enough for any client.
         let e = code(
             nodes

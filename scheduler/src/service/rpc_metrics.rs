@@ -3,12 +3,14 @@
 //! authentication interceptors, so their refusals (UNAUTHENTICATED, PERMISSION_DENIED)
 //! are counted like any other status.
 //!
-//! The status is read from the response headers. A handler's or an interceptor's error
-//! is a trailers-only response, which carries it there; a unary success carries it in
-//! the trailers, after the body, and is counted OK. A streaming call (the watches) is
-//! counted and timed when its stream opens: an error later in the stream is not seen.
-//! A call dropped before it answered (the client cancelled, its deadline passed) counts
-//! as `Cancelled`.
+//! A call is counted when it ends, with the status it ended with. A handler's or an
+//! interceptor's error is a trailers-only response, which carries the status in its
+//! headers: counted then. Any other response carries it in the trailers after its body
+//! (a unary answer's message, a stream's last message), read as they pass: so a watch
+//! stream is counted and timed when it ends, with the status it ended with (as
+//! go-grpc-prometheus counts streams), not when it opens. A call dropped before it
+//! answered, or a stream dropped before its trailers (the client cancelled, its deadline
+//! passed, the connection went), counts as `Cancelled`.
 //!
 //! Label values are bounded: a path that names no method of the served services counts
 //! as service and method `unknown`, so a client sending made-up paths cannot grow the
@@ -21,9 +23,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use http_body::{Body, Frame, SizeHint};
 use prost::Message as _;
 use tonic::codegen::Service;
-use tonic::codegen::http::{Request, Response};
+use tonic::codegen::http::{HeaderMap, Request, Response};
 use tower_layer::Layer;
 
 use crate::service::metrics::{Metrics, RpcLabels};
@@ -103,9 +106,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = Response<Recorded<ResBody>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -122,13 +125,77 @@ where
         };
         let call = self.inner.call(req);
         Box::pin(async move {
-            let result = call.await;
-            record.ended(match &result {
-                Ok(response) => status_code(response),
-                Err(_) => "transport error".to_string(),
-            });
-            result
+            let response = match call.await {
+                Ok(response) => response,
+                Err(e) => {
+                    record.ended("transport error".to_string());
+                    return Err(e);
+                }
+            };
+            // A trailers-only response has ended: its status is in the headers.
+            let record = match status_code(response.headers()) {
+                Some(code) => {
+                    record.ended(code);
+                    None
+                }
+                None => Some(record),
+            };
+            Ok(response.map(|body| Recorded {
+                inner: Box::pin(body),
+                record,
+            }))
         })
+    }
+}
+
+/// A response body that records its call when its trailers pass (with their status),
+/// or when it is dropped before them (`Cancelled`).
+pub struct Recorded<B> {
+    inner: Pin<Box<B>>,
+    record: Option<Record>,
+}
+
+impl<B> std::fmt::Debug for Recorded<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorded")
+            .field("recorded", &self.record.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> Body for Recorded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = self.inner.as_mut().poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(Some(Ok(frame))) => frame
+                .trailers_ref()
+                .map(|t| status_code(t).unwrap_or_else(|| "Unknown".into())),
+            // A body that fails mid-stream ends the call without a status.
+            Poll::Ready(Some(Err(_))) => Some("transport error".into()),
+            // Ended without trailers: no status was sent.
+            Poll::Ready(None) => Some("Unknown".into()),
+            Poll::Pending => None,
+        };
+        if let Some(code) = ended
+            && let Some(mut record) = self.record.take()
+        {
+            record.ended(code);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -171,23 +238,56 @@ impl Drop for Record {
     }
 }
 
-/// The response's gRPC status as tonic names it (`NotFound`); OK without one in the
-/// headers (see the module's docs).
-fn status_code<B>(response: &Response<B>) -> String {
-    let code = response
-        .headers()
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
+/// The gRPC status in `headers` (response headers or trailers) as tonic names it
+/// (`NotFound`); `None` without one.
+fn status_code(headers: &HeaderMap) -> Option<String> {
+    let code = headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()
         .and_then(|v| v.parse::<i32>().ok())
-        .map_or(tonic::Code::Ok, tonic::Code::from);
-    format!("{code:?}")
+        .map_or(tonic::Code::Unknown, tonic::Code::from);
+    Some(format!("{code:?}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Answers every call with `status` in the headers (none: a unary success).
+    use std::collections::VecDeque;
+
+    use tonic::codegen::Bytes;
+
+    /// A response body of set frames: messages, then trailers.
+    struct Frames(VecDeque<Frame<Bytes>>);
+
+    impl Frames {
+        /// `messages` messages, then trailers with `status`.
+        fn ending_with(messages: usize, status: &'static str) -> Self {
+            let mut frames: VecDeque<Frame<Bytes>> = (0..messages)
+                .map(|_| Frame::data(Bytes::from_static(b"message")))
+                .collect();
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", status.parse().unwrap());
+            frames.push_back(Frame::trailers(trailers));
+            Frames(frames)
+        }
+    }
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    /// Answers every call with `status` in the headers, a trailers-only response (none:
+    /// a unary success, its status in the trailers after one message).
     #[derive(Clone)]
     struct Answers(Option<&'static str>);
 
@@ -196,9 +296,9 @@ mod tests {
     struct Hangs;
 
     impl Service<Request<()>> for Hangs {
-        type Response = Response<()>;
+        type Response = Response<Frames>;
         type Error = std::convert::Infallible;
-        type Future = std::future::Pending<Result<Response<()>, Self::Error>>;
+        type Future = std::future::Pending<Result<Response<Frames>, Self::Error>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
@@ -210,23 +310,53 @@ mod tests {
     }
 
     impl Service<Request<()>> for Answers {
-        type Response = Response<()>;
+        type Response = Response<Frames>;
         type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<Response<()>, Self::Error>>;
+        type Future = std::future::Ready<Result<Response<Frames>, Self::Error>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
         }
 
         fn call(&mut self, _: Request<()>) -> Self::Future {
-            let mut response = Response::new(());
-            if let Some(status) = self.0 {
-                response
-                    .headers_mut()
-                    .insert("grpc-status", status.parse().unwrap());
-            }
+            let response = match self.0 {
+                Some(status) => {
+                    let mut response = Response::new(Frames(VecDeque::new()));
+                    response
+                        .headers_mut()
+                        .insert("grpc-status", status.parse().unwrap());
+                    response
+                }
+                None => Response::new(Frames::ending_with(1, "0")),
+            };
             std::future::ready(Ok(response))
         }
+    }
+
+    /// A stream of `messages` messages ending with `status` in its trailers.
+    #[derive(Clone)]
+    struct Streams(usize, &'static str);
+
+    impl Service<Request<()>> for Streams {
+        type Response = Response<Frames>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Response<Frames>, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(Ok(Response::new(Frames::ending_with(self.0, self.1))))
+        }
+    }
+
+    /// Reads `body` to its end, as the server does when it sends it.
+    async fn drain<B: Body + Unpin>(mut body: B) {
+        while std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await
+            .is_some()
+        {}
     }
 
     fn handled(metrics: &Metrics, labels: [&str; 3]) -> u64 {
@@ -249,7 +379,13 @@ mod tests {
             let request = Request::builder().uri(path).body(()).unwrap();
             service.call(request)
         };
-        call(None, "/marshal.v1.JobService/Submit").await.unwrap();
+        // A unary success is counted once its trailers pass.
+        let ok = call(None, "/marshal.v1.JobService/Submit").await.unwrap();
+        assert_eq!(
+            handled(&metrics, ["marshal.v1.JobService", "Submit", "Ok"]),
+            0
+        );
+        drain(ok.into_body()).await;
         call(Some("16"), "/marshal.v1.JobService/Submit")
             .await
             .unwrap();
@@ -291,9 +427,10 @@ mod tests {
             1
         );
         // The node service's methods are known too, the streaming ones included.
-        call(None, "/marshal.v1.NodeService/WatchAssignments")
+        let watch = call(None, "/marshal.v1.NodeService/WatchAssignments")
             .await
             .unwrap();
+        drain(watch.into_body()).await;
         assert_eq!(
             handled(
                 &metrics,
@@ -301,5 +438,42 @@ mod tests {
             ),
             1
         );
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_counted_when_it_ends_with_the_status_of_its_trailers() {
+        let metrics = Arc::new(Metrics::new());
+        let known =
+            KnownMethods::from_descriptor_sets(&[crate::service::FILE_DESCRIPTOR_SET]).unwrap();
+        let layer = RpcMetricsLayer::new(metrics.clone(), known);
+        let path = "/marshal.v1.NodeService/WatchAssignments";
+        let request = || Request::builder().uri(path).body(()).unwrap();
+        let count = |code: &str| {
+            handled(
+                &metrics,
+                ["marshal.v1.NodeService", "WatchAssignments", code],
+            )
+        };
+        // Cut off after three messages (a lagging watcher): not counted when it opened,
+        // counted with its status when it ended.
+        let cut_off = layer.layer(Streams(3, "8")).call(request()).await.unwrap();
+        assert_eq!(count("Ok") + count("ResourceExhausted"), 0);
+        drain(cut_off.into_body()).await;
+        assert_eq!((count("Ok"), count("ResourceExhausted")), (0, 1));
+        // Dropped after a message, before its trailers: the client went away.
+        let mut body = layer
+            .layer(Streams(3, "0"))
+            .call(request())
+            .await
+            .unwrap()
+            .into_body();
+        let first = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        assert!(first.is_some_and(|f| f.unwrap().is_data()));
+        assert_eq!(count("Cancelled"), 0);
+        drop(body);
+        assert_eq!((count("Ok"), count("Cancelled")), (0, 1));
+        let text = metrics.render();
+        let timed = "marshal_grpc_server_handling_seconds_count{grpc_service=\"marshal.v1.NodeService\",grpc_method=\"WatchAssignments\"} 2";
+        assert!(text.contains(timed), "{text}");
     }
 }
