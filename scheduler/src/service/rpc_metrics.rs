@@ -286,10 +286,11 @@ mod tests {
         }
     }
 
-    /// Answers every call with `status` in the headers, a trailers-only response (none:
-    /// a unary success, its status in the trailers after one message).
+    /// Answers every call: with `Some(status)` in the headers, a trailers-only response;
+    /// with `None`, with `.1` messages and then the status `.2` in the trailers (a
+    /// unary success is `(None, 1, "0")`).
     #[derive(Clone)]
-    struct Answers(Option<&'static str>);
+    struct Answers(Option<&'static str>, usize, &'static str);
 
     /// Never answers.
     #[derive(Clone)]
@@ -327,27 +328,9 @@ mod tests {
                         .insert("grpc-status", status.parse().unwrap());
                     response
                 }
-                None => Response::new(Frames::ending_with(1, "0")),
+                None => Response::new(Frames::ending_with(self.1, self.2)),
             };
             std::future::ready(Ok(response))
-        }
-    }
-
-    /// A stream of `messages` messages ending with `status` in its trailers.
-    #[derive(Clone)]
-    struct Streams(usize, &'static str);
-
-    impl Service<Request<()>> for Streams {
-        type Response = Response<Frames>;
-        type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<Response<Frames>, Self::Error>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: Request<()>) -> Self::Future {
-            std::future::ready(Ok(Response::new(Frames::ending_with(self.0, self.1))))
         }
     }
 
@@ -375,7 +358,7 @@ mod tests {
             KnownMethods::from_descriptor_sets(&[crate::service::FILE_DESCRIPTOR_SET]).unwrap();
         let layer = RpcMetricsLayer::new(metrics.clone(), known);
         let call = |status: Option<&'static str>, path: &str| {
-            let mut service = layer.layer(Answers(status));
+            let mut service = layer.layer(Answers(status, 1, "0"));
             let request = Request::builder().uri(path).body(()).unwrap();
             service.call(request)
         };
@@ -456,13 +439,17 @@ mod tests {
         };
         // Cut off after three messages (a lagging watcher): not counted when it opened,
         // counted with its status when it ended.
-        let cut_off = layer.layer(Streams(3, "8")).call(request()).await.unwrap();
+        let cut_off = layer
+            .layer(Answers(None, 3, "8"))
+            .call(request())
+            .await
+            .unwrap();
         assert_eq!(count("Ok") + count("ResourceExhausted"), 0);
         drain(cut_off.into_body()).await;
         assert_eq!((count("Ok"), count("ResourceExhausted")), (0, 1));
         // Dropped after a message, before its trailers: the client went away.
         let mut body = layer
-            .layer(Streams(3, "0"))
+            .layer(Answers(None, 3, "0"))
             .call(request())
             .await
             .unwrap()
