@@ -22,9 +22,11 @@
 //! trainer's `marshal train policy-from-log` learns from.
 
 mod features;
+mod resume;
 mod retention;
 
 pub use features::LoggedFeatures;
+pub use resume::{HighestLogged, highest_logged_decision};
 pub use retention::{Pruned, prune_files, prune_log};
 
 use std::fs::File;

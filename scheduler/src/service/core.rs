@@ -197,6 +197,35 @@ pub struct Core {
     log_seen: Mutex<LogCounts>,
 }
 
+/// Moves the next decision id above every id the decision log holds for this database
+/// (`decision_log::highest_logged_decision`): ids the log has seen would join other
+/// jobs' outcomes to these decisions.
+fn resume_above_the_log(inner: &mut Inner, dir: &std::path::Path, database: u64) {
+    match crate::decision_log::highest_logged_decision(dir, database) {
+        Ok(crate::decision_log::HighestLogged { found, skipped }) => {
+            for file in &skipped {
+                tracing::warn!(%file, "decision log: a file not read while looking for the highest decision id");
+            }
+            if let Some((id, file)) = found
+                && id >= inner.next_decision
+            {
+                tracing::warn!(
+                    next_decision = inner.next_decision,
+                    logged = id,
+                    %file,
+                    "the decision log holds decision ids this database would give again (it was restored from an older snapshot, or lost its last changes with durable_commits = false); resuming above them"
+                );
+                inner.next_decision = id + 1;
+                inner.dirty.meta = true;
+            }
+        }
+        Err(error) => tracing::warn!(
+            %error,
+            "decision log: cannot look for the highest decision id; new decisions may repeat ids in the log"
+        ),
+    }
+}
+
 impl Core {
     /// Builds the state from the inventory and whatever the store holds.
     pub fn restore(
@@ -403,6 +432,9 @@ impl Core {
         }
         for n in topo.node_ids() {
             inner.refresh_node(n);
+        }
+        if let Some(dir) = &config.decision_log_dir {
+            resume_above_the_log(&mut inner, dir, database_id);
         }
         metrics
             .capacity_milli

@@ -1228,6 +1228,51 @@ mod tests {
         assert_eq!(pb_job.last_checkpoint_unix_s, at);
     }
 
+    /// A database restored from a snapshot older than its decision log (here: one that
+    /// never committed the decisions its log holds) resumes its decision ids above the
+    /// log's, so no id joins two jobs' rows; without a log entry above them it keeps its own.
+    #[test]
+    fn decision_ids_resume_above_the_log_after_a_restore_from_an_older_snapshot() {
+        use crate::decision_log::{DecisionLog, DecisionRow, LogBatch, LogOptions};
+        let log_dir = tempfile::tempdir().unwrap();
+        let config = ServiceConfig {
+            decision_log_dir: Some(log_dir.path().to_path_buf()),
+            ..ServiceConfig::default()
+        };
+        let test = TestCore::new(config.clone());
+        let database = test.core.store.load().unwrap().database_id;
+        assert_eq!(test.core.lock().next_decision, 1);
+        let log = DecisionLog::open(
+            log_dir.path(),
+            LogOptions {
+                database: Some(database),
+                ..LogOptions::default()
+            },
+        );
+        log.send(LogBatch {
+            decisions: (1..=12)
+                .map(|id| DecisionRow {
+                    decision_id: id,
+                    verdict: "place".into(),
+                    ..DecisionRow::default()
+                })
+                .collect(),
+            outcomes: Vec::new(),
+        });
+        assert_eq!(log.finish().rows_written, 12);
+        let restored = restore(&test, config.clone());
+        let mut inner = restored.lock();
+        assert_eq!(inner.next_decision, 13);
+        let t0 = crate::service::core::now_us();
+        let id = placed_over_both_nodes(&mut inner, t0);
+        assert_eq!(inner.jobs[&id].decision_id, 13);
+        // The new id is committed with the first epoch, so the next start keeps it.
+        let (_, (batch, _), _) = inner.take_batch();
+        restored.store.commit(&batch).unwrap();
+        drop(inner);
+        assert_eq!(restore(&test, config).lock().next_decision, 14);
+    }
+
     /// A core restored from `test`'s store, as a restarted server would be.
     fn restore(test: &TestCore, config: ServiceConfig) -> crate::service::core::Core {
         crate::service::core::Core::restore(
