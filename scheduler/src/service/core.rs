@@ -161,9 +161,9 @@ pub struct Inner {
     /// The copy of `state` that a cycle's decision records are taken against, kept
     /// between cycles so that its buffers are reused.
     pub(crate) before_cycle: Option<ClusterState>,
-    /// The pending jobs their tenant's quota held at the last cycle, and by how much
-    /// (`cycle::note_quota_waits`).
-    pub(crate) quota_waits: HashMap<u32, crate::framework::Shortfall>,
+    /// The reasons the last cycle wrote on waiting jobs that its tenant's quota or the
+    /// policy held (`cycle::note_wait_reasons`).
+    pub(crate) wait_reasons: HashMap<u32, String>,
     /// Moved jobs whose START waits for their stopped workers to end.
     pub(crate) stop_waits: crate::service::stop_waits::StopWaits,
     /// Whether a node's status changed since the node gauges were last counted.
@@ -318,7 +318,7 @@ impl Core {
             log_enabled: config.decision_log_dir.is_some(),
             cpu_nodes_first: config.cpu_nodes_first,
             before_cycle: None,
-            quota_waits: HashMap::new(),
+            wait_reasons: HashMap::new(),
             stop_waits: Default::default(),
             node_gauges_stale: true,
             jobs_by_node_cache: Default::default(),

@@ -34,9 +34,6 @@ fn stats(r: &JobRecord, now_s: f64) -> JobStats {
     }
 }
 
-/// How a pending job's reason begins while its tenant's quota holds it.
-const QUOTA_WAIT: &str = "waiting: tenant ";
-
 impl Inner {
     pub fn record(&self, id: u32) -> Result<&JobRecord, ServiceError> {
         self.jobs
@@ -358,38 +355,52 @@ impl Inner {
         self.state.same_allocation(&rebuilt)
     }
 
-    /// A pending job's reason says why it waits, as Slurm's pending reason does: set
-    /// when its tenant's quota holds it, put in words and written only when the numbers
-    /// change, and cleared once the quota no longer holds it (its tenant's job ended, but
-    /// the cluster may still be full).
-    fn note_quota_waits(&mut self, pending_ids: &[u32], over_quota: Vec<(usize, Shortfall)>) {
-        let waits: HashMap<u32, Shortfall> = over_quota
-            .into_iter()
-            .map(|(i, short)| (pending_ids[i], short))
-            .collect();
-        for (&id, short) in &waits {
-            if self.quota_waits.get(&id) == Some(short) {
+    /// A waiting job's reason says why it waits, as Slurm's pending reason does: its
+    /// tenant's quota holds it (put in words), or the policy chose to wait for it (the
+    /// placer's reason: the learned policy holding capacity for a gang). Written only
+    /// when it changes, and cleared once it no longer holds (its tenant's job ended, but
+    /// the cluster may still be full) unless something else wrote the reason since.
+    fn note_wait_reasons(
+        &mut self,
+        pending_ids: &[u32],
+        over_quota: Vec<(usize, Shortfall)>,
+        deferred: Vec<(usize, String)>,
+    ) {
+        let mut reasons: HashMap<u32, String> = HashMap::new();
+        for (i, short) in over_quota {
+            let id = pending_ids[i];
+            if let Some(r) = self.jobs.get(&id) {
+                reasons.insert(id, format!("waiting: {}", short.describe(&r.job.tenant)));
+            }
+        }
+        for (i, why) in deferred {
+            reasons
+                .entry(pending_ids[i])
+                .or_insert_with(|| format!("waiting: {why}"));
+        }
+        for (&id, reason) in &reasons {
+            if self.wait_reasons.get(&id) == Some(reason) {
                 continue;
             }
             if let Some(r) = self.jobs.get_mut(&id) {
-                r.reason = format!("waiting: {}", short.describe(&r.job.tenant));
+                r.reason = reason.clone();
                 self.dirty.jobs.insert(id);
             }
         }
-        let ended: Vec<u32> = (self.quota_waits.keys())
-            .filter(|id| !waits.contains_key(id))
-            .copied()
+        let ended: Vec<(u32, String)> = std::mem::take(&mut self.wait_reasons)
+            .into_iter()
+            .filter(|(id, _)| !reasons.contains_key(id))
             .collect();
-        for id in ended {
+        for (id, written) in ended {
             if let Some(r) = self.jobs.get_mut(&id)
-                && r.state == JobState::Pending
-                && r.reason.starts_with(QUOTA_WAIT)
+                && r.state.is_waiting()
+                && r.reason == written
             {
                 r.reason.clear();
                 self.dirty.jobs.insert(id);
             }
         }
-        self.quota_waits = waits;
+        self.wait_reasons = reasons;
     }
 
     fn cycle_unchecked(&mut self, now: i64, path: &DecisionPath) {
@@ -576,7 +587,7 @@ impl Inner {
         for (i, error) in decisions.errors {
             tracing::warn!(job = pending_ids[i], %error, "placement error; the job stays queued");
         }
-        self.note_quota_waits(&pending_ids, decisions.over_quota);
+        self.note_wait_reasons(&pending_ids, decisions.over_quota, decisions.deferred);
         self.before_cycle = Some(before);
     }
 }
@@ -683,6 +694,55 @@ mod tests {
             state(&inner, second),
             crate::service::jobs::JobState::Placed
         );
+    }
+
+    /// Waits whenever anything runs, else places as topo-pack: the learned policy's wait.
+    #[derive(Debug)]
+    struct WaitsWhileAnythingRuns;
+
+    impl crate::framework::Placer for WaitsWhileAnythingRuns {
+        fn place(
+            &self,
+            job: &crate::domain::Job,
+            state: &mut crate::domain::ClusterState,
+            ctx: &mut crate::framework::Context,
+        ) -> Result<crate::domain::Placement, crate::framework::Status> {
+            if state.allocated_milli() > 0 {
+                return Err(crate::framework::Status::Deferred(
+                    "holding capacity for this gang".into(),
+                ));
+            }
+            crate::framework::Placer::place(&crate::policies::TopoPack, job, state, ctx)
+        }
+    }
+
+    /// A job the policy chose to wait for says so, with the placer's reason, written
+    /// once; the reason goes when the wait ends and another one stands.
+    #[test]
+    fn a_job_the_policy_waits_for_carries_the_placers_reason() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let path = NoModel.decision_path("topo-pack");
+        let first = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+        inner.cycle(t0, &path);
+        inner.policy.placer = Box::new(WaitsWhileAnythingRuns);
+        let waiting = inner.submit(Some(&whole_gpu_job(1, 4)), t0 + 1).unwrap();
+        inner.cycle(t0 + 1, &path);
+        let r = &inner.jobs[&waiting];
+        assert_eq!(r.state, crate::service::jobs::JobState::Pending);
+        assert_eq!(r.reason, "waiting: holding capacity for this gang");
+        inner.dirty.jobs.clear();
+        inner.cycle(t0 + 2, &path);
+        assert!(!inner.dirty.jobs.contains(&waiting), "written again");
+        // Nothing runs: it is placed, and its reason is its placement's.
+        inner.cancel(first, "", t0 + 3).unwrap();
+        inner.cycle(t0 + 3, &path);
+        let r = &inner.jobs[&waiting];
+        assert_eq!(r.state, crate::service::jobs::JobState::Placed);
+        assert!(!r.reason.starts_with("waiting"), "{}", r.reason);
+        assert!(inner.wait_reasons.is_empty());
     }
 
     /// The debug check itself: a GPU taken in the state with no job record holding it
