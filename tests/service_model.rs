@@ -614,6 +614,7 @@ async fn advise(ch: &Channel, policy: &str) -> pb::AdviseResponse {
                         memory_used_mib: 0,
                     })
                     .collect(),
+                ..Default::default()
             }),
             pending: (0..3)
                 .map(|k| pb::PendingJob {

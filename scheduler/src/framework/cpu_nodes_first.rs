@@ -52,6 +52,7 @@ impl Placer for CpuNodesFirst {
                 rng: &mut *ctx.rng,
                 node_order: Some(&cpu_nodes),
                 speed: ctx.speed,
+                held_elsewhere: ctx.held_elsewhere,
             };
             match self.inner.place(job, state, &mut narrowed) {
                 Err(Status::Unschedulable(_)) => {}

@@ -95,10 +95,13 @@ pub fn run_cycle(
     // job shape that found no room once finds none again: later jobs of that shape and
     // priority class are skipped. This keeps deep queues cheap.
     let mut no_room: Vec<(JobShape, i64)> = Vec::new();
-    let mut usage = policy
-        .quota
-        .as_ref()
-        .map(|_| TenantUsage::of(running.iter().map(|r| r.job)));
+    let mut usage = policy.quota.as_ref().map(|_| {
+        let mut usage = TenantUsage::of(running.iter().map(|r| r.job));
+        if let Some(elsewhere) = ctx.held_elsewhere {
+            usage.merge(elsewhere);
+        }
+        usage
+    });
     for (rank, i) in order {
         let job = pending[i].job;
         // Quota before room: a tenant at its limit is not short of room, so nothing is

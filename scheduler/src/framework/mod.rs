@@ -98,6 +98,9 @@ pub struct Context<'a> {
     /// The speed model consolidation predicts gains with (the simulator passes the one
     /// that sets its jobs' rates); `None`: the generic [`SpeedModel::default`].
     pub speed: Option<&'a SpeedModel>,
+    /// What tenants hold beyond the cycle's running jobs, counted against their quota:
+    /// the jobs of a foreign scheduler, whose cluster `Advise` sees as usage only.
+    pub held_elsewhere: Option<&'a TenantUsage>,
 }
 
 impl<'a> Context<'a> {
@@ -107,6 +110,7 @@ impl<'a> Context<'a> {
             rng,
             node_order: None,
             speed: None,
+            held_elsewhere: None,
         }
     }
 }

@@ -171,6 +171,20 @@ impl TenantUsage {
         held.1 += cpu;
     }
 
+    /// Counts that `tenant` holds `gpu_milli` thousandths of a GPU and `cpu_milli` more.
+    pub fn hold(&mut self, tenant: &str, gpu_milli: u64, cpu_milli: u64) {
+        let held = self.held.entry(tenant.to_string()).or_default();
+        held.0 = held.0.saturating_add(gpu_milli);
+        held.1 = held.1.saturating_add(cpu_milli);
+    }
+
+    /// Adds what `other` counts.
+    pub fn merge(&mut self, other: &TenantUsage) {
+        for (tenant, &(gpu, cpu)) in &other.held {
+            self.hold(tenant, gpu, cpu);
+        }
+    }
+
     pub fn remove(&mut self, job: &Job) {
         let (gpu, cpu) = demand(job);
         if let Some(held) = self.held.get_mut(&job.tenant) {

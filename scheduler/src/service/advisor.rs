@@ -11,7 +11,7 @@ use crate::domain::{
     ClusterSpec, ClusterState, GpuDemand, GpuId, GpuModelSet, GpuShare, Job, JobId, LinkSpec,
     NodeId, Placement, Topology, WorkerPlacement,
 };
-use crate::framework::{Context, Pending, can_ever_fit, run_cycle};
+use crate::framework::{Context, Pending, QuotaConfig, TenantUsage, can_ever_fit, run_cycle};
 use crate::service::convert::{job_from_spec, mig_demand, node_group};
 use crate::service::error::ServiceError;
 use crate::service::model::{DecisionPath, ModelSlot, NoModel};
@@ -146,6 +146,51 @@ pub fn snapshot_state(
 /// The policy that decided, its recommendations and the decision records behind them.
 pub type Advice = (String, Vec<pb::Recommendation>, Vec<DecisionRecord>);
 
+/// What the server's configuration adds to every `Advise` call's policy.
+#[derive(Clone, Debug, Default)]
+pub struct AdviseOptions {
+    /// [`crate::service::ServiceConfig::cpu_nodes_first`].
+    pub cpu_nodes_first: bool,
+    /// The server's per-tenant quota, counted against the snapshot's
+    /// `ClusterSnapshot.tenants` (`[quota]`).
+    pub quota: Option<Arc<QuotaConfig>>,
+}
+
+impl AdviseOptions {
+    pub fn of(config: &crate::service::ServiceConfig) -> Self {
+        AdviseOptions {
+            cpu_nodes_first: config.cpu_nodes_first,
+            quota: config.quota.clone().map(Arc::new),
+        }
+    }
+}
+
+/// A tenant name longer than any a scheduler would use; refused rather than stored.
+const MAX_TENANT_BYTES: usize = 256;
+
+/// What the snapshot says each tenant holds.
+fn tenant_holdings(snapshot: Option<&pb::ClusterSnapshot>) -> Result<TenantUsage, ServiceError> {
+    let mut usage = TenantUsage::default();
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in snapshot.map_or(&[][..], |s| &s.tenants).iter().enumerate() {
+        let field = |f: &str| format!("cluster.tenants[{i}].{f}");
+        if t.tenant.len() > MAX_TENANT_BYTES {
+            return Err(ServiceError::invalid(
+                &field("tenant"),
+                format!("{} bytes; at most {MAX_TENANT_BYTES}", t.tenant.len()),
+            ));
+        }
+        if !seen.insert(t.tenant.as_str()) {
+            return Err(ServiceError::invalid(
+                &field("tenant"),
+                format!("{:?} is listed twice", t.tenant),
+            ));
+        }
+        usage.hold(&t.tenant, t.gpu_milli, t.cpu_milli);
+    }
+    Ok(usage)
+}
+
 /// [`advise`] for an RPC: on a blocking thread (building a cluster and running a cycle
 /// is CPU work, kept off the I/O threads), with `model`'s decision path and current
 /// setup when the call's policy is the learned one, at the current time.
@@ -157,7 +202,7 @@ pub async fn advise_off_thread(
     req: pb::AdviseRequest,
     default_policy: &str,
     model: &dyn ModelSlot,
-    cpu_nodes_first: bool,
+    options: &AdviseOptions,
     slots: &Arc<tokio::sync::Semaphore>,
 ) -> Result<Advice, tonic::Status> {
     let name = if req.policy.is_empty() {
@@ -173,8 +218,9 @@ pub async fn advise_off_thread(
     let policy = default_policy.to_string();
     let learned = model.policy_update(0).map(|u| u.setup);
     let now = crate::service::core::now_us();
+    let options = options.clone();
     in_slot(slots, move || {
-        advise(&req, &policy, &path, learned.as_ref(), cpu_nodes_first, now)
+        advise(&req, &policy, &path, learned.as_ref(), &options, now)
     })
     .await?
     .map_err(tonic::Status::from)
@@ -218,10 +264,12 @@ pub fn advise(
     default_policy: &str,
     path: &DecisionPath,
     learned: Option<&crate::policies::learned::LearnedSetup>,
-    cpu_nodes_first: bool,
+    options: &AdviseOptions,
     now_us: i64,
 ) -> Result<Advice, ServiceError> {
+    let cpu_nodes_first = options.cpu_nodes_first;
     let mut state = snapshot_state(req.cluster.as_ref())?;
+    let held = tenant_holdings(req.cluster.as_ref())?;
     if req.pending.len() > MAX_PENDING {
         return Err(ServiceError::invalid(
             "pending",
@@ -252,6 +300,7 @@ pub fn advise(
     if cpu_nodes_first {
         policy = policy.with_cpu_nodes_first();
     }
+    policy.quota = options.quota.as_deref().cloned();
     let now_s = now_us as f64 / 1e6;
     let mut jobs = Vec::with_capacity(req.pending.len());
     for (i, p) in req.pending.iter().enumerate() {
@@ -307,7 +356,10 @@ pub fn advise(
         .collect();
     // A fixed seed: the same snapshot and queue always get the same advice.
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let mut ctx = Context::new(now_s, &mut rng);
+    let mut ctx = Context {
+        held_elsewhere: Some(&held),
+        ..Context::new(now_s, &mut rng)
+    };
     let decisions = run_cycle(&policy, &mut state, &pending, &[], &mut ctx);
     for (k, placement) in decisions.placed {
         verdicts[schedulable[k]] = (Verdict::Place, String::new(), Some(placement));
@@ -319,6 +371,14 @@ pub fn advise(
         verdicts[schedulable[k]] = (
             Verdict::Wait,
             format!("{why} (it fits the free capacity now)"),
+            None,
+        );
+    }
+    for (k, short) in decisions.over_quota {
+        let tenant = &pending[k].job.tenant;
+        verdicts[schedulable[k]] = (
+            Verdict::Wait,
+            format!("waiting: {}", short.describe(tenant)),
             None,
         );
     }
@@ -421,11 +481,12 @@ mod tests {
         assert_eq!(advise_slots(3).available_permits(), 3);
         assert!(advise_slots(0).available_permits() >= 1);
         let slots = Arc::new(tokio::sync::Semaphore::new(0));
+        let options = AdviseOptions::default();
         let call = advise_off_thread(
             pb::AdviseRequest::default(),
             "topo-pack",
             &NoModel,
-            false,
+            &options,
             &slots,
         );
         tokio::pin!(call);
@@ -505,6 +566,68 @@ mod tests {
         }
     }
 
+    /// With the server's quota, what the snapshot says a tenant holds counts: its job
+    /// waits with the reason, another tenant's is placed; a tenant listed twice is
+    /// refused by field.
+    #[test]
+    fn advise_counts_the_snapshots_tenant_holdings_against_the_quota() {
+        let request = |tenants: Vec<pb::TenantHolding>| pb::AdviseRequest {
+            cluster: Some(pb::ClusterSnapshot {
+                nodes: vec![node("h", "H100", 8, 128_000, (4, 0))],
+                tenants,
+                ..Default::default()
+            }),
+            pending: ["vision", "nlp"]
+                .into_iter()
+                .map(|tenant| pb::PendingJob {
+                    id: tenant.into(),
+                    spec: Some(pb::JobSpec {
+                        tenant: tenant.into(),
+                        ..crate::service::testkit::whole_gpu_job(1, 1)
+                    }),
+                    waited_s: 1.0,
+                })
+                .collect(),
+            policy: String::new(),
+        };
+        let options = AdviseOptions {
+            cpu_nodes_first: false,
+            quota: Some(Arc::new(
+                QuotaConfig::from_toml("[tenants.vision]\ngpus = 4\n").unwrap(),
+            )),
+        };
+        let path = NoModel.decision_path("best-fit");
+        let verdicts = |req: &pb::AdviseRequest, options: &AdviseOptions| {
+            let (_, recs, _) = advise(req, "best-fit", &path, None, options, 10_000_000).unwrap();
+            recs.into_iter()
+                .map(|r| (r.verdict, r.reason))
+                .collect::<Vec<_>>()
+        };
+        let holding = |tenant: &str, gpus: u64| pb::TenantHolding {
+            tenant: tenant.into(),
+            gpu_milli: gpus * 1000,
+            cpu_milli: 0,
+        };
+        let place = pb::Verdict::Place as i32;
+        let held = request(vec![holding("vision", 4), holding("nlp", 4)]);
+        let v = verdicts(&held, &options);
+        assert_eq!(v[0].0, pb::Verdict::Wait as i32);
+        assert_eq!(
+            v[0].1,
+            "waiting: tenant \"vision\" holds 4 of its 4 GPUs; the job asks 1 more"
+        );
+        assert_eq!(v[1].0, place, "nlp has no limit");
+        // Below its limit, or without the quota, vision's job is placed.
+        assert_eq!(
+            verdicts(&request(vec![holding("vision", 3)]), &options)[0].0,
+            place
+        );
+        assert_eq!(verdicts(&held, &AdviseOptions::default())[0].0, place);
+        let twice = request(vec![holding("nlp", 1), holding("nlp", 2)]);
+        let e = advise(&twice, "best-fit", &path, None, &options, 10_000_000).unwrap_err();
+        assert!(e.to_string().contains("cluster.tenants[1].tenant"), "{e}");
+    }
+
     /// The node `advise` recommends for a 4-core CPU-only job beside a GPU node whose
     /// GPUs are all taken and a few cores left (best fit's tightest node).
     fn recommended_node(cpu_nodes_first: bool) -> String {
@@ -529,8 +652,18 @@ mod tests {
             policy: "best-fit".into(),
         };
         let path = NoModel.decision_path("best-fit");
-        let (_, recs, _) =
-            advise(&req, "best-fit", &path, None, cpu_nodes_first, 10_000_000).unwrap();
+        let (_, recs, _) = advise(
+            &req,
+            "best-fit",
+            &path,
+            None,
+            &AdviseOptions {
+                cpu_nodes_first,
+                quota: None,
+            },
+            10_000_000,
+        )
+        .unwrap();
         assert_eq!(recs.len(), 1);
         recs[0].placement[0].node.clone()
     }

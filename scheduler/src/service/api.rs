@@ -460,7 +460,7 @@ impl AdvisorService for Api {
             req,
             &core.policy_name,
             core.model.as_ref(),
-            core.cpu_nodes_first,
+            &core.advise,
             &core.advise_slots,
         )
         .await?;

@@ -188,8 +188,8 @@ pub struct Core {
     pub metrics: Arc<Metrics>,
     pub model: Arc<dyn ModelSlot>,
     pub policy_name: String,
-    /// See [`ServiceConfig::cpu_nodes_first`]; `Advise` applies it to each call's policy.
-    pub cpu_nodes_first: bool,
+    /// `cpu_nodes_first` and `[quota]`, which `Advise` applies to each call's policy.
+    pub advise: crate::service::advisor::AdviseOptions,
     /// `max_concurrent_advise`.
     pub advise_slots: Arc<tokio::sync::Semaphore>,
     cycle_interval: Duration,
@@ -451,7 +451,7 @@ impl Core {
             metrics,
             model,
             policy_name: config.policy.clone(),
-            cpu_nodes_first: config.cpu_nodes_first,
+            advise: crate::service::advisor::AdviseOptions::of(config),
             advise_slots: crate::service::advisor::advise_slots(config.max_concurrent_advise),
             cycle_interval: Duration::from_millis(config.cycle_interval_ms),
             log: Mutex::new(config.decision_log_dir.as_ref().map(|dir| {

@@ -225,6 +225,7 @@ pub async fn start_advisor(
                 )))
             })?
             .with_cpu_nodes_first(config.cpu_nodes_first)
+            .with_quota(config.quota.clone())
             .with_max_concurrent_advise(config.max_concurrent_advise),
     );
     let listener = bind(config.listen_addr()?, "listen").await?;

@@ -71,18 +71,23 @@ pub struct ShadowAdvisor {
     log_name: String,
     next_id: AtomicU64,
     recent: Mutex<VecDeque<DecisionRecord>>,
-    cpu_nodes_first: bool,
+    advise: crate::service::advisor::AdviseOptions,
     advise_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl ShadowAdvisor {
     /// Recommends CPU-only nodes first for CPU-only jobs
     /// ([`crate::service::ServiceConfig::cpu_nodes_first`]).
-    pub fn with_cpu_nodes_first(self, on: bool) -> Self {
-        ShadowAdvisor {
-            cpu_nodes_first: on,
-            ..self
-        }
+    pub fn with_cpu_nodes_first(mut self, on: bool) -> Self {
+        self.advise.cpu_nodes_first = on;
+        self
+    }
+
+    /// Counts each tenant's holdings in the snapshot against `quota`
+    /// ([`crate::service::ServiceConfig::quota`]).
+    pub fn with_quota(mut self, quota: Option<crate::framework::QuotaConfig>) -> Self {
+        self.advise.quota = quota.map(Arc::new);
+        self
     }
 
     /// `Advise` calls computed at once ([`crate::service::advisor::advise_slots`]).
@@ -136,7 +141,7 @@ impl ShadowAdvisor {
             log_name: log.path.display().to_string(),
             next_id: AtomicU64::new(largest_id + 1),
             recent: Mutex::new(VecDeque::new()),
-            cpu_nodes_first: false,
+            advise: Default::default(),
             advise_slots: crate::service::advisor::advise_slots(0),
         })
     }
@@ -294,7 +299,7 @@ impl AdvisorService for std::sync::Arc<ShadowAdvisor> {
             req,
             &self.policy,
             self.model.as_ref(),
-            self.cpu_nodes_first,
+            &self.advise,
             &self.advise_slots,
         )
         .await?;
