@@ -792,6 +792,126 @@ fn jobs_survive_kill_9_of_the_server_and_agents_reconcile() {
     assert!(child.0.wait().unwrap().success());
 }
 
+/// `marshal serve` restarted on its database without the `cluster` it was written under
+/// falls back to the default preset (`dgx-0` to `dgx-7`), which has none of its nodes:
+/// it refuses to start, naming the database and both inventories, and changes nothing;
+/// restarted with its cluster, every job is as it was.
+#[test]
+fn a_restart_without_the_cluster_is_refused_and_the_jobs_wait_for_the_right_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(&cluster, common::THREE_NODES).unwrap();
+    let db = dir.path().join("db.redb");
+    let write_config = |cluster: Option<&Path>| {
+        let line = cluster.map_or(String::new(), |c| format!("cluster = {c:?}\n"));
+        std::fs::write(
+            dir.path().join("serve.toml"),
+            format!(
+                "listen = \"127.0.0.1:0\"\ndb = {db:?}\n{line}cycle_interval_ms = 100\nrequire_registration = false\n"
+            ),
+        )
+        .unwrap();
+    };
+    let jobs_of = |addr: SocketAddr, ids: &[u64]| -> Vec<pb::Job> {
+        runtime().block_on(async {
+            let mut client = JobServiceClient::new(connect(addr).await.unwrap());
+            let mut jobs = Vec::new();
+            for &job_id in ids {
+                let r = client.get(pb::GetJobRequest { job_id }).await.unwrap();
+                jobs.push(r.into_inner().job.unwrap());
+            }
+            jobs
+        })
+    };
+    let stop = |mut server: Reap| {
+        let kill = Command::new("kill")
+            .args(["-TERM", &server.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        assert!(server.0.wait().unwrap().success());
+    };
+
+    write_config(Some(&cluster));
+    let (server, addr) = spawn_server(dir.path());
+    // Four jobs of a whole node on three nodes: three placed, one waiting.
+    let ids: Vec<u64> = runtime().block_on(async {
+        let mut client = JobServiceClient::new(connect(addr).await.unwrap());
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            let spec = pb::JobSpec {
+                workers: 1,
+                gpu: whole(8),
+                cpu_milli: 1000,
+                ..Default::default()
+            };
+            let r = client
+                .submit(pb::SubmitRequest { spec: Some(spec) })
+                .await
+                .unwrap();
+            ids.push(r.into_inner().job.unwrap().id);
+        }
+        ids
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let before = loop {
+        let jobs = jobs_of(addr, &ids);
+        let placed = jobs.iter().filter(|j| !j.placement.is_empty()).count();
+        if placed == 3 {
+            break jobs;
+        }
+        assert!(Instant::now() < deadline, "not placed: {jobs:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    stop(server);
+
+    // Without `cluster`: the default preset, refused before it listens.
+    write_config(None);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("serve.toml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("marshal serve started on a cluster that has none of its database's nodes");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for part in [
+        &format!("database {}", db.display())[..],
+        "its 4 unfinished jobs were written under an inventory of 3 nodes: n-0, n-1, n-2",
+        "given now (8 nodes: dgx-0, dgx-1, dgx-2, …) has none of them",
+        "the default preset \"dgx-h100-64\"",
+    ] {
+        assert!(stderr.contains(part), "{part:?} missing: {stderr}");
+    }
+
+    // With it: every job as it was, on the same nodes.
+    write_config(Some(&cluster));
+    let (server, addr) = spawn_server(dir.path());
+    let after = jobs_of(addr, &ids);
+    let summary = |jobs: &[pb::Job]| -> Vec<(i32, Vec<String>)> {
+        jobs.iter()
+            .map(|j| {
+                (
+                    j.state,
+                    j.placement.iter().map(|w| w.node.clone()).collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(summary(&after), summary(&before));
+    stop(server);
+}
+
 const CLIENT_TOKEN: &str = "client-token-0123456789abcdef0123456789";
 const AGENT_TOKEN: &str = "agent-token-0123456789abcdef01234567890";
 

@@ -575,6 +575,72 @@ fn live_mode_answers_advise_and_appends_every_recommendation_to_the_shadow_log()
     }
 }
 
+/// SIGTERM ends live mode gracefully: the process exits 0 within a bound, stops
+/// listening, and every recommendation answered before the signal is in the shadow log,
+/// each a whole record (the log is flushed per call, so the signal costs none).
+#[test]
+fn live_mode_exits_cleanly_on_sigterm_with_every_answered_recommendation_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("shadow.jsonl");
+    let (mut server, addr) = start_advisor(&log, &["--policy", "topo-pack"]);
+    let answered: Vec<(u64, String)> = runtime().block_on(async {
+        let mut client = AdvisorServiceClient::new(connect(&addr).await);
+        let mut answered = Vec::new();
+        for i in 0..5 {
+            let job = format!("slurm-{i}");
+            let nodes = vec![snapshot_node("a", &[]), snapshot_node("b", &[0])];
+            let rec = client
+                .advise(advise_request(nodes, &[(&job, 1)], ""))
+                .await
+                .unwrap()
+                .into_inner()
+                .recommendations
+                .remove(0);
+            assert_eq!(rec.verdict, pb::Verdict::Place as i32);
+            answered.push((rec.decision_id, job));
+        }
+        answered
+    });
+    let kill = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .expect("the kill command runs");
+    assert!(kill.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "marshal shadow still runs 20 s after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a graceful shutdown exits 0: {status:?}"
+    );
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "nothing listens on {addr} any more"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.ends_with('\n'), "the last record is whole: {text:?}");
+    let logged: Vec<(u64, String)> = records(&log)
+        .iter()
+        .map(|r| {
+            assert_eq!(r["source"], "advise");
+            (
+                r["id"].as_u64().unwrap(),
+                r["job"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(logged, answered);
+}
+
 /// `shadow --report-log <log> --format json`, which must succeed: its summary and stderr.
 fn summarise_log(log: &Path) -> (Value, String) {
     let out = marshal(&[

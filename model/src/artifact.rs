@@ -75,6 +75,15 @@ pub struct ArtifactInfo {
 }
 
 /// Contents of `meta.json`.
+///
+/// Unlike the artifact's other files, `meta.json` (with [`Calibration`], [`TrainingSummary`]
+/// and the calibration's [`crate::Extrapolation`]) ignores fields it does not know, on
+/// purpose: it is the forward-compatible file. A field that keeps what the others mean
+/// is added without a schema bump, optional, so that an older build ignores it (as
+/// `attachments_fnv1a64`, and `novel_rule` and `novel_folds` in the calibration, were);
+/// a change of meaning bumps [`ARTIFACT_SCHEMA_VERSION`], which [`load`] checks before
+/// anything else is used. `config.json`, `normalization.json` and `linear_residual.json`
+/// refuse unknown fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArtifactMeta {
     /// [`ARTIFACT_SCHEMA_VERSION`] at save time.

@@ -49,6 +49,7 @@ impl PredictorConfig {
     /// today's default.
     pub fn from_artifact_json(bytes: &[u8]) -> std::result::Result<Self, serde_json::Error> {
         let mut value: serde_json::Value = serde_json::from_slice(bytes)?;
+        refuse_unknown_keys(&value, &PredictorConfig::new())?;
         if let Some(fields) = value.as_object_mut() {
             fields
                 .entry("nll_beta")
@@ -95,6 +96,33 @@ impl PredictorConfig {
     }
 }
 
+/// Refuses a key of an artifact's `config.json` that this build's configuration
+/// (`defaults`, serialised) lacks. burn's `Config` derive writes its own serde code,
+/// which ignores unknown fields and takes no `#[serde(deny_unknown_fields)]`, so the
+/// check is made here: a setting this build does not know (another layer, another
+/// activation) would build a network that reads the weights differently.
+pub(crate) fn refuse_unknown_keys(
+    value: &serde_json::Value,
+    defaults: &impl serde::Serialize,
+) -> std::result::Result<(), serde_json::Error> {
+    let (Some(fields), serde_json::Value::Object(known)) =
+        (value.as_object(), serde_json::to_value(defaults)?)
+    else {
+        // Not an object: deserialising it says so.
+        return Ok(());
+    };
+    match fields.keys().find(|k| !known.contains_key(*k)) {
+        None => Ok(()),
+        Some(key) => {
+            let expected: Vec<String> = known.keys().map(|k| format!("`{k}`")).collect();
+            Err(<serde_json::Error as serde::de::Error>::custom(format!(
+                "unknown field `{key}` (written by a newer build?), expected one of {}",
+                expected.join(", ")
+            )))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +158,15 @@ mod tests {
             PredictorConfig::new().with_nll_beta(0.25)
         );
         assert!(PredictorConfig::from_artifact_json(b"{\"hidden_size\":").is_err());
+    }
+
+    #[test]
+    fn an_artifact_config_with_a_setting_this_build_does_not_know_is_refused() {
+        let mut value = serde_json::to_value(PredictorConfig::new()).unwrap();
+        value["attention_heads"] = serde_json::Value::from(4);
+        let err = PredictorConfig::from_artifact_json(value.to_string().as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `attention_heads`"), "{err}");
     }
 }

@@ -11,7 +11,14 @@ use crate::features::{
 const MIN_STD: f64 = 1e-6;
 
 /// Per-feature mean and standard deviation.
+///
+/// Unknown fields are refused (here, in [`Normalization`] and in
+/// [`crate::LinearResidual`]): `normalization.json` and `linear_residual.json` have no
+/// optional fields, and one this build does not know (a transform applied before the
+/// mean, say) would change what the statistics mean, so ignoring it would serve wrong
+/// inputs without a word. `meta.json` is different: see [`crate::ArtifactMeta`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Standardizer {
     /// Means, one per feature.
     pub mean: Vec<f32>,
@@ -122,8 +129,10 @@ impl Standardizer {
     }
 }
 
-/// All statistics the predictor standardises with. Serialised as `normalization.json`.
+/// All statistics the predictor standardises with. Serialised as `normalization.json`
+/// (unknown fields refused: see [`Standardizer`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Normalization {
     /// Per-GPU features (over the real GPUs of all training graphs).
     pub gpu: Standardizer,

@@ -34,8 +34,10 @@ const NO_LINK_LOG2_GBPS: f32 = 20.0;
 pub const DEFAULT_RIDGE: f64 = 1.0;
 
 /// A fitted linear residual: `ln y − ln prior ≈ bias + Σ wᵢ·zᵢ`, `zᵢ` the standardised,
-/// range-clamped summary features. Stored as `linear_residual.json` in an artifact.
+/// range-clamped summary features. Stored as `linear_residual.json` in an artifact
+/// (unknown fields refused, as in `normalization.json`: see [`Standardizer`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LinearResidual {
     /// Standardisation and training range of each summary feature.
     pub features: Standardizer,

@@ -274,6 +274,50 @@ fn normalization_without_training_ranges_is_rejected() {
     }
 }
 
+/// A field this build does not know in `config.json`, `normalization.json` (at either
+/// level) or `linear_residual.json` could change what the file means: refused, naming the
+/// file and the field. `meta.json` is the forward-compatible file: an unknown field there
+/// is ignored.
+#[test]
+fn unknown_fields_are_refused_except_in_meta_json() {
+    let (dir, predictor, graphs) = saved_stacked();
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 4] = [
+        ("config.json", |v| v["attention_heads"] = 4.into()),
+        ("normalization.json", |v| v["log_inputs"] = true.into()),
+        ("normalization.json", |v| {
+            v["job"]["median"] = vec![0.0].into()
+        }),
+        (LINEAR_RESIDUAL_FILE, |v| {
+            v["intercept_in_log2"] = true.into()
+        }),
+    ];
+    for (file, edit) in edits {
+        let path = dir.path().join(file);
+        let original = fs::read(&path).unwrap();
+        let mut value: serde_json::Value = serde_json::from_slice(&original).unwrap();
+        edit(&mut value);
+        fs::write(&path, serde_json::to_vec_pretty(&value).unwrap()).unwrap();
+        match artifact::load(dir.path()) {
+            Err(ModelError::CorruptFile { path, reason }) => {
+                assert!(path.ends_with(file), "{file}: {}", path.display());
+                assert!(reason.contains("unknown field"), "{file}: {reason}");
+            }
+            other => panic!("{file}: expected an unknown field refused, got {other:?}"),
+        }
+        fs::write(&path, original).unwrap();
+    }
+    edit_meta(dir.path(), |m| {
+        m["added_later"] = "informational".into();
+        m["calibration"]["added_later"] = 1.into();
+    });
+    let loaded = artifact::load(dir.path()).unwrap();
+    assert_eq!(
+        loaded.predictor.predict(&graphs).unwrap(),
+        predictor.predict(&graphs).unwrap()
+    );
+}
+
 /// A predictor with a linear residual and both novel weights, saved and damaged.
 fn saved_stacked() -> (tempfile::TempDir, TrainedPredictor, Vec<PlacementGraph>) {
     let dir = tempfile::tempdir().unwrap();

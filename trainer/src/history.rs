@@ -39,8 +39,12 @@ use crate::{StepExample, TrainerError};
 /// File name of the history inside a predictor artifact directory.
 pub const HISTORY_FILE: &str = "history.json";
 
-/// One earlier measurement.
+/// One earlier measurement. A field this build does not know is refused: the history
+/// feeds the network's inputs and the prior's offsets, so a field that changes what an
+/// entry means (as `nodes` and `prior_s` did when they were added) must not be dropped
+/// silently by an older build.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HistoryEntry {
     pub job_id: String,
     pub model: String,
@@ -466,5 +470,14 @@ mod tests {
         .is_err());
         let err = refusal("[{\"job_id\":");
         assert!(err.contains(HISTORY_FILE), "{err}");
+        // A field this build does not know could change what the entry means: refused,
+        // naming the file and the field.
+        let err = refusal(
+            r#"[{"job_id":"a","model":"bert","gpu_type":"V100","num_gpus":4,"step_time_s":1.5,"speed":1.0,"speed_is_inverse":true}]"#,
+        );
+        assert!(
+            err.contains(HISTORY_FILE) && err.contains("unknown field `speed_is_inverse`"),
+            "{err}"
+        );
     }
 }

@@ -48,7 +48,11 @@ const CONFIG_FILE: &str = "config.json";
 const STATS_FILE: &str = "normalization.json";
 const META_FILE: &str = "meta.json";
 
-/// Contents of `meta.json`.
+/// Contents of `meta.json`. Fields it does not know are ignored, on purpose: `meta.json`
+/// is the forward-compatible file (`gates` and `candidates` were added without a schema
+/// bump, module docs), and a change of meaning bumps [`POLICY_SCHEMA_VERSION`], which
+/// [`load_policy`] reads and checks first. `config.json` and `normalization.json` refuse
+/// unknown fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicyMeta {
     pub schema_version: u32,
@@ -276,7 +280,8 @@ pub(crate) fn load_policy_and_weights(dir: &Path) -> Result<(PolicyArtifact, Vec
         ));
     }
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
-    let config = PolicyConfig::load_binary(&config_bytes).map_err(|e| corrupt(&config_path, e))?;
+    let config =
+        PolicyConfig::from_artifact_json(&config_bytes).map_err(|e| corrupt(&config_path, e))?;
     config.validate().map_err(|e| corrupt(&config_path, e))?;
     let (stats_path, stats_bytes) = read(dir.join(STATS_FILE))?;
     let stats: FeatureStats =
@@ -538,6 +543,37 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", dir.join(META_FILE)).unwrap();
         let err = load_policy(&dir).unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_in_config_and_normalization_but_not_in_meta() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        let scorer = saved(&dir);
+        for file in [CONFIG_FILE, STATS_FILE] {
+            let path = dir.join(file);
+            let original = fs::read(&path).unwrap();
+            let mut value: serde_json::Value = serde_json::from_slice(&original).unwrap();
+            value["residual_connection"] = true.into();
+            fs::write(&path, value.to_string()).unwrap();
+            match load_policy(&dir) {
+                Err(ModelError::CorruptFile { path, reason }) => {
+                    assert!(path.ends_with(file), "{file}: {}", path.display());
+                    assert!(
+                        reason.contains("unknown field `residual_connection`"),
+                        "{file}: {reason}"
+                    );
+                }
+                other => panic!("{file}: expected an unknown field refused, got {other:?}"),
+            }
+            fs::write(&path, original).unwrap();
+        }
+        // meta.json is forward-compatible: a later optional field is ignored.
+        let m = dir.join(META_FILE);
+        let mut meta: serde_json::Value = serde_json::from_slice(&fs::read(&m).unwrap()).unwrap();
+        meta["added_later"] = "informational".into();
+        fs::write(&m, meta.to_string()).unwrap();
+        assert_eq!(load_policy(&dir).unwrap().scorer, scorer);
     }
 
     #[test]

@@ -28,6 +28,14 @@ pub struct PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// Reads a policy artifact's `config.json`, refusing a field this build does not
+    /// know (burn's own loader ignores it; see `crate::config::refuse_unknown_keys`).
+    pub fn from_artifact_json(bytes: &[u8]) -> std::result::Result<Self, serde_json::Error> {
+        let value: serde_json::Value = serde_json::from_slice(bytes)?;
+        crate::config::refuse_unknown_keys(&value, &PolicyConfig::new())?;
+        serde_json::from_value(value)
+    }
+
     /// Rejects configurations that cannot train.
     pub fn validate(&self) -> Result<()> {
         if self.hidden_size == 0 || self.hidden_size > 512 {

@@ -8,8 +8,11 @@ use crate::dense::Dense;
 use crate::error::{ModelError, Result};
 
 /// Standardisation of the network input, fitted on the training decisions, and how far
-/// from them inputs may stray before the gate distrusts the model.
+/// from them inputs may stray before the gate distrusts the model. Stored as a policy
+/// artifact's `normalization.json`, whose unknown fields are refused: it has no optional
+/// field, and one this build does not know could change what the statistics mean.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FeatureStats {
     pub mean: Vec<f32>,
     pub std: Vec<f32>,

@@ -168,8 +168,22 @@ impl<'a> FeatureColumns<'a> {
         let Some((version, job, cands, taken)) = self.cols else {
             return Ok(None);
         };
-        if version.is_null(i) || job.is_null(i) || cands.is_null(i) || taken.is_null(i) {
+        // The writer sets all four or none; a mix is another writer's file, or damage,
+        // and reading it as "no features" would hide that.
+        let nulls = [
+            version.is_null(i),
+            job.is_null(i),
+            cands.is_null(i),
+            taken.is_null(i),
+        ];
+        if nulls.iter().all(|&n| n) {
             return Ok(None);
+        }
+        if nulls.iter().any(|&n| n) {
+            return Err(
+                "the feature columns are null in some and set in others (the log writes all four or none)"
+                    .into(),
+            );
         }
         let floats = |l: &ListArray, name: &str| -> Result<Vec<f32>, String> {
             let v = l.value(i);
@@ -177,6 +191,11 @@ impl<'a> FeatureColumns<'a> {
                 .as_any()
                 .downcast_ref::<Float32Array>()
                 .ok_or_else(|| format!("column {name} does not hold f32 lists"))?;
+            // `values()` ignores the validity bitmap: a null would read as 0.0, a finite
+            // value that the decision's checks accept.
+            if f.null_count() > 0 {
+                return Err(format!("column {name} holds a null value"));
+            }
             Ok(f.values().to_vec())
         };
         Ok(Some(LoggedFeatures {

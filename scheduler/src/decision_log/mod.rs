@@ -672,6 +672,26 @@ fn column<'a, T: 'static>(b: &'a RecordBatch, name: &str) -> Result<&'a T, Strin
         })
 }
 
+/// [`column`], for a column the writer never leaves null. Read through `value(i)`, a
+/// null slot gives whatever its buffer holds (0, an empty string) without a word, so a
+/// file holding one (another writer's, or damaged) is refused, naming the column and
+/// the row (counted from 0 over the file; the batch's rows start at `first_row`).
+fn required<'a, T: Array + 'static>(
+    b: &'a RecordBatch,
+    name: &str,
+    first_row: usize,
+) -> Result<&'a T, String> {
+    let a = column::<T>(b, name)?;
+    if a.null_count() == 0 {
+        return Ok(a);
+    }
+    let i = (0..a.len()).find(|&i| a.is_null(i)).unwrap_or(0);
+    Err(format!(
+        "row {}: column {name} is null, which the decision log never writes",
+        first_row + i
+    ))
+}
+
 fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(dir) {
@@ -830,19 +850,21 @@ pub fn read_decision_log(dir: &Path) -> Result<DecisionLogData, String> {
     Ok(data)
 }
 
-/// Every decision row of one file, or why the file is unusable (naming it).
+/// Every decision row of one file, or why the file is unusable (naming it, and the row
+/// when a value is missing or malformed).
 fn decisions_in(path: &Path) -> Result<(Option<u64>, Vec<DecisionRow>), String> {
     let mut rows = Vec::new();
     let (database, batches) = batches(path)?;
     for b in batches {
+        let first_row = rows.len();
         let err = |e: String| format!("{}: {e}", path.display());
-        let u64s = |n| column::<UInt64Array>(&b, n).map_err(err);
-        let u32s = |n| column::<UInt32Array>(&b, n).map_err(err);
-        let strs = |n| column::<StringArray>(&b, n).map_err(err);
+        let u64s = |n| required::<UInt64Array>(&b, n, first_row).map_err(err);
+        let u32s = |n| required::<UInt32Array>(&b, n, first_row).map_err(err);
+        let strs = |n| required::<StringArray>(&b, n, first_row).map_err(err);
         let (id, at, prio) = (
             u64s("decision_id")?,
-            column::<Int64Array>(&b, "at_us").map_err(err)?,
-            column::<Int32Array>(&b, "priority").map_err(err)?,
+            required::<Int64Array>(&b, "at_us", first_row).map_err(err)?,
+            required::<Int32Array>(&b, "priority", first_row).map_err(err)?,
         );
         let (job, name, tenant, kind, comm) = (
             strs("job_id")?,
@@ -857,7 +879,7 @@ fn decisions_in(path: &Path) -> Result<(Option<u64>, Vec<DecisionRow>), String> 
             u32s("cpu_milli")?,
             u64s("memory_mib")?,
         );
-        let pre = column::<BooleanArray>(&b, "preemptible").map_err(err)?;
+        let pre = required::<BooleanArray>(&b, "preemptible", first_row).map_err(err)?;
         let (qd, idle, feas) = (
             u32s("queue_depth")?,
             u32s("idle_gpus")?,
@@ -870,7 +892,8 @@ fn decisions_in(path: &Path) -> Result<(Option<u64>, Vec<DecisionRow>), String> 
             strs("gpus")?,
         );
         let placed = u64s("gpu_milli_placed")?;
-        let (path_c, policy, version) = (strs("path")?, strs("policy")?, strs("model_version")?);
+        let (path_c, policy) = (strs("path")?, strs("policy")?);
+        let version = column::<StringArray>(&b, "model_version").map_err(err)?;
         let conf = column::<Float64Array>(&b, "confidence").map_err(err)?;
         let feats = features::FeatureColumns::of(&b).map_err(err)?;
         for i in 0..b.num_rows() {
@@ -900,7 +923,9 @@ fn decisions_in(path: &Path) -> Result<(Option<u64>, Vec<DecisionRow>), String> 
                 confidence: opt_f64(conf, i),
                 policy: policy.value(i).into(),
                 model_version: (!version.is_null(i)).then(|| version.value(i).to_string()),
-                features: feats.row(i).map_err(err)?,
+                features: feats
+                    .row(i)
+                    .map_err(|e| err(format!("row {}: {e}", first_row + i)))?,
             });
         }
     }
@@ -912,12 +937,13 @@ fn outcomes_in(path: &Path) -> Result<(Option<u64>, Vec<OutcomeRow>), String> {
     let mut rows = Vec::new();
     let (database, batches) = batches(path)?;
     for b in batches {
+        let first_row = rows.len();
         let err = |e: String| format!("{}: {e}", path.display());
-        let id = column::<UInt64Array>(&b, "decision_id").map_err(err)?;
-        let job = column::<StringArray>(&b, "job_id").map_err(err)?;
-        let state = column::<StringArray>(&b, "state").map_err(err)?;
-        let at = column::<Int64Array>(&b, "at_us").map_err(err)?;
-        let wait = column::<Float64Array>(&b, "wait_s").map_err(err)?;
+        let id = required::<UInt64Array>(&b, "decision_id", first_row).map_err(err)?;
+        let job = required::<StringArray>(&b, "job_id", first_row).map_err(err)?;
+        let state = required::<StringArray>(&b, "state", first_row).map_err(err)?;
+        let at = required::<Int64Array>(&b, "at_us", first_row).map_err(err)?;
+        let wait = required::<Float64Array>(&b, "wait_s", first_row).map_err(err)?;
         let run = column::<Float64Array>(&b, "run_s").map_err(err)?;
         for i in 0..b.num_rows() {
             rows.push(OutcomeRow {
@@ -1173,6 +1199,128 @@ mod tests {
         let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
         assert_eq!(ids, [1, 2, 3, 4, 9, 10]);
         assert!(data.outcomes.is_empty());
+    }
+
+    /// `batch` with column `name` replaced by `column`, its field nullable (as another
+    /// writer's schema may have it).
+    fn with_column(batch: &RecordBatch, name: &str, column: ArrayRef) -> RecordBatch {
+        let schema = batch.schema();
+        let i = schema.index_of(name).unwrap();
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields[i] = fields[i].clone().with_nullable(true);
+        let mut columns = batch.columns().to_vec();
+        columns[i] = column;
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    #[test]
+    fn a_null_where_the_log_never_writes_one_skips_the_file_naming_the_row() {
+        use arrow_array::builder::{Float32Builder, ListBuilder};
+        use marshal_model::policy::{JOB_FEATURES, POLICY_SCHEMA_VERSION};
+        let dir = tempfile::tempdir().unwrap();
+        let (decisions, outcomes) = (
+            dir.path().join(DECISIONS_DIR),
+            dir.path().join(OUTCOMES_DIR),
+        );
+        write_file(
+            &decisions,
+            "part-good.parquet",
+            &decisions_batch(&[decision(1), decision(2)]).unwrap(),
+            None,
+        )
+        .unwrap();
+        // Rows 10 and 11 carry features, row 12 (a heuristic's) none.
+        let batch = decisions_batch(&[decision(10), decision(11), decision(12)]).unwrap();
+        // A null inside a feature list (it would read as 0.0, a finite value).
+        let mut job = ListBuilder::new(Float32Builder::new());
+        job.values().append_slice(&[10.0; JOB_FEATURES - 1]);
+        job.values().append_null();
+        job.append(true);
+        job.values().append_slice(&[11.0; JOB_FEATURES]);
+        job.append(true);
+        job.append_null();
+        let damaged: [(&str, ArrayRef, &str); 5] = [
+            (
+                "workers",
+                Arc::new(UInt32Array::from(vec![Some(1), None, Some(1)])),
+                "row 1: column workers is null",
+            ),
+            (
+                "job_id",
+                strings([Some("10"), Some("11"), None].into_iter()),
+                "row 2: column job_id is null",
+            ),
+            (
+                "preemptible",
+                Arc::new(BooleanArray::from(vec![None, Some(false), Some(false)])),
+                "row 0: column preemptible is null",
+            ),
+            // Features half there: the version of row 11 is missing.
+            (
+                "features_version",
+                Arc::new(UInt32Array::from(vec![
+                    Some(POLICY_SCHEMA_VERSION),
+                    None,
+                    None,
+                ])),
+                "row 1: the feature columns are null in some and set in others",
+            ),
+            (
+                "job_features",
+                Arc::new(job.finish()),
+                "row 0: column job_features holds a null value",
+            ),
+        ];
+        for (name, column, _) in &damaged {
+            let file = format!("part-{name}.parquet");
+            write_file(
+                &decisions,
+                &file,
+                &with_column(&batch, name, column.clone()),
+                None,
+            )
+            .unwrap();
+        }
+        let outcome = |id: u64| OutcomeRow {
+            decision_id: id,
+            job_id: id.to_string(),
+            state: "COMPLETED".into(),
+            at_us: 5_000,
+            wait_s: 1.0,
+            run_s: None,
+        };
+        let batch = outcomes_batch(&[outcome(1), outcome(2)]).unwrap();
+        let wait = Arc::new(Float64Array::from(vec![Some(1.0), None])) as ArrayRef;
+        write_file(
+            &outcomes,
+            "part-wait_s.parquet",
+            &with_column(&batch, "wait_s", wait),
+            None,
+        )
+        .unwrap();
+
+        let data = read_decision_log(dir.path()).unwrap();
+        let ids: Vec<u64> = data.decisions.iter().map(|d| d.decision_id).collect();
+        assert_eq!(ids, [1, 2], "only the good file's rows");
+        assert!(data.outcomes.is_empty());
+        assert_eq!(data.files, 1);
+        assert_eq!(data.skipped.len(), damaged.len() + 1, "{:?}", data.skipped);
+        let whys = damaged
+            .iter()
+            .map(|(name, _, why)| (format!("part-{name}.parquet"), *why))
+            .chain([(
+                "part-wait_s.parquet".to_string(),
+                "row 1: column wait_s is null",
+            )]);
+        for (file, why) in whys {
+            assert!(
+                data.skipped
+                    .iter()
+                    .any(|s| s.contains(&file) && s.contains(why)),
+                "{file}: {why}: {:?}",
+                data.skipped
+            );
+        }
     }
 
     #[test]

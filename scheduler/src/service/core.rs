@@ -22,7 +22,7 @@ use crate::policies::learned::{LEARNED, LearnedSetup, TraceSink, build_policy};
 use crate::service::codec;
 use crate::service::config::ServiceConfig;
 use crate::service::error::{ServiceError, StartError};
-use crate::service::inventory::Remap;
+use crate::service::inventory::{self, Inventory, Remap};
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::metrics::Metrics;
 use crate::service::model::{ModelSlot, ModelUpdate};
@@ -264,6 +264,16 @@ impl Core {
             path: config.db.display().to_string(),
             message: e.to_string(),
         })?;
+        if let Some(stored) = &loaded.inventory {
+            let unfinished = loaded.jobs.iter().filter(|r| !r.state.is_final()).count();
+            let current = Inventory::of(&topo);
+            inventory::check_same_cluster(stored, &current, &config.cluster, unfinished).map_err(
+                |message| StartError::Database {
+                    path: config.db.display().to_string(),
+                    message,
+                },
+            )?;
+        }
         let new_database = loaded.jobs.is_empty() && loaded.next_decision <= 1;
         let database_id = loaded.database_id;
         if let Some(dir) = &config.decision_log_dir

@@ -48,6 +48,43 @@ impl Inventory {
     }
 }
 
+/// Refuses a restart under `current` when the database's `unfinished` jobs (waiting or
+/// placed) were written under `stored` and the two share no node name: that is not a
+/// changed inventory but another cluster, most likely the default preset, which a
+/// restart without its `cluster` (`--cluster`) falls back to. Mapping by name would
+/// requeue every placement, reject every job whose GPU models the other cluster lacks,
+/// and write that back with the new inventory, so a second restart with the right
+/// cluster could not undo it. Nothing is changed before this check.
+pub fn check_same_cluster(
+    stored: &Inventory,
+    current: &Inventory,
+    cluster: &str,
+    unfinished: usize,
+) -> Result<(), String> {
+    let shared = stored
+        .nodes
+        .iter()
+        .any(|(name, _)| current.nodes.iter().any(|(now, _)| now == name));
+    if shared || stored.nodes.is_empty() || unfinished == 0 {
+        return Ok(());
+    }
+    let some = |inv: &Inventory| {
+        let names: Vec<&str> = inv.nodes.iter().take(3).map(|(n, _)| n.as_str()).collect();
+        let more = if inv.nodes.len() > 3 { ", …" } else { "" };
+        format!("{} nodes: {}{more}", inv.nodes.len(), names.join(", "))
+    };
+    let default = crate::service::config::ServiceConfig::default().cluster;
+    Err(format!(
+        "its {unfinished} unfinished jobs were written under an inventory of {}, and cluster \
+         {cluster:?} given now ({}) has none of them; start with the cluster they were \
+         written under (`cluster` in the configuration or `--cluster`; without either, the \
+         default preset {default:?} is used), or, to move them to another cluster, let them \
+         finish or cancel them first. Nothing was changed",
+        some(stored),
+        some(current)
+    ))
+}
+
 /// How a stored node id and its GPUs map onto the current topology.
 #[derive(Clone, Debug)]
 struct NodeMap {
@@ -337,6 +374,13 @@ mod tests {
     }
 
     fn restore_on(test: &TestCore, toml: &str) -> Core {
+        try_restore_on(test, toml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_restore_on(
+        test: &TestCore,
+        toml: &str,
+    ) -> Result<Core, crate::service::error::StartError> {
         Core::restore(
             &ServiceConfig {
                 db: "unused.redb".into(),
@@ -347,7 +391,86 @@ mod tests {
             Arc::new(Metrics::new()),
             Arc::new(NoModel) as Arc<dyn ModelSlot>,
         )
-        .unwrap()
+    }
+
+    /// A restart without the cluster the database was written under (`marshal serve`
+    /// then takes the default preset, `dgx-0` to `dgx-7`) shares no node with it:
+    /// refused, naming the database and both inventories, and nothing in the database
+    /// is changed, so a restart with the right cluster finds every job as it was.
+    #[test]
+    fn a_restart_on_a_cluster_sharing_no_node_is_refused_and_changes_nothing() {
+        let test = TestCore::on(ServiceConfig::default(), &before(8));
+        let t0 = crate::service::core::now_us();
+        let (placed, waiting) = {
+            let mut inner = test.core.lock();
+            for (i, (name, model, gpus)) in [("n-0", "H100", 8), ("n-1", "H100", 8)]
+                .into_iter()
+                .enumerate()
+            {
+                let req = pb::RegisterNodeRequest {
+                    node: Some(node_info(name, model, gpus)),
+                    running: vec![],
+                };
+                inner.register(&req, t0).unwrap();
+                inner.heard_from(NodeId(i as u32), t0);
+            }
+            let x1 = pb::JobSpec {
+                gpu_models: vec!["X1".into()],
+                ..whole_gpu_job(1, 4)
+            };
+            let ids = (
+                inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap(),
+                inner.submit(Some(&x1), t0).unwrap(),
+            );
+            inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+            assert_eq!(inner.jobs[&ids.0].state, JobState::Placed);
+            assert!(
+                inner.jobs[&ids.1].state.is_waiting(),
+                "p-0 never registered"
+            );
+            let (_, (batch, _), _) = inner.take_batch();
+            test.core.store.commit(&batch).unwrap();
+            ids
+        };
+        let before_restart = format!("{:?}", test.core.store.load().unwrap());
+        let default_preset = format!("name = \"dgx-h100-64\"\n{}", group("dgx", 8, "H100", 8));
+        let err = match try_restore_on(&test, &default_preset) {
+            Ok(_) => panic!("restored onto a cluster sharing no node"),
+            Err(e) => e.to_string(),
+        };
+        for part in [
+            "database unused.redb",
+            "its 2 unfinished jobs",
+            "3 nodes: n-0, n-1, p-0",
+            "cluster \"dgx-h100-64\" given now (8 nodes: dgx-0, dgx-1, dgx-2, …)",
+            "--cluster",
+            "Nothing was changed",
+        ] {
+            assert!(err.contains(part), "{part:?} missing: {err}");
+        }
+        // Nothing was written: the records, the counters and the stored inventory.
+        assert_eq!(
+            format!("{:?}", test.core.store.load().unwrap()),
+            before_restart
+        );
+        let again = restore_on(&test, &before(8));
+        let inner = again.lock();
+        assert_eq!(inner.jobs[&placed].state, JobState::Placed);
+        let node = inner.jobs[&placed].placement.as_ref().unwrap().workers[0].node;
+        assert!(inner.topo.node(node).name.starts_with("n-"));
+        assert!(inner.jobs[&waiting].state.is_waiting());
+        drop(inner);
+
+        // With every job finished there is nothing to lose: a new cluster is taken.
+        let done = TestCore::on(ServiceConfig::default(), &before(8));
+        {
+            let mut inner = done.core.lock();
+            let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+            inner.cancel(id, "not needed", t0).unwrap();
+            let (_, (batch, _), _) = inner.take_batch();
+            done.core.store.commit(&batch).unwrap();
+        }
+        assert!(try_restore_on(&done, &default_preset).is_ok());
     }
 
     fn node_info(name: &str, model: &str, gpus: u32) -> pb::NodeInfo {

@@ -187,6 +187,44 @@ fn retraining_from_a_written_log_moves_the_policy_towards_faster_placements() {
     assert_eq!(std::fs::read(init.join("meta.json")).unwrap(), before_files);
 }
 
+/// Rows of another feature layout keep their `features_version` through the Parquet
+/// files (the reader stamps nothing on them) and are refused by the trainer, counted and
+/// named with both versions; rows of this build's layout beside them are used.
+#[test]
+fn rows_of_another_feature_layout_in_a_written_log_are_counted_and_named_not_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = DecisionLog::open(tmp.path(), LogOptions::default());
+    let other = POLICY_SCHEMA_VERSION + 1;
+    for id in 1..=4u64 {
+        let mut r = row(id, "resnet", 0, "learned");
+        if id > 2 {
+            r.features.as_mut().unwrap().version = other;
+        }
+        log.send(LogBatch {
+            decisions: vec![r],
+            outcomes: vec![outcome(id, "COMPLETED", Some(100.0))],
+        });
+    }
+    assert_eq!(log.finish().write_errors, 0);
+    let data = read_decision_log(tmp.path()).unwrap();
+    let versions: Vec<u32> = data
+        .decisions
+        .iter()
+        .map(|d| d.features.as_ref().unwrap().version)
+        .collect();
+    assert_eq!(
+        versions,
+        [POLICY_SCHEMA_VERSION, POLICY_SCHEMA_VERSION, other, other]
+    );
+    let (samples, report) = log_samples(&data, &LogTrainOptions::default());
+    assert_eq!((report.used, report.unusable), (2, 2));
+    assert_eq!(samples.len(), 2);
+    assert_eq!(
+        report.first_unusable.unwrap(),
+        format!("decision 3: feature layout {other} (this build reads {POLICY_SCHEMA_VERSION})")
+    );
+}
+
 #[test]
 fn options_are_validated() {
     let ok = LogTrainOptions::default();
