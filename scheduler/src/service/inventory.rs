@@ -410,6 +410,7 @@ mod tests {
                 let req = pb::RegisterNodeRequest {
                     node: Some(node_info(name, model, gpus)),
                     running: vec![],
+                    ..Default::default()
                 };
                 inner.register(&req, t0).unwrap();
                 inner.heard_from(NodeId(i as u32), t0);
