@@ -2061,7 +2061,10 @@ fn tls_and_mutual_tls_refuse_clients_without_the_right_credentials() {
         let mut agent = service::client::AgentClient::connect(&agent_config, "n-1")
             .await
             .unwrap();
-        let reg = agent.register(node_info(1), vec![], None).await.unwrap();
+        let reg = agent
+            .register(node_info(1), vec![], vec![], None)
+            .await
+            .unwrap();
         assert!(reg.status.unwrap().registered);
         // Its certificate names n-1: it cannot act as another node.
         let as_other = NodeServiceClient::new(with_cert.clone())

@@ -281,6 +281,19 @@ impl Runner {
             .collect()
     }
 
+    /// The incarnations told to stop whose workers have not ended yet (within their
+    /// stop grace), for a registration; each is confirmed when it ends, since the
+    /// scheduler may have moved its job while this agent was away and wait for it.
+    pub fn stopping_list(&mut self) -> Vec<pb::RunningJob> {
+        let set: BTreeSet<(u64, u32)> = self.stopping.keys().map(|i| (i.job, i.attempt)).collect();
+        for &(job, attempt) in &set {
+            self.want_stop_confirmed(job, attempt);
+        }
+        set.into_iter()
+            .map(|(job_id, attempt)| pb::RunningJob { job_id, attempt })
+            .collect()
+    }
+
     fn journal(&self, incarnation: Incarnation, gpus: &[pb::GpuSlot], started: bool) {
         self.journal_entry(incarnation, gpus, started, false);
     }
@@ -1160,6 +1173,26 @@ mod tests {
         r.stops_to_confirm.clear();
         r.apply_stop(&stop_of(9, 4, true)).await;
         assert_eq!(r.stops_to_confirm, BTreeSet::from([(9, 4)]));
+        // A registration lists a worker still stopping apart from the running ones, and
+        // its end is confirmed: the scheduler may have moved its job meanwhile.
+        r.stops_to_confirm.clear();
+        r.start(&start(3, 1, &[3])).await;
+        let t = Instant::now();
+        while !marks.path().join("ready.3").exists() {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r.apply_stop(&stop_of(3, 1, false)).await;
+        assert!(r.running_list().is_empty());
+        let stopping = r.stopping_list();
+        assert_eq!((stopping.len(), stopping[0].job_id), (1, 3));
+        let t = Instant::now();
+        while !r.stopping.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(15));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            r.reap_stopped();
+        }
+        assert_eq!(r.stops_to_confirm, BTreeSet::from([(3, 1)]));
     }
 
     #[tokio::test]

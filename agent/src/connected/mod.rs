@@ -53,6 +53,9 @@ use crate::AgentError;
 /// Rows sent per telemetry call.
 const CHUNK: usize = 4096;
 
+/// How often stopping workers are looked at until they have ended.
+const STOPPING_POLL: Duration = Duration::from_millis(100);
+
 #[derive(Clone, Debug)]
 pub struct ConnectedConfig {
     pub client: ClientConfig,
@@ -436,6 +439,7 @@ async fn session(
         .register(
             config.node.clone(),
             runner.running_list(),
+            runner.stopping_list(),
             runner.confirms_stops(),
         )
         .await
@@ -521,6 +525,11 @@ async fn session(
                 runner.reap_stopped();
                 runner.poll_checkpoints();
                 runner.sweep_logs();
+            }
+            // While a stopped worker ends, look often: the scheduler holds its job's
+            // next START until this agent confirms the end, whatever the report interval.
+            _ = tokio::time::sleep(STOPPING_POLL), if runner.stopping_count() > 0 => {
+                runner.reap_stopped();
             }
         }
         counters.note_workers(runner);

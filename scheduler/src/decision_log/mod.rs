@@ -713,6 +713,20 @@ fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// A file's batches, and the database it names (none in a file written before files
 /// named it). A file of a later layout than [`LOG_VERSION`] is refused.
 fn batches(path: &Path) -> Result<(Option<u64>, Vec<RecordBatch>), String> {
+    let (database, builder) = open_log_file(path)?;
+    let batches = builder
+        .build()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .map(|b| b.map_err(|e| format!("{}: {e}", path.display())))
+        .collect::<Result<_, _>>()?;
+    Ok((database, batches))
+}
+
+/// A file's reader, its footer read, and the database the file names (see
+/// [`batches`]); nothing else is read yet.
+fn open_log_file(
+    path: &Path,
+) -> Result<(Option<u64>, ParquetRecordBatchReaderBuilder<File>), String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -745,12 +759,7 @@ fn batches(path: &Path) -> Result<(Option<u64>, Vec<RecordBatch>), String> {
         ),
         None => None,
     };
-    let batches = builder
-        .build()
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .map(|b| b.map_err(|e| format!("{}: {e}", path.display())))
-        .collect::<Result<_, _>>()?;
-    Ok((database, batches))
+    Ok((database, builder))
 }
 
 fn opt_f64(a: &Float64Array, i: usize) -> Option<f64> {

@@ -16,58 +16,78 @@
 use std::path::Path;
 
 use arrow_array::{Array, UInt64Array};
+use parquet::arrow::ProjectionMask;
 
-use super::{DECISIONS_DIR, batches, parquet_files};
+use super::{DECISIONS_DIR, open_log_file, parquet_files};
 
 /// What [`highest_logged_decision`] found.
 #[derive(Debug, Default)]
 pub struct HighestLogged {
-    /// The highest id and the file that holds it; `None` when the log holds none.
+    /// The highest id and the file that holds it (or names it, for a damaged file whose
+    /// name is all there is to go by); `None` when the log holds none.
     pub found: Option<(u64, String)>,
     /// Damaged files passed over, each with why.
     pub skipped: Vec<String>,
 }
 
 /// The highest decision id in the log under `dir` that `database` may have written.
-/// Files of other databases are passed over, and so are damaged ones (named in
-/// [`HighestLogged::skipped`]).
+/// Files of other databases are passed over on their footer alone, and only the
+/// `decision_id` column of a candidate is read. A damaged file above the first
+/// readable candidate (it could be this database's) counts with the first id in its
+/// name, a lower bound of what it held; each is named in [`HighestLogged::skipped`].
 pub fn highest_logged_decision(dir: &Path, database: u64) -> Result<HighestLogged, String> {
-    let mut skipped = Vec::new();
+    let mut highest = HighestLogged::default();
+    let note = |id: u64, file: &Path, highest: &mut HighestLogged| {
+        if highest.found.as_ref().is_none_or(|(best, _)| id > *best) {
+            highest.found = Some((id, file.display().to_string()));
+        }
+    };
     for path in parquet_files(&dir.join(DECISIONS_DIR))?.iter().rev() {
-        let (named, batches) = match batches(path) {
-            Ok(read) => read,
-            Err(e) => {
-                skipped.push(e);
-                continue;
+        match max_in(path, database) {
+            Ok(None) => {}
+            Ok(Some(id)) => {
+                note(id, path, &mut highest);
+                return Ok(highest);
             }
-        };
-        if named.is_some_and(|db| db != database) {
-            continue;
-        }
-        let mut highest: Option<u64> = None;
-        for b in &batches {
-            let Some(ids) = b
-                .column_by_name("decision_id")
-                .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
-            else {
-                skipped.push(format!("{}: no decision_id column of u64", path.display()));
-                highest = None;
-                break;
-            };
-            let max = ids.iter().flatten().max();
-            highest = highest.max(max);
-        }
-        if let Some(id) = highest {
-            return Ok(HighestLogged {
-                found: Some((id, path.display().to_string())),
-                skipped,
-            });
+            Err(e) => {
+                highest.skipped.push(e);
+                if let Some(first) = first_id_in_name(path) {
+                    note(first, path, &mut highest);
+                }
+            }
         }
     }
-    Ok(HighestLogged {
-        found: None,
-        skipped,
-    })
+    Ok(highest)
+}
+
+/// The highest `decision_id` in the file at `path`, unless it names another database
+/// than `database` or holds no row.
+fn max_in(path: &Path, database: u64) -> Result<Option<u64>, String> {
+    let (named, builder) = open_log_file(path)?;
+    if named.is_some_and(|db| db != database) {
+        return Ok(None);
+    }
+    let mask = ProjectionMask::columns(builder.parquet_schema(), ["decision_id"]);
+    let reader = builder
+        .with_projection(mask)
+        .build()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut highest = None;
+    for batch in reader {
+        let batch = batch.map_err(|e| format!("{}: {e}", path.display()))?;
+        let ids = batch
+            .column_by_name("decision_id")
+            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+            .ok_or_else(|| format!("{}: no decision_id column of u64", path.display()))?;
+        highest = highest.max(ids.iter().flatten().max());
+    }
+    Ok(highest)
+}
+
+/// The first decision id a file's name gives (`part-<id, 20 digits>-<seq>.parquet`).
+fn first_id_in_name(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_prefix("part-")?.get(..20)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -121,7 +141,7 @@ mod tests {
     }
 
     #[test]
-    fn files_naming_no_database_count_and_a_damaged_file_is_passed_over() {
+    fn files_naming_no_database_count_and_a_damaged_file_counts_by_its_name() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), None, 1..6);
         assert_eq!(
@@ -138,8 +158,10 @@ mod tests {
             .join(DECISIONS_DIR)
             .join(format!("part-{:020}-999999.parquet", 50));
         std::fs::write(&damaged, b"PAR1 cut short").unwrap();
+        // Above every readable file, a damaged one counts by its name's first id, the
+        // least it held (its ids may have been this database's).
         let highest = highest_logged_decision(dir.path(), 3).unwrap();
-        assert_eq!(highest.found.unwrap().0, 8);
+        assert_eq!(highest.found.unwrap().0, 50);
         assert_eq!(highest.skipped.len(), 1);
         assert!(
             highest.skipped[0].contains("999999"),

@@ -244,12 +244,14 @@ impl AgentClient {
     }
 
     /// Registers with the hardware found and the jobs running now; returns what to stop
-    /// and what the node should run. `confirms_stops`: the agent's stop grace, when it
-    /// reports that stopped workers ended ([`AgentClient::report_stopped`]).
+    /// and what the node should run. `stopping`: incarnations told to stop that have not
+    /// ended yet. `confirms_stops`: the agent's stop grace, when it reports that stopped
+    /// workers ended ([`AgentClient::report_stopped`]).
     pub async fn register(
         &mut self,
         info: pb::NodeInfo,
         running: Vec<pb::RunningJob>,
+        stopping: Vec<pb::RunningJob>,
         confirms_stops: Option<Duration>,
     ) -> Result<pb::RegisterNodeResponse, ClientError> {
         let call = self.client.register(pb::RegisterNodeRequest {
@@ -257,6 +259,7 @@ impl AgentClient {
             running,
             confirms_stops: confirms_stops.is_some(),
             stop_grace_ms: confirms_stops.map_or(0, |g| g.as_millis() as u64),
+            stopping,
         });
         within(self.call_timeout, call).await
     }

@@ -215,7 +215,12 @@ fn resume_above_the_log(inner: &mut Inner, dir: &std::path::Path, database: u64)
                     %file,
                     "the decision log holds decision ids this database would give again (it was restored from an older snapshot, or lost its last changes with durable_commits = false); resuming above them"
                 );
-                inner.next_decision = id + 1;
+                // An id the writer could never have reached (a forged file) leaves the
+                // ids where they are rather than wrap them round.
+                match id.checked_add(1) {
+                    Some(next) => inner.next_decision = next,
+                    None => return,
+                }
                 inner.dirty.meta = true;
             }
         }

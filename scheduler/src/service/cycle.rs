@@ -145,6 +145,10 @@ impl Inner {
         } else {
             self.active.remove(&id);
         }
+        if to.is_final() {
+            // Started nowhere again: nothing to hold a START for.
+            self.stop_waits.forget(id);
+        }
         let record = &self.jobs[&id];
         // The decision log's outcome: the placement ended, or the job was rejected.
         let ended = was_active && !to.is_active();
@@ -177,13 +181,12 @@ impl Inner {
             // it to wait for; a job that ended for good is started nowhere again.
             let ran = !self.stop_waits.drop_held(id);
             if ran && to.is_waiting() {
-                let nodes = self.confirming_nodes(p);
+                let steady = now - (self.wall_step)();
+                let nodes = self.confirming_nodes(p, steady);
                 for (node, stop) in &mut stops {
                     stop.confirm = nodes.iter().any(|(n, _)| n == node);
                 }
-                let steady = now - (self.wall_step)();
-                self.stop_waits
-                    .await_stops(id, record.attempts, nodes, steady);
+                self.stop_waits.await_stops(id, record.attempts, nodes);
             }
             events.extend(stops);
         }

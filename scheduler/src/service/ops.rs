@@ -425,6 +425,7 @@ impl Inner {
         self.nodes[n.0 as usize].registered = true;
         self.nodes[n.0 as usize].refused = false;
         self.nodes[n.0 as usize].confirms_stops_within_us = confirms_stops_within_us;
+        self.confirm_stops_not_running(n, req.running.iter().chain(&req.stopping));
         self.heard_from(n, now);
         self.mark_node(n);
         Ok(Registration { node: n, stop })

@@ -61,28 +61,33 @@ pub struct Expired {
 
 impl StopWaits {
     /// Waits for `job`'s incarnation `attempt` to be confirmed stopped on each of
-    /// `nodes`, each until its `grace_us` and the margin have passed from `steady_now`.
+    /// `nodes`, each until its deadline (on the monotonic clock).
     pub fn await_stops(
         &mut self,
         job: u32,
         attempt: u32,
         nodes: impl IntoIterator<Item = (NodeId, i64)>,
-        steady_now: i64,
     ) {
         let waits = self.unconfirmed.entry(job).or_default();
-        for (node, grace_us) in nodes {
+        for (node, until_steady_us) in nodes {
             if waits.iter().any(|w| w.node == node && w.attempt == attempt) {
                 continue;
             }
             waits.push(Unconfirmed {
                 node,
                 attempt,
-                until_steady_us: steady_now + grace_us + STOP_CONFIRM_MARGIN_US,
+                until_steady_us,
             });
         }
         if waits.is_empty() {
             self.unconfirmed.remove(&job);
         }
+    }
+
+    /// Forgets `job`, which ended for good: no START of it is held or will be.
+    pub fn forget(&mut self, job: u32) {
+        self.unconfirmed.remove(&job);
+        self.held.remove(&job);
     }
 
     /// The STARTs of `job`'s new placement: returned to send now when nothing is
@@ -129,6 +134,30 @@ impl StopWaits {
         (awaited, self.held.remove(&job).unwrap_or_default())
     }
 
+    /// `node`'s agent registered saying it runs only `running` (job, attempt): every
+    /// wait on it for anything else is over. Returns how many ended and the STARTs that
+    /// released.
+    pub fn confirm_all_but(
+        &mut self,
+        node: NodeId,
+        running: &std::collections::HashSet<(u32, u32)>,
+    ) -> (u64, Released) {
+        let mut confirmed = 0;
+        let mut released = Vec::new();
+        let jobs: Vec<u32> = self.unconfirmed.keys().copied().collect();
+        for job in jobs {
+            let waits = self.unconfirmed.get_mut(&job).expect("listed");
+            let before = waits.len();
+            waits.retain(|w| w.node != node || running.contains(&(job, w.attempt)));
+            confirmed += (before - waits.len()) as u64;
+            if waits.is_empty() {
+                self.unconfirmed.remove(&job);
+                released.extend(self.held.remove(&job).unwrap_or_default());
+            }
+        }
+        (confirmed, released)
+    }
+
     /// Gives up the waits whose deadline has passed at `steady_now`, releasing the
     /// STARTs of every job left waiting for nothing, in job order.
     pub fn expire(&mut self, steady_now: i64) -> Vec<Expired> {
@@ -173,18 +202,33 @@ impl StopWaits {
 }
 
 impl Inner {
-    /// The distinct nodes of `placement` whose agents confirm stops and can hear the
-    /// STOP (registered and reachable), each with its stop grace.
-    pub(crate) fn confirming_nodes(&self, placement: &Placement) -> Vec<(NodeId, i64)> {
+    /// The distinct registered nodes of `placement` whose agents confirm stops, each
+    /// with how long to wait for it (a deadline on the monotonic clock, from
+    /// `steady_now`): a reachable node's stop grace and the margin; for an unreachable
+    /// one, which cannot hear the STOP, until its jobs would be requeued by the liveness
+    /// rule (`node_grace_ms` after it went silent), by when an agent that fences
+    /// (`--fence-when-silent`) has ended its workers; not at all once that has passed.
+    pub(crate) fn confirming_nodes(
+        &self,
+        placement: &Placement,
+        steady_now: i64,
+    ) -> Vec<(NodeId, i64)> {
         let mut nodes: Vec<(NodeId, i64)> = Vec::new();
         for w in &placement.workers {
             let r = &self.nodes[w.node.0 as usize];
-            if let Some(grace) = r.confirms_stops_within_us
-                && r.registered
-                && !r.unreachable
-                && !nodes.iter().any(|(n, _)| *n == w.node)
-            {
-                nodes.push((w.node, grace));
+            let Some(grace) = r.confirms_stops_within_us else {
+                continue;
+            };
+            if !r.registered || nodes.iter().any(|(n, _)| *n == w.node) {
+                continue;
+            }
+            let until = if r.unreachable {
+                r.unreachable_since_steady_us + self.node_grace_us
+            } else {
+                steady_now + grace + STOP_CONFIRM_MARGIN_US
+            };
+            if until > steady_now {
+                nodes.push((w.node, until));
             }
         }
         nodes
@@ -243,6 +287,28 @@ impl Inner {
         }
     }
 
+    /// Ends the waits on `n` for what its agent, registering, neither runs nor is still
+    /// stopping ([`StopWaits::confirm_all_but`]): a STOP sent while it was away never
+    /// reached it, and nothing of those incarnations is left there to end. (One still
+    /// stopping is confirmed when it ends.)
+    pub(crate) fn confirm_stops_not_running<'a>(
+        &mut self,
+        n: NodeId,
+        running: impl Iterator<Item = &'a pb::RunningJob>,
+    ) {
+        let running: std::collections::HashSet<(u32, u32)> = running
+            .filter_map(|r| Some((u32::try_from(r.job_id).ok()?, r.attempt)))
+            .collect();
+        let (confirmed, released) = self.stop_waits.confirm_all_but(n, &running);
+        if confirmed > 0 {
+            self.metrics
+                .stop_waits
+                .get_or_create(&vec![("outcome", "confirmed")])
+                .inc_by(confirmed);
+        }
+        self.send_released(released);
+    }
+
     fn send_released(&mut self, released: Released) {
         for (node, assignment) in released {
             self.push_event(Event::Assignment { node, assignment });
@@ -276,7 +342,7 @@ mod tests {
     #[test]
     fn a_start_is_held_until_every_stopped_node_confirms() {
         let mut waits = StopWaits::default();
-        waits.await_stops(7, 2, [(NodeId(0), 30_000_000), (NodeId(1), 0)], 0);
+        waits.await_stops(7, 2, [(NodeId(0), 30_000_000), (NodeId(1), 0)]);
         assert!(waits.hold_or_pass(7, vec![start(7, 2)]).is_empty());
         assert!(waits.is_held(7));
         // Another attempt's confirmation, or another job's, releases nothing.
@@ -294,13 +360,13 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_ends_at_the_nodes_grace_and_the_margin() {
+    fn a_wait_ends_at_its_deadline() {
         let mut waits = StopWaits::default();
-        waits.await_stops(3, 1, [(NodeId(0), 1_000_000)], 100);
-        waits.await_stops(4, 1, [(NodeId(1), 60_000_000)], 100);
+        let deadline = 1_000_000;
+        waits.await_stops(3, 1, [(NodeId(0), deadline)]);
+        waits.await_stops(4, 1, [(NodeId(1), 60_000_000)]);
         waits.hold_or_pass(3, vec![start(3, 5)]);
         waits.hold_or_pass(4, vec![start(4, 6)]);
-        let deadline = 100 + 1_000_000 + STOP_CONFIRM_MARGIN_US;
         assert!(waits.expire(deadline - 1).is_empty());
         let expired = waits.expire(deadline);
         assert_eq!(expired.len(), 1);
@@ -313,9 +379,9 @@ mod tests {
     #[test]
     fn a_wait_that_runs_out_on_one_node_still_holds_for_the_other() {
         let mut waits = StopWaits::default();
-        waits.await_stops(3, 1, [(NodeId(0), 0), (NodeId(1), 10_000_000)], 0);
+        waits.await_stops(3, 1, [(NodeId(0), 0), (NodeId(1), 10_000_000)]);
         waits.hold_or_pass(3, vec![start(3, 5)]);
-        let expired = waits.expire(STOP_CONFIRM_MARGIN_US);
+        let expired = waits.expire(5_000_000);
         assert_eq!(expired.len(), 1);
         assert!(expired[0].released.is_empty());
         assert_eq!(waits.confirm(3, NodeId(1), 1).1, vec![start(3, 5)]);
@@ -324,7 +390,7 @@ mod tests {
     #[test]
     fn a_placement_that_ends_before_its_start_drops_it_and_keeps_waiting() {
         let mut waits = StopWaits::default();
-        waits.await_stops(9, 1, [(NodeId(0), 0)], 0);
+        waits.await_stops(9, 1, [(NodeId(0), 0)]);
         waits.hold_or_pass(9, vec![start(9, 1)]);
         assert!(waits.drop_held(9));
         assert!(!waits.drop_held(9));
@@ -334,9 +400,24 @@ mod tests {
     }
 
     #[test]
+    fn a_registration_ends_the_waits_on_its_node_for_what_it_does_not_run() {
+        let mut waits = StopWaits::default();
+        waits.await_stops(1, 1, [(NodeId(0), 0), (NodeId(1), 0)]);
+        waits.await_stops(2, 3, [(NodeId(0), 0)]);
+        waits.hold_or_pass(1, vec![start(1, 2)]);
+        waits.hold_or_pass(2, vec![start(2, 2)]);
+        let running = std::collections::HashSet::from([(2, 3)]);
+        let (confirmed, released) = waits.confirm_all_but(NodeId(0), &running);
+        assert_eq!((confirmed, released.len()), (1, 0));
+        assert!(waits.awaits(1) && waits.awaits(2));
+        let (confirmed, released) = waits.confirm_all_but(NodeId(1), &running);
+        assert_eq!((confirmed, released), (1, vec![start(1, 2)]));
+    }
+
+    #[test]
     fn no_nodes_to_wait_for_hold_nothing() {
         let mut waits = StopWaits::default();
-        waits.await_stops(1, 1, [], 0);
+        waits.await_stops(1, 1, []);
         assert!(!waits.awaits(1));
         assert_eq!(waits.hold_or_pass(1, vec![start(1, 0)]).len(), 1);
     }
@@ -456,9 +537,10 @@ mod service_tests {
         let (id, _, second) = moved(&mut inner, t0);
         sent(&mut inner);
         let due = t0 + 1 + GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
-        inner.expire_stop_waits(due - 1_000);
+        // A second either side: the clocks' offset is read afresh at each call.
+        inner.expire_stop_waits(due - 1_000_000);
         assert!(sent(&mut inner).is_empty());
-        inner.expire_stop_waits(due);
+        inner.expire_stop_waits(due + 1_000_000);
         assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
         let timed_out = inner
             .metrics
@@ -492,31 +574,89 @@ mod service_tests {
         inner.cancel(id, "no longer needed", t0 + 3).unwrap();
         assert_eq!(inner.stop_waits.held_jobs(), 0);
         sent(&mut inner);
-        assert!(confirm(&mut inner, first, id, 1, t0 + 4));
+        // Ended for good: nothing waits for its stop any more.
+        assert!(!confirm(&mut inner, first, id, 1, t0 + 4));
         assert!(
             sent(&mut inner).iter().all(|a| a.2 != START),
             "a cancelled job's START must stay unsent"
         );
+        inner.expire_stop_waits(t0 + 3_600_000_000);
+        assert!(sent(&mut inner).is_empty());
     }
 
+    /// A job moved off an unreachable node (drained, say) starts elsewhere once its
+    /// jobs would have been requeued by the liveness rule, by when a fencing agent has
+    /// stopped its workers; at once when that time has passed.
     #[test]
-    fn an_unreachable_node_is_not_waited_for() {
+    fn an_unreachable_node_is_waited_for_until_its_jobs_would_be_requeued() {
+        for silent_for_long in [false, true] {
+            let test = TestCore::new(ServiceConfig::default());
+            let mut inner = test.core.lock();
+            let t0 = now_us();
+            register(&mut inner, t0, true);
+            let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+            inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+            sent(&mut inner);
+            let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
+            let grace = inner.node_grace_us;
+            let since = if silent_for_long { t0 - 2 * grace } else { t0 };
+            let steady_since = since - (inner.wall_step)();
+            let r = &mut inner.nodes[first.0 as usize];
+            r.unreachable = true;
+            r.unreachable_since_steady_us = steady_since;
+            let name = inner.topo.node(first).name.clone();
+            inner.drain(&name, "lost", t0 + 1).unwrap();
+            inner.cycle(t0 + 2, &NoModel.decision_path("topo-pack"));
+            let started = |sent: Vec<(u32, u32, i32, u32)>| {
+                sent.iter().any(|a| a.0 != first.0 && a.2 == START)
+            };
+            if silent_for_long {
+                assert!(started(sent(&mut inner)));
+                continue;
+            }
+            assert!(!started(sent(&mut inner)));
+            inner.expire_stop_waits(since + grace - 1_000_000);
+            assert!(!started(sent(&mut inner)));
+            inner.expire_stop_waits(since + grace + 1_000_000);
+            assert!(started(sent(&mut inner)));
+        }
+    }
+
+    /// An agent that registers again (restarted, or back from a partition) without the
+    /// stopped incarnation ends the wait on its node: the STOP went to a watch that was
+    /// gone. One still listing it (a worker within its grace) keeps it, and is told to
+    /// stop it.
+    #[test]
+    fn a_registration_without_the_stopped_incarnation_ends_the_wait() {
         let test = TestCore::new(ServiceConfig::default());
         let mut inner = test.core.lock();
         let t0 = now_us();
         register(&mut inner, t0, true);
-        let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
-        inner.cycle(t0, &NoModel.decision_path("topo-pack"));
-        let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
-        inner.nodes[first.0 as usize].unreachable = true;
-        let name = inner.topo.node(first).name.clone();
-        inner.drain(&name, "lost", t0 + 1).unwrap();
-        inner.cycle(t0 + 2, &NoModel.decision_path("topo-pack"));
-        assert!(
-            sent(&mut inner)
-                .iter()
-                .any(|a| a.0 != first.0 && a.2 == START)
-        );
+        let (id, first, second) = moved(&mut inner, t0);
+        sent(&mut inner);
+        let again =
+            |running: Vec<pb::RunningJob>, stopping: Vec<pb::RunningJob>| pb::RegisterNodeRequest {
+                node: Some(node_info(first as usize)),
+                running,
+                confirms_stops: true,
+                stop_grace_ms: GRACE_MS,
+                stopping,
+            };
+        let old = pb::RunningJob {
+            job_id: id as u64,
+            attempt: 1,
+        };
+        // Still running there (the STOP never arrived): told to stop it; still waited on.
+        let reg = inner.register(&again(vec![old], vec![]), t0 + 3).unwrap();
+        assert_eq!(reg.stop, vec![old]);
+        assert!(sent(&mut inner).is_empty(), "released while it still runs");
+        // Stopping, within its grace: still waited on, and not told again.
+        let reg = inner.register(&again(vec![], vec![old]), t0 + 4).unwrap();
+        assert!(reg.stop.is_empty());
+        assert!(sent(&mut inner).is_empty(), "released while it still stops");
+        // Gone.
+        inner.register(&again(vec![], vec![]), t0 + 5).unwrap();
+        assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
     }
 
     #[test]
