@@ -11,9 +11,10 @@
 //!
 //! Only agents that registered with `confirms_stops` are waited for: one that only
 //! writes the job's environment cannot tell when its processes end. A node that is
-//! unreachable when its job is stopped is not waited for either: the STOP cannot reach
-//! it, and its jobs were requeued only after the timeout and grace that a fencing agent
-//! stops its workers within (`agent --fence-when-silent`).
+//! unreachable when its job is stopped cannot hear the STOP: it is waited for until its
+//! jobs would have been requeued by the liveness rule, by when an agent that fences
+//! (`agent --fence-when-silent`) has stopped its workers. A registration ends the waits
+//! on its node for whatever the agent neither runs nor is still stopping.
 //!
 //! The placement itself is made at once, as before: its GPUs are allocated and the job
 //! is PLACED; only the agents' START is held. The waits are not persisted: after a
