@@ -1861,6 +1861,27 @@ fn advise_is_stateless_and_explain_tells_why() {
             assert!(Instant::now() < deadline, "not placed again: {got:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The event stream is counted when it ends, not when it opened: dropped by the
+        // client before its trailers, it is `Cancelled`.
+        let watched = |text: &str, code: &str| {
+            text.contains(&format!(
+                "marshal_grpc_server_handled_total{{grpc_service=\"marshal.v1.JobService\",grpc_method=\"WatchEvents\",grpc_code=\"{code}\"}} 1"
+            ))
+        };
+        let metrics_addr = handle.metrics_addr.unwrap();
+        let text = common::http_get(metrics_addr, "/metrics").await;
+        assert!(!watched(&text, "Ok") && !watched(&text, "Cancelled"), "{text}");
+        drop(events);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = common::http_get(metrics_addr, "/metrics").await;
+            if watched(&text, "Cancelled") {
+                assert!(!watched(&text, "Ok"), "{text}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the dropped stream was not counted: {text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         handle.shutdown().await.unwrap();
     });
 }

@@ -173,6 +173,7 @@ fn spawn_model_poll(config: &ServiceConfig, model: &Arc<dyn ModelSlot>) -> Optio
 #[derive(Debug)]
 pub struct AdvisorHandle {
     pub addr: SocketAddr,
+    advisor: Arc<crate::service::shadow::ShadowAdvisor>,
     health: Health,
     stop: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -189,14 +190,23 @@ impl AdvisorHandle {
             t.abort();
         }
         let mut server = self.server;
-        match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+        let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
             Ok(Ok(r)) => r.map_err(StartError::from),
             Ok(Err(e)) => Err(StartError::Io(std::io::Error::other(e.to_string()))),
             Err(_) => {
                 server.abort();
                 Ok(())
             }
+        };
+        // Every answered call's records were written (flushed) before it answered; on
+        // disk for good only once synced, which a clean stop should leave them.
+        let advisor = self.advisor;
+        match tokio::task::spawn_blocking(move || advisor.sync_log()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "shadow log: not synced at shutdown"),
+            Err(e) => tracing::warn!(error = %e, "shadow log: sync task failed"),
         }
+        served
     }
 }
 
@@ -241,7 +251,10 @@ pub async fn start_advisor(
     let router = server_builder(config)?
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(AdvisorServiceServer::with_interceptor(advisor, clients));
+        .add_service(AdvisorServiceServer::with_interceptor(
+            advisor.clone(),
+            clients,
+        ));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(
         accepted_without_delay(listener, config),
         crate::service::core::stopped(stop_rx),
@@ -249,6 +262,7 @@ pub async fn start_advisor(
     tracing::info!(%addr, policy = %config.policy, log = %shadow_log.path.display(), "shadow advisor");
     Ok(AdvisorHandle {
         addr,
+        advisor,
         health,
         stop,
         server,

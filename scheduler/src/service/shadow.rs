@@ -146,6 +146,13 @@ impl ShadowAdvisor {
         })
     }
 
+    /// Writes out and syncs the log (at shutdown).
+    pub fn sync_log(&self) -> Result<(), std::io::Error> {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.out.flush()?;
+        log.out.get_ref().sync_all()
+    }
+
     fn append(&self, records: &[DecisionRecord]) -> Result<(), Status> {
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         // The caller hears of it, and so does the operator: an incumbent that treats the
