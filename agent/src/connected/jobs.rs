@@ -562,8 +562,15 @@ impl Runner {
                 self.stopping.insert(inc, live);
             }
             task => {
-                if let Some(task) = task {
-                    task.abort();
+                match task {
+                    Some(task) => task.abort(),
+                    // An `--exec` worker adopted without a readable record: a process of
+                    // it may run on unsupervised, so its end is not confirmed (the
+                    // scheduler's deadline decides instead).
+                    None if matches!(self.mode, Mode::Exec(_)) => {
+                        self.confirm_when_ended.remove(&(inc.job, inc.attempt));
+                    }
+                    None => {}
                 }
                 self.stopped(inc, &live.gpus);
             }

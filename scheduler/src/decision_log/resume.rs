@@ -17,6 +17,7 @@ use std::path::Path;
 
 use arrow_array::{Array, UInt64Array};
 use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
 use super::{DECISIONS_DIR, open_log_file, parquet_files};
 
@@ -30,31 +31,28 @@ pub struct HighestLogged {
     pub skipped: Vec<String>,
 }
 
-/// The highest decision id in the log under `dir` that `database` may have written.
-/// Files of other databases are passed over on their footer alone, and only the
-/// `decision_id` column of a candidate is read. A damaged file above the first
-/// readable candidate (it could be this database's) counts with the first id in its
-/// name, a lower bound of what it held; each is named in [`HighestLogged::skipped`].
+/// The highest decision id in the log under `dir` that `database` may have written
+/// (files naming no database count, as they may be its own from before files named
+/// one). Every file is looked at, since two runs' files can overlap (a database
+/// restored from a snapshot wrote ids its first run's later files also hold), but
+/// mostly through its footer: the database it names, and the row groups' `decision_id`
+/// maxima; only a file written without statistics has that column read. A damaged
+/// file counts with the first id in its name (`part-<id>-…`), the least it held; each
+/// is named in [`HighestLogged::skipped`].
 pub fn highest_logged_decision(dir: &Path, database: u64) -> Result<HighestLogged, String> {
     let mut highest = HighestLogged::default();
-    let note = |id: u64, file: &Path, highest: &mut HighestLogged| {
-        if highest.found.as_ref().is_none_or(|(best, _)| id > *best) {
-            highest.found = Some((id, file.display().to_string()));
-        }
-    };
-    for path in parquet_files(&dir.join(DECISIONS_DIR))?.iter().rev() {
-        match max_in(path, database) {
-            Ok(None) => {}
-            Ok(Some(id)) => {
-                note(id, path, &mut highest);
-                return Ok(highest);
-            }
+    for path in parquet_files(&dir.join(DECISIONS_DIR))? {
+        let id = match max_in(&path, database) {
+            Ok(id) => id,
             Err(e) => {
                 highest.skipped.push(e);
-                if let Some(first) = first_id_in_name(path) {
-                    note(first, path, &mut highest);
-                }
+                first_id_in_name(&path)
             }
+        };
+        if let Some(id) = id
+            && highest.found.as_ref().is_none_or(|(best, _)| id > *best)
+        {
+            highest.found = Some((id, path.display().to_string()));
         }
     }
     Ok(highest)
@@ -63,18 +61,29 @@ pub fn highest_logged_decision(dir: &Path, database: u64) -> Result<HighestLogge
 /// The highest `decision_id` in the file at `path`, unless it names another database
 /// than `database` or holds no row.
 fn max_in(path: &Path, database: u64) -> Result<Option<u64>, String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let (named, builder) = open_log_file(path)?;
     if named.is_some_and(|db| db != database) {
         return Ok(None);
     }
+    let metadata = builder.metadata().clone();
+    let converter =
+        StatisticsConverter::try_new("decision_id", builder.schema(), builder.parquet_schema())
+            .map_err(|e| err(&e))?;
+    let maxima = converter
+        .row_group_maxes(metadata.row_groups())
+        .map_err(|e| err(&e))?;
+    if let Some(maxima) = maxima.as_any().downcast_ref::<UInt64Array>()
+        && maxima.null_count() == 0
+    {
+        return Ok(maxima.iter().flatten().max());
+    }
+    // Written without statistics: read the column.
     let mask = ProjectionMask::columns(builder.parquet_schema(), ["decision_id"]);
-    let reader = builder
-        .with_projection(mask)
-        .build()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let reader = builder.with_projection(mask).build().map_err(|e| err(&e))?;
     let mut highest = None;
     for batch in reader {
-        let batch = batch.map_err(|e| format!("{}: {e}", path.display()))?;
+        let batch = batch.map_err(|e| err(&e))?;
         let ids = batch
             .column_by_name("decision_id")
             .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
@@ -96,10 +105,14 @@ mod tests {
     use crate::decision_log::{DecisionLog, DecisionRow, LogBatch, LogOptions};
 
     fn write(dir: &Path, database: Option<u64>, ids: std::ops::Range<u64>) {
+        write_files_of(4, dir, database, ids);
+    }
+
+    fn write_files_of(rows: usize, dir: &Path, database: Option<u64>, ids: std::ops::Range<u64>) {
         let log = DecisionLog::open(
             dir,
             LogOptions {
-                file_rows: 4,
+                file_rows: rows,
                 database,
                 ..LogOptions::default()
             },
@@ -116,6 +129,20 @@ mod tests {
         });
         let counts = log.finish();
         assert_eq!(counts.rows_lost, 0);
+    }
+
+    /// A database restored from a snapshot at id 300 wrote 300–799 into one file, below
+    /// (by name) the first run's last small files of ids 501–510: the highest is the
+    /// second run's, found in its file's footer.
+    #[test]
+    fn overlapping_runs_of_one_database_give_the_highest_of_all_files() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), Some(7), 1..511);
+        write_files_of(1000, dir.path(), Some(7), 300..800);
+        let highest = highest_logged_decision(dir.path(), 7).unwrap();
+        let (id, file) = highest.found.unwrap();
+        assert_eq!(id, 799);
+        assert!(file.contains(&format!("part-{:020}", 300)), "{file}");
     }
 
     #[test]

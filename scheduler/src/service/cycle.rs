@@ -186,7 +186,8 @@ impl Inner {
                 for (node, stop) in &mut stops {
                     stop.confirm = nodes.iter().any(|(n, _)| n == node);
                 }
-                self.stop_waits.await_stops(id, record.attempts, nodes);
+                self.stop_waits
+                    .await_stops(id, record.attempts, nodes, steady);
             }
             events.extend(stops);
         }

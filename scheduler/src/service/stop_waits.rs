@@ -38,7 +38,9 @@ pub const STOP_CONFIRM_MARGIN_US: i64 = 15_000_000;
 struct Unconfirmed {
     node: NodeId,
     attempt: u32,
-    /// On the monotonic clock (`core::wall_step_us`), as node timeouts are.
+    /// When the STOP was sent, and the grace-based deadline, on the monotonic clock
+    /// (`core::wall_step_us`), as node timeouts are.
+    sent_steady_us: i64,
     until_steady_us: i64,
 }
 
@@ -61,13 +63,15 @@ pub struct Expired {
 }
 
 impl StopWaits {
-    /// Waits for `job`'s incarnation `attempt` to be confirmed stopped on each of
-    /// `nodes`, each until its deadline (on the monotonic clock).
+    /// Waits for `job`'s incarnation `attempt`, whose STOPs went out at
+    /// `sent_steady_us`, to be confirmed stopped on each of `nodes`, each with its
+    /// grace-based deadline (on the monotonic clock; see [`StopWaits::expire`]).
     pub fn await_stops(
         &mut self,
         job: u32,
         attempt: u32,
         nodes: impl IntoIterator<Item = (NodeId, i64)>,
+        sent_steady_us: i64,
     ) {
         let waits = self.unconfirmed.entry(job).or_default();
         for (node, until_steady_us) in nodes {
@@ -77,6 +81,7 @@ impl StopWaits {
             waits.push(Unconfirmed {
                 node,
                 attempt,
+                sent_steady_us,
                 until_steady_us,
             });
         }
@@ -159,14 +164,15 @@ impl StopWaits {
         (confirmed, released)
     }
 
-    /// Gives up the waits whose deadline has passed at `steady_now`, releasing the
-    /// STARTs of every job left waiting for nothing, in job order.
-    pub fn expire(&mut self, steady_now: i64) -> Vec<Expired> {
+    /// Gives up the waits `due` says are over, given each one's node, when its STOP
+    /// was sent and its grace-based deadline; releases the STARTs of every job left
+    /// waiting for nothing, in job order.
+    pub fn expire(&mut self, due: impl Fn(NodeId, i64, i64) -> bool) -> Vec<Expired> {
         let mut expired = Vec::new();
         for (&job, waits) in &mut self.unconfirmed {
             let mut nodes = Vec::new();
             waits.retain(|w| {
-                let due = w.until_steady_us <= steady_now;
+                let due = due(w.node, w.sent_steady_us, w.until_steady_us);
                 if due {
                     nodes.push(w.node);
                 }
@@ -204,11 +210,10 @@ impl StopWaits {
 
 impl Inner {
     /// The distinct registered nodes of `placement` whose agents confirm stops, each
-    /// with how long to wait for it (a deadline on the monotonic clock, from
-    /// `steady_now`): a reachable node's stop grace and the margin; for an unreachable
-    /// one, which cannot hear the STOP, until its jobs would be requeued by the liveness
-    /// rule (`node_grace_ms` after it went silent), by when an agent that fences
-    /// (`--fence-when-silent`) has ended its workers; not at all once that has passed.
+    /// with its grace-based deadline (its stop grace and the margin from `steady_now`,
+    /// on the monotonic clock); not a node silent for so long that the liveness rule
+    /// would have requeued its jobs. See [`Inner::expire_stop_waits`] for when a wait
+    /// ends without a confirmation.
     pub(crate) fn confirming_nodes(
         &self,
         placement: &Placement,
@@ -223,14 +228,12 @@ impl Inner {
             if !r.registered || nodes.iter().any(|(n, _)| *n == w.node) {
                 continue;
             }
-            let until = if r.unreachable {
-                r.unreachable_since_steady_us + self.node_grace_us
-            } else {
-                steady_now + grace + STOP_CONFIRM_MARGIN_US
-            };
-            if until > steady_now {
-                nodes.push((w.node, until));
+            // Silent for longer than the liveness rule allows, its jobs would have been
+            // requeued: a fencing agent has stopped its workers by now.
+            if self.liveness_deadline(w.node) <= steady_now {
+                continue;
             }
+            nodes.push((w.node, steady_now + grace + STOP_CONFIRM_MARGIN_US));
         }
         nodes
     }
@@ -267,9 +270,22 @@ impl Inner {
 
     /// Gives up the stop confirmations that are overdue (called with the heartbeat
     /// check), starting the jobs they held.
+    ///
+    /// A wait ends at its grace-based deadline only if the node has been heard from
+    /// since the STOP went out (so it could hear the STOP); a node silent since waits
+    /// until its jobs would be requeued by the liveness rule (`node_timeout_ms` plus
+    /// `node_grace_ms` after it was last heard from), by when an agent that fences
+    /// (`--fence-when-silent`) has stopped its workers. That bound also ends any wait
+    /// early: a dead machine does not hold a job for an hour-long stop grace.
     pub fn expire_stop_waits(&mut self, now: i64) {
         let steady = now - (self.wall_step)();
-        for e in self.stop_waits.expire(steady) {
+        let nodes = &self.nodes;
+        let liveness = self.node_timeout_us + self.node_grace_us;
+        let due = |n: NodeId, sent: i64, until: i64| {
+            let last_seen = nodes[n.0 as usize].last_seen_steady_us;
+            (until <= steady && last_seen >= sent) || last_seen + liveness <= steady
+        };
+        for e in self.stop_waits.expire(due) {
             let names: Vec<&str> = e
                 .nodes
                 .iter()
@@ -278,7 +294,7 @@ impl Inner {
             tracing::warn!(
                 job = e.job,
                 nodes = ?names,
-                "no confirmation that the job's stopped workers ended within the nodes' stop grace; assuming they did"
+                "no confirmation that the job's stopped workers ended within the nodes' stop grace (or, for a silent node, before its jobs would be requeued); assuming they did"
             );
             self.metrics
                 .stop_waits
@@ -308,6 +324,11 @@ impl Inner {
                 .inc_by(confirmed);
         }
         self.send_released(released);
+    }
+
+    /// When `n`'s jobs would be requeued for silence, on the monotonic clock.
+    fn liveness_deadline(&self, n: NodeId) -> i64 {
+        self.nodes[n.0 as usize].last_seen_steady_us + self.node_timeout_us + self.node_grace_us
     }
 
     fn send_released(&mut self, released: Released) {
@@ -343,7 +364,7 @@ mod tests {
     #[test]
     fn a_start_is_held_until_every_stopped_node_confirms() {
         let mut waits = StopWaits::default();
-        waits.await_stops(7, 2, [(NodeId(0), 30_000_000), (NodeId(1), 0)]);
+        waits.await_stops(7, 2, [(NodeId(0), 30_000_000), (NodeId(1), 0)], 0);
         assert!(waits.hold_or_pass(7, vec![start(7, 2)]).is_empty());
         assert!(waits.is_held(7));
         // Another attempt's confirmation, or another job's, releases nothing.
@@ -364,12 +385,12 @@ mod tests {
     fn a_wait_ends_at_its_deadline() {
         let mut waits = StopWaits::default();
         let deadline = 1_000_000;
-        waits.await_stops(3, 1, [(NodeId(0), deadline)]);
-        waits.await_stops(4, 1, [(NodeId(1), 60_000_000)]);
+        waits.await_stops(3, 1, [(NodeId(0), deadline)], 0);
+        waits.await_stops(4, 1, [(NodeId(1), 60_000_000)], 0);
         waits.hold_or_pass(3, vec![start(3, 5)]);
         waits.hold_or_pass(4, vec![start(4, 6)]);
-        assert!(waits.expire(deadline - 1).is_empty());
-        let expired = waits.expire(deadline);
+        assert!(waits.expire(|_, _, until| until < deadline).is_empty());
+        let expired = waits.expire(|_, _, until| until <= deadline);
         assert_eq!(expired.len(), 1);
         assert_eq!((expired[0].job, &expired[0].nodes), (3, &vec![NodeId(0)]));
         assert_eq!(expired[0].released, vec![start(3, 5)]);
@@ -380,9 +401,9 @@ mod tests {
     #[test]
     fn a_wait_that_runs_out_on_one_node_still_holds_for_the_other() {
         let mut waits = StopWaits::default();
-        waits.await_stops(3, 1, [(NodeId(0), 0), (NodeId(1), 10_000_000)]);
+        waits.await_stops(3, 1, [(NodeId(0), 0), (NodeId(1), 10_000_000)], 0);
         waits.hold_or_pass(3, vec![start(3, 5)]);
-        let expired = waits.expire(5_000_000);
+        let expired = waits.expire(|_, _, until| until <= 5_000_000);
         assert_eq!(expired.len(), 1);
         assert!(expired[0].released.is_empty());
         assert_eq!(waits.confirm(3, NodeId(1), 1).1, vec![start(3, 5)]);
@@ -391,7 +412,7 @@ mod tests {
     #[test]
     fn a_placement_that_ends_before_its_start_drops_it_and_keeps_waiting() {
         let mut waits = StopWaits::default();
-        waits.await_stops(9, 1, [(NodeId(0), 0)]);
+        waits.await_stops(9, 1, [(NodeId(0), 0)], 0);
         waits.hold_or_pass(9, vec![start(9, 1)]);
         assert!(waits.drop_held(9));
         assert!(!waits.drop_held(9));
@@ -403,8 +424,8 @@ mod tests {
     #[test]
     fn a_registration_ends_the_waits_on_its_node_for_what_it_does_not_run() {
         let mut waits = StopWaits::default();
-        waits.await_stops(1, 1, [(NodeId(0), 0), (NodeId(1), 0)]);
-        waits.await_stops(2, 3, [(NodeId(0), 0)]);
+        waits.await_stops(1, 1, [(NodeId(0), 0), (NodeId(1), 0)], 0);
+        waits.await_stops(2, 3, [(NodeId(0), 0)], 0);
         waits.hold_or_pass(1, vec![start(1, 2)]);
         waits.hold_or_pass(2, vec![start(2, 2)]);
         let running = std::collections::HashSet::from([(2, 3)]);
@@ -418,7 +439,7 @@ mod tests {
     #[test]
     fn no_nodes_to_wait_for_hold_nothing() {
         let mut waits = StopWaits::default();
-        waits.await_stops(1, 1, []);
+        waits.await_stops(1, 1, [], 0);
         assert!(!waits.awaits(1));
         assert_eq!(waits.hold_or_pass(1, vec![start(1, 0)]).len(), 1);
     }
@@ -535,8 +556,10 @@ mod service_tests {
         let mut inner = test.core.lock();
         let t0 = now_us();
         register(&mut inner, t0, true);
-        let (id, _, second) = moved(&mut inner, t0);
+        let (id, first, second) = moved(&mut inner, t0);
         sent(&mut inner);
+        // Heard from after the STOP went out: it could hear it.
+        inner.heard_from(NodeId(first), t0 + 2);
         let due = t0 + 1 + GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
         // A second either side: the clocks' offset is read afresh at each call.
         inner.expire_stop_waits(due - 1_000_000);
@@ -585,11 +608,12 @@ mod service_tests {
         assert!(sent(&mut inner).is_empty());
     }
 
-    /// A job moved off an unreachable node (drained, say) starts elsewhere once its
-    /// jobs would have been requeued by the liveness rule, by when a fencing agent has
-    /// stopped its workers; at once when that time has passed.
+    /// A node not heard from since its job was stopped (gone silent, unreachable) may
+    /// not have heard the STOP: the job starts elsewhere once the node's jobs would have
+    /// been requeued by the liveness rule, by when a fencing agent has stopped its
+    /// workers, not at the grace's end; at once when that time has passed.
     #[test]
-    fn an_unreachable_node_is_waited_for_until_its_jobs_would_be_requeued() {
+    fn a_silent_node_is_waited_for_until_its_jobs_would_be_requeued() {
         for silent_for_long in [false, true] {
             let test = TestCore::new(ServiceConfig::default());
             let mut inner = test.core.lock();
@@ -599,12 +623,16 @@ mod service_tests {
             inner.cycle(t0, &NoModel.decision_path("topo-pack"));
             sent(&mut inner);
             let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
-            let grace = inner.node_grace_us;
-            let since = if silent_for_long { t0 - 2 * grace } else { t0 };
-            let steady_since = since - (inner.wall_step)();
+            let liveness = inner.node_timeout_us + inner.node_grace_us;
+            let last_seen = if silent_for_long {
+                t0 - 2 * liveness
+            } else {
+                t0
+            };
+            let steady_last_seen = last_seen - (inner.wall_step)();
             let r = &mut inner.nodes[first.0 as usize];
-            r.unreachable = true;
-            r.unreachable_since_steady_us = steady_since;
+            r.last_seen_steady_us = steady_last_seen;
+            r.unreachable = silent_for_long;
             let name = inner.topo.node(first).name.clone();
             inner.drain(&name, "lost", t0 + 1).unwrap();
             inner.cycle(t0 + 2, &NoModel.decision_path("topo-pack"));
@@ -616,9 +644,12 @@ mod service_tests {
                 continue;
             }
             assert!(!started(sent(&mut inner)));
-            inner.expire_stop_waits(since + grace - 1_000_000);
+            let grace_end = t0 + 1 + GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
+            inner.expire_stop_waits(grace_end + 1_000_000);
+            assert!(!started(sent(&mut inner)), "released at the grace's end");
+            inner.expire_stop_waits(last_seen + liveness - 1_000_000);
             assert!(!started(sent(&mut inner)));
-            inner.expire_stop_waits(since + grace + 1_000_000);
+            inner.expire_stop_waits(last_seen + liveness + 1_000_000);
             assert!(started(sent(&mut inner)));
         }
     }
