@@ -407,6 +407,11 @@ impl Core {
             }
             if record.state.is_waiting() {
                 inner.queue.insert(id);
+                // A wait reason the last run wrote is cleared, like one written now, once
+                // the quota or the policy no longer holds the job.
+                if record.reason.starts_with(crate::service::cycle::WAITING) {
+                    inner.wait_reasons.insert(id, record.reason.clone());
+                }
             } else if record.state.is_active() {
                 inner.active.insert(id);
             }

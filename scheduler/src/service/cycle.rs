@@ -13,6 +13,9 @@ use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::migrate::MoveContext;
+
+/// How the reason of a job its tenant's quota or the policy holds begins.
+pub(crate) const WAITING: &str = "waiting: ";
 use crate::service::model::DecisionPath;
 use crate::service::pb;
 use crate::service::records::{
@@ -374,13 +377,13 @@ impl Inner {
         for (i, short) in over_quota {
             let id = pending_ids[i];
             if let Some(r) = self.jobs.get(&id) {
-                reasons.insert(id, format!("waiting: {}", short.describe(&r.job.tenant)));
+                reasons.insert(id, format!("{WAITING}{}", short.describe(&r.job.tenant)));
             }
         }
         for (i, why) in deferred {
             reasons
                 .entry(pending_ids[i])
-                .or_insert_with(|| format!("waiting: {why}"));
+                .or_insert_with(|| format!("{WAITING}{why}"));
         }
         for (&id, reason) in &reasons {
             if self.wait_reasons.get(&id) == Some(reason) {

@@ -1274,6 +1274,48 @@ mod tests {
         assert_eq!(restore(&test, config).lock().next_decision, 14);
     }
 
+    /// A quota's wait reason written before a restart is cleared after it, as one
+    /// written since would be, once the quota no longer holds the job.
+    #[test]
+    fn a_wait_reason_from_before_a_restart_is_cleared_when_the_wait_ends() {
+        let config = ServiceConfig {
+            quota: Some(
+                crate::framework::QuotaConfig::from_toml("[tenants.vision]\ngpus = 8\n").unwrap(),
+            ),
+            policy: "priority".into(),
+            ..ServiceConfig::default()
+        };
+        let test = TestCore::new(config.clone());
+        let mut inner = test.core.lock();
+        let t0 = crate::service::core::now_us() + 1_000_000;
+        register_both(&mut inner, t0);
+        let path = NoModel.decision_path("priority");
+        let of = |tenant: &str, priority: i32| pb::JobSpec {
+            tenant: tenant.into(),
+            priority,
+            ..whole_gpu_job(1, 8)
+        };
+        let first = inner.submit(Some(&of("vision", 0)), t0).unwrap();
+        let second = inner.submit(Some(&of("vision", 0)), t0).unwrap();
+        inner.submit(Some(&of("nlp", 0)), t0).unwrap();
+        inner.cycle(t0, &path);
+        assert!(inner.jobs[&second].reason.starts_with("waiting: tenant"));
+        let (_, (batch, _), _) = inner.take_batch();
+        test.core.store.commit(&batch).unwrap();
+        drop(inner);
+        let restored = restore(&test, config);
+        let mut inner = restored.lock();
+        register_both(&mut inner, t0 + 1);
+        // Vision's running job ends while an urgent job of another tenant takes its
+        // GPUs: the quota no longer holds the waiting job, the full cluster does.
+        inner.submit(Some(&of("nlp", 5)), t0 + 2).unwrap();
+        inner.cancel(first, "", t0 + 2).unwrap();
+        inner.cycle(t0 + 2, &path);
+        let r = &inner.jobs[&second];
+        assert_eq!(r.state, JobState::Pending);
+        assert_eq!(r.reason, "", "the quota no longer holds it");
+    }
+
     /// A core restored from `test`'s store, as a restarted server would be.
     fn restore(test: &TestCore, config: ServiceConfig) -> crate::service::core::Core {
         crate::service::core::Core::restore(
