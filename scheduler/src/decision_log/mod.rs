@@ -26,6 +26,8 @@ mod resume;
 mod retention;
 
 pub use features::LoggedFeatures;
+#[cfg(test)]
+pub(crate) use resume::write_placements;
 pub use resume::{HighestLogged, highest_logged_decision};
 pub use retention::{Pruned, prune_files, prune_log};
 

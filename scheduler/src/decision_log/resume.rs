@@ -99,35 +99,47 @@ fn first_id_in_name(path: &Path) -> Option<u64> {
     name.strip_prefix("part-")?.get(..20)?.parse().ok()
 }
 
+/// Writes a placement decision for each of `ids` into the log under `dir` as
+/// `database`'s writer would, `file_rows` to a file (for tests here and elsewhere).
+#[cfg(test)]
+pub(crate) fn write_placements(
+    dir: &Path,
+    database: Option<u64>,
+    ids: std::ops::Range<u64>,
+    file_rows: usize,
+) -> super::LogCounts {
+    use super::{DecisionLog, DecisionRow, LogBatch, LogOptions};
+    let log = DecisionLog::open(
+        dir,
+        LogOptions {
+            file_rows,
+            database,
+            ..LogOptions::default()
+        },
+    );
+    log.send(LogBatch {
+        decisions: ids
+            .map(|id| DecisionRow {
+                decision_id: id,
+                verdict: "place".into(),
+                ..DecisionRow::default()
+            })
+            .collect(),
+        outcomes: Vec::new(),
+    });
+    log.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision_log::{DecisionLog, DecisionRow, LogBatch, LogOptions};
 
     fn write(dir: &Path, database: Option<u64>, ids: std::ops::Range<u64>) {
         write_files_of(4, dir, database, ids);
     }
 
     fn write_files_of(rows: usize, dir: &Path, database: Option<u64>, ids: std::ops::Range<u64>) {
-        let log = DecisionLog::open(
-            dir,
-            LogOptions {
-                file_rows: rows,
-                database,
-                ..LogOptions::default()
-            },
-        );
-        log.send(LogBatch {
-            decisions: ids
-                .map(|id| DecisionRow {
-                    decision_id: id,
-                    verdict: "place".into(),
-                    ..DecisionRow::default()
-                })
-                .collect(),
-            outcomes: Vec::new(),
-        });
-        let counts = log.finish();
+        let counts = write_placements(dir, database, ids, rows);
         assert_eq!(counts.rows_lost, 0);
     }
 

@@ -373,6 +373,24 @@ mod tests {
         assert!(remap.models(beyond).unwrap_err().contains("model id 63"));
     }
 
+    /// Registers `nodes` (name, GPU model, GPU count), the inventory's first ones in
+    /// order, with nothing running.
+    fn register_nodes(
+        inner: &mut crate::service::core::Inner,
+        nodes: &[(&str, &str, u32)],
+        t0: i64,
+    ) {
+        for (i, &(name, model, gpus)) in nodes.iter().enumerate() {
+            let req = pb::RegisterNodeRequest {
+                node: Some(node_info(name, model, gpus)),
+                running: vec![],
+                ..Default::default()
+            };
+            inner.register(&req, t0).unwrap();
+            inner.heard_from(NodeId(i as u32), t0);
+        }
+    }
+
     fn restore_on(test: &TestCore, toml: &str) -> Core {
         try_restore_on(test, toml).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -403,18 +421,7 @@ mod tests {
         let t0 = crate::service::core::now_us();
         let (placed, waiting) = {
             let mut inner = test.core.lock();
-            for (i, (name, model, gpus)) in [("n-0", "H100", 8), ("n-1", "H100", 8)]
-                .into_iter()
-                .enumerate()
-            {
-                let req = pb::RegisterNodeRequest {
-                    node: Some(node_info(name, model, gpus)),
-                    running: vec![],
-                    ..Default::default()
-                };
-                inner.register(&req, t0).unwrap();
-                inner.heard_from(NodeId(i as u32), t0);
-            }
+            register_nodes(&mut inner, &[("n-0", "H100", 8), ("n-1", "H100", 8)], t0);
             let x1 = pb::JobSpec {
                 gpu_models: vec!["X1".into()],
                 ..whole_gpu_job(1, 4)
@@ -490,19 +497,11 @@ mod tests {
         let t0 = crate::service::core::now_us();
         let (on_h100, on_x1, waiting_x1, cancelled_x1) = {
             let mut inner = test.core.lock();
-            for (i, (name, model, gpus)) in
-                [("n-0", "H100", 8), ("n-1", "H100", 8), ("p-0", "X1", 4)]
-                    .into_iter()
-                    .enumerate()
-            {
-                let req = pb::RegisterNodeRequest {
-                    node: Some(node_info(name, model, gpus)),
-                    running: vec![],
-                    ..Default::default()
-                };
-                inner.register(&req, t0).unwrap();
-                inner.heard_from(NodeId(i as u32), t0);
-            }
+            register_nodes(
+                &mut inner,
+                &[("n-0", "H100", 8), ("n-1", "H100", 8), ("p-0", "X1", 4)],
+                t0,
+            );
             let x1 = pb::JobSpec {
                 gpu_models: vec!["X1".into()],
                 ..whole_gpu_job(1, 4)

@@ -1234,7 +1234,6 @@ mod tests {
     /// log's, so no id joins two jobs' rows; without a log entry above them it keeps its own.
     #[test]
     fn decision_ids_resume_above_the_log_after_a_restore_from_an_older_snapshot() {
-        use crate::decision_log::{DecisionLog, DecisionRow, LogBatch, LogOptions};
         let log_dir = tempfile::tempdir().unwrap();
         let config = ServiceConfig {
             decision_log_dir: Some(log_dir.path().to_path_buf()),
@@ -1243,24 +1242,9 @@ mod tests {
         let test = TestCore::new(config.clone());
         let database = test.core.store.load().unwrap().database_id;
         assert_eq!(test.core.lock().next_decision, 1);
-        let log = DecisionLog::open(
-            log_dir.path(),
-            LogOptions {
-                database: Some(database),
-                ..LogOptions::default()
-            },
-        );
-        log.send(LogBatch {
-            decisions: (1..=12)
-                .map(|id| DecisionRow {
-                    decision_id: id,
-                    verdict: "place".into(),
-                    ..DecisionRow::default()
-                })
-                .collect(),
-            outcomes: Vec::new(),
-        });
-        assert_eq!(log.finish().rows_written, 12);
+        let written =
+            crate::decision_log::write_placements(log_dir.path(), Some(database), 1..13, 8192);
+        assert_eq!(written.rows_written, 12);
         let restored = restore(&test, config.clone());
         let mut inner = restored.lock();
         assert_eq!(inner.next_decision, 13);
