@@ -691,6 +691,37 @@ mod service_tests {
         assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
     }
 
+    /// A confirmation naming no attempt or no job, an unknown node, or a job id beyond
+    /// any job's is refused, naming what is wrong; one from a node that has not
+    /// registered too. (One about a job nobody waits for is accepted: see above.)
+    #[test]
+    fn a_malformed_confirmation_is_refused_by_field() {
+        let test = TestCore::new(ServiceConfig::default());
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        let req = |node: &str, job_id: u64, attempt: u32| pb::ReportStoppedRequest {
+            node: node.into(),
+            job_id,
+            attempt,
+        };
+        let refused = |inner: &mut Inner, r: pb::ReportStoppedRequest| {
+            inner
+                .stop_confirmed(&r, t0)
+                .expect_err("refused")
+                .to_string()
+        };
+        assert!(refused(&mut inner, req("n-0", 1, 1)).contains("has not registered"));
+        register(&mut inner, t0, true);
+        let (id, first, _) = moved(&mut inner, t0);
+        let node = format!("n-{first}");
+        assert!(refused(&mut inner, req(&node, id as u64, 0)).starts_with("attempt"));
+        assert!(refused(&mut inner, req("no-such-node", id as u64, 1)).contains("no-such-node"));
+        assert!(refused(&mut inner, req(&node, 0, 1)).starts_with("job_id"));
+        assert!(refused(&mut inner, req(&node, u64::MAX, 1)).contains("does not exist"));
+        // None of it released the held START.
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
+    }
+
     #[test]
     fn a_stop_grace_beyond_an_hour_is_refused() {
         let test = TestCore::new(ServiceConfig::default());
