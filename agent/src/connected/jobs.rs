@@ -1098,11 +1098,7 @@ mod tests {
         let mut r = r.with_stop_grace(Duration::from_secs(20));
         r.start(&start(1, 1, &[0])).await;
         let ready_1 = marks.path().join("ready.1");
-        let t = Instant::now();
-        while !ready_1.exists() {
-            assert!(t.elapsed() < Duration::from_secs(10));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_file(&ready_1).await;
         let t = Instant::now();
         r.stop_job(1, 1).await;
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
@@ -1123,16 +1119,35 @@ mod tests {
         // attempts at once would write one checkpoint.
         r.start(&start(4, 1, &[4])).await;
         let ready_4 = marks.path().join("ready.4");
-        let t = Instant::now();
-        while !ready_4.exists() {
-            assert!(t.elapsed() < Duration::from_secs(10));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_file(&ready_4).await;
         r.stop_job(4, 1).await;
         r.start(&start(4, 2, &[5])).await;
         assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n4\n");
         r.stop_all().await;
         assert!(r.live.is_empty() && r.stopping.is_empty());
+    }
+
+    /// Waits (at most 10 s) for a worker to write the file at `path`.
+    async fn wait_for_file(path: &Path) {
+        let t = Instant::now();
+        while !path.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} never written",
+                path.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reaps until no stopped worker is left (at most 15 s).
+    async fn reap_until_settled(r: &mut Runner) {
+        let t = Instant::now();
+        while !r.stopping.is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(15));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            r.reap_stopped();
+        }
     }
 
     fn stop_of(job: u64, attempt: u32, confirm: bool) -> pb::Assignment {
@@ -1160,22 +1175,13 @@ mod tests {
         assert_eq!(r.confirms_stops(), Some(Duration::from_secs(20)));
         for job in [1, 2] {
             r.start(&start(job, 1, &[job as u32])).await;
-            let t = Instant::now();
-            while !marks.path().join(format!("ready.{job}")).exists() {
-                assert!(t.elapsed() < Duration::from_secs(10));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_for_file(&marks.path().join(format!("ready.{job}"))).await;
         }
         r.apply_stop(&stop_of(1, 1, true)).await;
         r.apply_stop(&stop_of(2, 1, false)).await;
         assert_eq!(r.stopping.len(), 2);
         assert!(r.stops_to_confirm.is_empty(), "confirmed before it ended");
-        let t = Instant::now();
-        while !r.stopping.is_empty() {
-            assert!(t.elapsed() < Duration::from_secs(15));
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            r.reap_stopped();
-        }
+        reap_until_settled(&mut r).await;
         assert_eq!(r.stops_to_confirm, BTreeSet::from([(1, 1)]));
         r.stops_to_confirm.clear();
         r.apply_stop(&stop_of(9, 4, true)).await;
@@ -1184,21 +1190,12 @@ mod tests {
         // its end is confirmed: the scheduler may have moved its job meanwhile.
         r.stops_to_confirm.clear();
         r.start(&start(3, 1, &[3])).await;
-        let t = Instant::now();
-        while !marks.path().join("ready.3").exists() {
-            assert!(t.elapsed() < Duration::from_secs(10));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_file(&marks.path().join("ready.3")).await;
         r.apply_stop(&stop_of(3, 1, false)).await;
         assert!(r.running_list().is_empty());
         let stopping = r.stopping_list();
         assert_eq!((stopping.len(), stopping[0].job_id), (1, 3));
-        let t = Instant::now();
-        while !r.stopping.is_empty() {
-            assert!(t.elapsed() < Duration::from_secs(15));
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            r.reap_stopped();
-        }
+        reap_until_settled(&mut r).await;
         assert_eq!(r.stops_to_confirm, BTreeSet::from([(3, 1)]));
     }
 
