@@ -1154,10 +1154,26 @@ fn fence_when_silent_stops_workers_after_the_timeout_and_grace_and_only_when_ask
 #[cfg(target_os = "linux")]
 #[test]
 fn a_moved_job_starts_elsewhere_only_after_its_stopped_worker_has_ended() {
+    moved_job_starts_after_its_stopped_worker(false);
+}
+
+/// The same with the scheduler restarted right after the drain, while the first worker
+/// still checkpoints: the restarted scheduler takes the wait up from its database, so
+/// its watch snapshot does not start the job on the second node at once (before, it
+/// did).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_restarted_scheduler_still_holds_a_moved_job_until_its_stopped_worker_has_ended() {
+    moved_job_starts_after_its_stopped_worker(true);
+}
+
+#[cfg(target_os = "linux")]
+fn moved_job_starts_after_its_stopped_worker(restart: bool) {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     rt.block_on(async {
-        let server = serve(config(&dir.path().join("db.redb"), "127.0.0.1:0")).await;
+        let db = dir.path().join("db.redb");
+        let mut server = serve(config(&db, "127.0.0.1:0")).await;
         let addr = server.addr;
         let marks = dir.path().join("marks");
         std::fs::create_dir_all(&marks).unwrap();
@@ -1167,8 +1183,10 @@ fn a_moved_job_starts_elsewhere_only_after_its_stopped_worker_has_ended() {
                 marks.display()
             )
         };
+        // Long enough, with a restart, for the agents to be back before it ends.
+        let checkpoint_s = if restart { 5 } else { 2 };
         let cmd = format!(
-            "trap 'sleep 2; {}; exit 0' TERM; {}; sleep 60 & wait",
+            "trap 'sleep {checkpoint_s}; {}; exit 0' TERM; {}; sleep 60 & wait",
             at("ended"),
             at("started")
         );
@@ -1206,6 +1224,11 @@ fn a_moved_job_starts_elsewhere_only_after_its_stopped_worker_has_ended() {
             })
             .await
             .unwrap();
+        if restart {
+            server.shutdown().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            server = serve(config(&db, &addr.to_string())).await;
+        }
         let read = |what: &str, attempt: u32| -> Option<u128> {
             std::fs::read_to_string(marks.join(format!("{what}.{id}.{attempt}")))
                 .ok()?
@@ -1228,8 +1251,10 @@ fn a_moved_job_starts_elsewhere_only_after_its_stopped_worker_has_ended() {
         );
         let second = job_state(addr, id).await.placement[0].node.clone();
         assert_ne!(first, second);
-        let on_first = agents.iter().find(|a| a.node == first).unwrap();
-        assert_eq!(on_first.counters.stops_confirmed.load(Ordering::Relaxed), 1);
+        if !restart {
+            let on_first = agents.iter().find(|a| a.node == first).unwrap();
+            assert_eq!(on_first.counters.stops_confirmed.load(Ordering::Relaxed), 1);
+        }
         cancel(addr, id).await;
         for a in agents {
             a.stop().await;

@@ -8,7 +8,7 @@
 //!
 //! postcard is positional, so a stored type's layout is part of the database format:
 //! adding, removing or reordering a field of [`JobRecord`], [`DecisionRecord`],
-//! [`NodeRecord`] or anything they contain changes it. The golden tests below pin the
+//! [`NodeRecord`], [`StoredStopWait`] or anything they contain changes it. The golden tests below pin the
 //! encoding of one record of each; when they fail, give the new layout a new format
 //! byte and keep decoding the old one (as JSON records, format `{`, are still read).
 //! Fields that postcard cannot skip (`skip_serializing_if`) are not allowed in them.
@@ -16,6 +16,7 @@
 //! [`JobRecord`]: crate::service::jobs::JobRecord
 //! [`DecisionRecord`]: crate::service::records::DecisionRecord
 //! [`NodeRecord`]: crate::service::records::NodeRecord
+//! [`StoredStopWait`]: crate::service::records::StoredStopWait
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;

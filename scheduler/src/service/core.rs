@@ -27,7 +27,7 @@ use crate::service::jobs::{JobRecord, JobState};
 use crate::service::metrics::Metrics;
 use crate::service::model::{ModelSlot, ModelUpdate};
 use crate::service::pb;
-use crate::service::records::{DecisionRecord, NodeRecord};
+use crate::service::records::{DecisionRecord, NodeRecord, StoredStopWait};
 use crate::service::store::{Batch, META_NEXT_DECISION, META_NEXT_JOB, Store};
 
 /// Capacity of the event fan-out; a watcher that falls further behind is cut off and
@@ -96,6 +96,8 @@ pub(crate) struct Dirty {
     pub purged_jobs: Vec<u32>,
     /// Decision records with a smaller id are past their retention.
     pub decisions_before: Option<u64>,
+    /// Nodes whose agent's stop grace changed (`service::stop_waits`).
+    pub stop_graces: BTreeSet<u32>,
 }
 
 /// The last durable epoch, or why persisting stopped.
@@ -450,6 +452,7 @@ impl Core {
                 message: e.to_string(),
             })?;
         }
+        inner.restore_stop_waits(loaded.stop_graces, loaded.stop_waits, now, steady);
         for n in topo.node_ids() {
             inner.refresh_node(n);
         }
@@ -904,6 +907,17 @@ impl Inner {
                 )
             })
             .collect();
+        let stop_graces = dirty
+            .stop_graces
+            .iter()
+            .map(|&n| {
+                (
+                    self.topo.node(NodeId(n)).name.clone(),
+                    self.nodes[n as usize].confirms_stops_within_us,
+                )
+            })
+            .collect();
+        let stop_waits = self.stop_wait_changes();
         let meta = if dirty.meta {
             vec![
                 (META_NEXT_JOB, self.next_job as u64),
@@ -932,6 +946,8 @@ impl Inner {
             meta,
             purged_jobs: dirty.purged_jobs,
             decisions_before: dirty.decisions_before,
+            stop_waits,
+            stop_graces,
         };
         (epoch, changes, log, dirty.events)
     }
@@ -947,6 +963,8 @@ pub(crate) struct Changes {
     meta: Vec<(&'static str, u64)>,
     purged_jobs: Vec<u32>,
     decisions_before: Option<u64>,
+    stop_waits: Vec<(u32, Option<Vec<StoredStopWait>>)>,
+    stop_graces: Vec<(String, Option<i64>)>,
 }
 
 impl Changes {
@@ -957,6 +975,8 @@ impl Changes {
             && self.meta.is_empty()
             && self.purged_jobs.is_empty()
             && self.decisions_before.is_none()
+            && self.stop_waits.is_empty()
+            && self.stop_graces.is_empty()
     }
 
     pub(crate) fn serialise(self) -> Batch {
@@ -984,6 +1004,13 @@ impl Changes {
         batch.meta = self.meta;
         batch.deleted_jobs = self.purged_jobs.into_iter().map(u64::from).collect();
         batch.decisions_before = self.decisions_before;
+        for (id, waits) in self.stop_waits {
+            match waits.as_ref().map(codec::encode).transpose() {
+                Ok(bytes) => batch.stop_waits.push((u64::from(id), bytes)),
+                Err(e) => tracing::error!(job = id, error = %e, "stop waits not serialisable"),
+            }
+        }
+        batch.stop_graces = self.stop_graces;
         batch
     }
 }

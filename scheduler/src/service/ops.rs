@@ -424,7 +424,10 @@ impl Inner {
         }
         self.nodes[n.0 as usize].registered = true;
         self.nodes[n.0 as usize].refused = false;
-        self.nodes[n.0 as usize].confirms_stops_within_us = confirms_stops_within_us;
+        if self.nodes[n.0 as usize].confirms_stops_within_us != confirms_stops_within_us {
+            self.nodes[n.0 as usize].confirms_stops_within_us = confirms_stops_within_us;
+            self.dirty.stop_graces.insert(n.0);
+        }
         self.confirm_stops_not_running(n, req.running.iter().chain(&req.stopping));
         self.heard_from(n, now);
         self.mark_node(n);
@@ -972,7 +975,7 @@ mod tests {
             .map(|id| (*id, inner.jobs[id].placement.clone()))
             .collect();
         drop(inner);
-        let restored = restore(&test, config);
+        let restored = test.restart(config);
         let again = restored.lock();
         for (id, placement) in expected {
             assert_eq!(again.jobs[&id].placement, placement, "job {id}");
@@ -1222,7 +1225,7 @@ mod tests {
         let (_, (batch, _), _) = inner.take_batch();
         test.core.store.commit(&batch).unwrap();
         drop(inner);
-        let restored = restore(&test, config);
+        let restored = test.restart(config);
         let again = restored.lock();
         assert_eq!(again.jobs[&id].last_checkpoint_s, Some(at));
         let pb_job = crate::service::convert::job_to_pb(&again.jobs[&id], &again.topo);
@@ -1245,7 +1248,7 @@ mod tests {
         let written =
             crate::decision_log::write_placements(log_dir.path(), Some(database), 1..13, 8192);
         assert_eq!(written.rows_written, 12);
-        let restored = restore(&test, config.clone());
+        let restored = test.restart(config.clone());
         let mut inner = restored.lock();
         assert_eq!(inner.next_decision, 13);
         let t0 = crate::service::core::now_us();
@@ -1255,7 +1258,7 @@ mod tests {
         let (_, (batch, _), _) = inner.take_batch();
         restored.store.commit(&batch).unwrap();
         drop(inner);
-        assert_eq!(restore(&test, config).lock().next_decision, 14);
+        assert_eq!(test.restart(config).lock().next_decision, 14);
     }
 
     /// A quota's wait reason written before a restart is cleared after it, as one
@@ -1287,7 +1290,7 @@ mod tests {
         let (_, (batch, _), _) = inner.take_batch();
         test.core.store.commit(&batch).unwrap();
         drop(inner);
-        let restored = restore(&test, config);
+        let restored = test.restart(config);
         let mut inner = restored.lock();
         register_both(&mut inner, t0 + 1);
         // Vision's running job ends while an urgent job of another tenant takes its
@@ -1298,20 +1301,5 @@ mod tests {
         let r = &inner.jobs[&second];
         assert_eq!(r.state, JobState::Pending);
         assert_eq!(r.reason, "", "the quota no longer holds it");
-    }
-
-    /// A core restored from `test`'s store, as a restarted server would be.
-    fn restore(test: &TestCore, config: ServiceConfig) -> crate::service::core::Core {
-        crate::service::core::Core::restore(
-            &ServiceConfig {
-                db: std::path::PathBuf::from("unused.redb"),
-                ..config
-            },
-            &crate::domain::ClusterSpec::from_toml(crate::service::testkit::TWO_NODES).unwrap(),
-            test.core.store.clone(),
-            std::sync::Arc::new(crate::service::metrics::Metrics::new()),
-            std::sync::Arc::new(NoModel),
-        )
-        .unwrap()
     }
 }

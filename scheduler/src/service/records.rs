@@ -49,6 +49,17 @@ pub struct NodeRecord {
     pub confirms_stops_within_us: Option<i64>,
 }
 
+/// A node whose workers of a job's incarnation `attempt` were told to stop and have not
+/// yet been confirmed ended (`service::stop_waits`), as stored, so that a restarted
+/// scheduler keeps holding the job's next START.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredStopWait {
+    pub node: String,
+    pub attempt: u32,
+    /// The grace-based deadline, µs since the epoch.
+    pub until_us: i64,
+}
+
 /// One GPU a worker holds, by its index on the node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SlotRecord {

@@ -17,16 +17,23 @@
 //! on its node for whatever the agent neither runs nor is still stopping.
 //!
 //! The placement itself is made at once, as before: its GPUs are allocated and the job
-//! is PLACED; only the agents' START is held. The waits are not persisted: after a
-//! restart the new server sends every placed job's START in its watch snapshot (an agent
-//! still waits for a stopping worker of the same job on its own node).
+//! is PLACED; only the agents' START is held.
+//!
+//! The waits, and each node's stop grace, are persisted (tables `stop_waits` and
+//! `stop_graces`), so that a restarted scheduler does not send a held START in its first
+//! watch snapshots while the old workers still run. A restored wait keeps its deadline,
+//! but, as for a STOP sent to a silent node, the deadline counts only once the node has
+//! been heard from since the restart (its registration also says what it still stops);
+//! until then the liveness rule bounds it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::domain::{NodeId, Placement};
 use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
+use crate::service::jobs::JobState;
 use crate::service::pb;
+use crate::service::records::StoredStopWait;
 
 /// What a stop confirmation may take beyond the agent's stop grace: the agent's own wait
 /// for the SIGKILL to take effect (12 s), its report interval, and the call.
@@ -49,6 +56,8 @@ struct Unconfirmed {
 pub struct StopWaits {
     unconfirmed: HashMap<u32, Vec<Unconfirmed>>,
     held: HashMap<u32, Vec<(NodeId, pb::Assignment)>>,
+    /// Jobs whose waits changed since [`StopWaits::take_changed`]: to persist.
+    changed: BTreeSet<u32>,
 }
 
 /// STARTs a confirmation or a deadline released, to send now.
@@ -73,6 +82,7 @@ impl StopWaits {
         nodes: impl IntoIterator<Item = (NodeId, i64)>,
         sent_steady_us: i64,
     ) {
+        self.changed.insert(job);
         let waits = self.unconfirmed.entry(job).or_default();
         for (node, until_steady_us) in nodes {
             if waits.iter().any(|w| w.node == node && w.attempt == attempt) {
@@ -92,7 +102,9 @@ impl StopWaits {
 
     /// Forgets `job`, which ended for good: no START of it is held or will be.
     pub fn forget(&mut self, job: u32) {
-        self.unconfirmed.remove(&job);
+        if self.unconfirmed.remove(&job).is_some() {
+            self.changed.insert(job);
+        }
         self.held.remove(&job);
     }
 
@@ -133,6 +145,9 @@ impl StopWaits {
         let before = waits.len();
         waits.retain(|w| !(w.node == node && w.attempt == attempt));
         let awaited = waits.len() < before;
+        if awaited {
+            self.changed.insert(job);
+        }
         if !waits.is_empty() {
             return (awaited, Vec::new());
         }
@@ -156,6 +171,9 @@ impl StopWaits {
             let before = waits.len();
             waits.retain(|w| w.node != node || running.contains(&(job, w.attempt)));
             confirmed += (before - waits.len()) as u64;
+            if waits.len() < before {
+                self.changed.insert(job);
+            }
             if waits.is_empty() {
                 self.unconfirmed.remove(&job);
                 released.extend(self.held.remove(&job).unwrap_or_default());
@@ -179,6 +197,7 @@ impl StopWaits {
                 !due
             });
             if !nodes.is_empty() {
+                self.changed.insert(job);
                 expired.push(Expired {
                     job,
                     nodes,
@@ -205,6 +224,27 @@ impl StopWaits {
     /// Jobs whose START is held.
     pub fn held_jobs(&self) -> usize {
         self.held.len()
+    }
+
+    /// Has the stored waits of `job`, which has none, deleted with the next commit.
+    pub fn drop_stored(&mut self, job: u32) {
+        self.unconfirmed.remove(&job);
+        self.changed.insert(job);
+    }
+
+    /// The jobs whose waits changed since the last call, to persist.
+    pub fn take_changed(&mut self) -> BTreeSet<u32> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// `job`'s waits: each node still to confirm, the incarnation and the deadline (on
+    /// the monotonic clock).
+    pub fn waits_of(&self, job: u32) -> impl Iterator<Item = (NodeId, u32, i64)> + '_ {
+        self.unconfirmed
+            .get(&job)
+            .into_iter()
+            .flatten()
+            .map(|w| (w.node, w.attempt, w.until_steady_us))
     }
 }
 
@@ -324,6 +364,92 @@ impl Inner {
                 .inc_by(confirmed);
         }
         self.send_released(released);
+    }
+
+    /// The stored form of the waits that changed since the last call: per job, its waits,
+    /// or `None` when it has none left.
+    pub(crate) fn stop_wait_changes(&mut self) -> Vec<(u32, Option<Vec<StoredStopWait>>)> {
+        let step = (self.wall_step)();
+        self.stop_waits
+            .take_changed()
+            .into_iter()
+            .map(|job| {
+                let waits: Vec<StoredStopWait> = self
+                    .stop_waits
+                    .waits_of(job)
+                    .map(|(node, attempt, until_steady_us)| StoredStopWait {
+                        node: self.topo.node(node).name.clone(),
+                        attempt,
+                        until_us: until_steady_us + step,
+                    })
+                    .collect();
+                (job, (!waits.is_empty()).then_some(waits))
+            })
+            .collect()
+    }
+
+    /// Takes up, at a restart, the nodes' stop graces and the waits the last run left,
+    /// holding the START of each job still placed. `now` and `steady` are the restart's
+    /// wall and monotonic clocks. A wait counts as sent after the restart: its deadline
+    /// applies once its node has been heard from since (a registration also ends it when
+    /// the agent no longer stops that incarnation); before that, the liveness rule, counted
+    /// from the restart, bounds it. Waits of jobs that ended, or on nodes the inventory
+    /// no longer has, are dropped (and deleted from the store).
+    pub(crate) fn restore_stop_waits(
+        &mut self,
+        graces: Vec<(String, i64)>,
+        waits: Vec<(u64, Vec<StoredStopWait>)>,
+        now: i64,
+        steady: i64,
+    ) {
+        for (name, grace) in graces {
+            match self.node_index.get(&name) {
+                Some(n) => self.nodes[n.0 as usize].confirms_stops_within_us = Some(grace),
+                None => {
+                    tracing::warn!(node = %name, "stored stop grace of a node not in the inventory; ignored")
+                }
+            }
+        }
+        for (job, stored) in waits {
+            let live = u32::try_from(job)
+                .ok()
+                .filter(|id| self.jobs.get(id).is_some_and(|r| !r.state.is_final()));
+            let Some(id) = live else {
+                if let Ok(id) = u32::try_from(job) {
+                    self.stop_waits.drop_stored(id);
+                }
+                continue;
+            };
+            let mut by_attempt: Vec<(u32, Vec<(NodeId, i64)>)> = Vec::new();
+            for w in stored {
+                let Some(&node) = self.node_index.get(&w.node) else {
+                    tracing::warn!(job = id, node = %w.node, "stored stop wait on a node not in the inventory; ignored");
+                    continue;
+                };
+                let until = w.until_us - (now - steady);
+                match by_attempt.iter_mut().find(|(a, _)| *a == w.attempt) {
+                    Some((_, nodes)) => nodes.push((node, until)),
+                    None => by_attempt.push((w.attempt, vec![(node, until)])),
+                }
+            }
+            for (attempt, nodes) in by_attempt {
+                self.stop_waits.await_stops(id, attempt, nodes, steady + 1);
+            }
+            let record = &self.jobs[&id];
+            if record.state == JobState::Placed
+                && let Some(p) = &record.placement
+            {
+                let starts = self.assignments(record, p, pb::AssignmentAction::Start, "");
+                // Not held (no wait left): the watch snapshots send them, as for any
+                // placed job.
+                let _ = self.stop_waits.hold_or_pass(id, starts);
+            }
+            tracing::info!(
+                job = id,
+                held = self.stop_waits.is_held(id),
+                "waits for stopped workers taken up from before the restart"
+            );
+        }
     }
 
     /// When `n`'s jobs would be requeued for silence, on the monotonic clock.
@@ -454,6 +580,7 @@ mod service_tests {
     use crate::service::jobs::JobState;
     use crate::service::model::{ModelSlot, NoModel};
     use crate::service::pb;
+    use crate::service::store::Store;
     use crate::service::testkit::{TestCore, node_info, whole_gpu_job};
 
     use super::STOP_CONFIRM_MARGIN_US;
@@ -475,6 +602,17 @@ mod service_tests {
     /// (node, job, action, attempt) of each assignment the last epoch sends.
     fn sent(inner: &mut Inner) -> Vec<(u32, u32, i32, u32)> {
         let (_, _, events) = inner.take_batch();
+        assignments(&events)
+    }
+
+    /// [`sent`], with the epoch committed to `store` as the server's writer would.
+    fn committed(store: &Store, inner: &mut Inner) -> Vec<(u32, u32, i32, u32)> {
+        let (_, (batch, _), events) = inner.take_batch();
+        store.commit(&batch).unwrap();
+        assignments(&events)
+    }
+
+    fn assignments(events: &[Event]) -> Vec<(u32, u32, i32, u32)> {
         events
             .iter()
             .filter_map(|e| match e {
@@ -495,12 +633,21 @@ mod service_tests {
     /// A job of one 8-GPU worker placed, its node drained and the job placed on the
     /// other node: returns the job, its first node and the second.
     fn moved(inner: &mut Inner, t0: i64) -> (u32, u32, u32) {
+        moved_with(inner, t0, sent)
+    }
+
+    /// [`moved`], each epoch ended by `take` (which returns what it sent).
+    fn moved_with(
+        inner: &mut Inner,
+        t0: i64,
+        mut take: impl FnMut(&mut Inner) -> Vec<(u32, u32, i32, u32)>,
+    ) -> (u32, u32, u32) {
         let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
         inner.cycle(t0, &NoModel.decision_path("topo-pack"));
         let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0]
             .node
             .0;
-        assert_eq!(sent(inner), vec![(first, id, START, 1)]);
+        assert_eq!(take(inner), vec![(first, id, START, 1)]);
         let name = inner.topo.node(NodeId(first)).name.clone();
         inner.drain(&name, "maintenance", t0 + 1).unwrap();
         inner.cycle(t0 + 2, &NoModel.decision_path("topo-pack"));
@@ -737,5 +884,145 @@ mod service_tests {
         };
         assert!(e.to_string().contains("stop_grace_ms"), "{e}");
         assert!(!inner.nodes[0].registered);
+    }
+
+    /// A moved job whose START is held, committed as the server would: returns the
+    /// job, its first node and its second.
+    fn moved_and_committed(test: &TestCore, t0: i64) -> (u32, u32, u32) {
+        let mut inner = test.core.lock();
+        register(&mut inner, t0, true);
+        let store = test.core.store.clone();
+        let (id, first, second) = moved_with(&mut inner, t0, |i| committed(&store, i));
+        assert_eq!(committed(&store, &mut inner), vec![(first, id, STOP, 1)]);
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
+        (id, first, second)
+    }
+
+    fn registration(node: u32, stopping: Vec<pb::RunningJob>) -> pb::RegisterNodeRequest {
+        pb::RegisterNodeRequest {
+            node: Some(node_info(node as usize)),
+            confirms_stops: true,
+            stop_grace_ms: GRACE_MS,
+            stopping,
+            ..Default::default()
+        }
+    }
+
+    /// A scheduler restarted while a moved job's START is held keeps holding it: the
+    /// new server's watch snapshots leave it out until the old node confirms (here after
+    /// registering again with the worker still within its grace), and a confirmed wait
+    /// is not taken up by the next restart.
+    #[test]
+    fn a_held_start_stays_held_across_a_restart_until_the_old_node_confirms() {
+        let config = ServiceConfig::default();
+        let test = TestCore::new(config.clone());
+        let (id, first, second) = moved_and_committed(&test, now_us());
+        let restored = test.restart(config.clone());
+        let mut inner = restored.lock();
+        assert_eq!(inner.jobs[&id].state, JobState::Placed);
+        assert!(inner.node_assignments(NodeId(second)).is_empty());
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
+        // The nodes' stop graces came back too.
+        assert_eq!(
+            inner.nodes[first as usize].confirms_stops_within_us,
+            Some(GRACE_MS as i64 * 1000)
+        );
+        let t1 = now_us() + 1_000;
+        let old = pb::RunningJob {
+            job_id: id as u64,
+            attempt: 1,
+        };
+        inner.register(&registration(first, vec![old]), t1).unwrap();
+        assert!(sent(&mut inner).is_empty(), "released while it still stops");
+        assert!(confirm(&mut inner, first, id, 1, t1 + 1));
+        assert_eq!(
+            committed(&restored.store, &mut inner),
+            vec![(second, id, START, 2)]
+        );
+        drop(inner);
+        let again = test.restart(config);
+        let inner = again.lock();
+        assert_eq!(inner.stop_waits.held_jobs(), 0);
+        assert_eq!(inner.node_assignments(NodeId(second)).len(), 1);
+        assert!(again.store.load().unwrap().stop_waits.is_empty());
+    }
+
+    /// A restored wait's deadline (the STOP's grace and margin) counts only once its node
+    /// has been heard from since the restart; a node not heard from is waited for until
+    /// the liveness rule, counted from the restart, would requeue its jobs. A node that
+    /// registers again without the stopped incarnation ends the wait at once.
+    #[test]
+    fn a_restored_wait_ends_by_its_deadline_once_heard_from_else_by_the_liveness_rule() {
+        for case in ["heard from", "silent", "registered without it"] {
+            let config = ServiceConfig::default();
+            let test = TestCore::new(config.clone());
+            let t0 = now_us();
+            let (id, first, second) = moved_and_committed(&test, t0);
+            let restored = test.restart(config);
+            let mut inner = restored.lock();
+            let restart = now_us();
+            let liveness = inner.node_timeout_us + inner.node_grace_us;
+            let grace_end = t0 + 1 + GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
+            let started = vec![(second, id, START, 2)];
+            match case {
+                "heard from" => {
+                    inner.expire_stop_waits(grace_end + 1_000_000);
+                    assert!(sent(&mut inner).is_empty(), "{case}: released unheard");
+                    inner.heard_from(NodeId(first), restart + 1_000);
+                    inner.expire_stop_waits(grace_end - 1_000_000);
+                    assert!(sent(&mut inner).is_empty(), "{case}: released early");
+                    inner.expire_stop_waits(grace_end + 1_000_000);
+                    assert_eq!(sent(&mut inner), started, "{case}");
+                }
+                "silent" => {
+                    inner.expire_stop_waits(restart + liveness - 1_000_000);
+                    assert!(sent(&mut inner).is_empty(), "{case}: released early");
+                    inner.expire_stop_waits(restart + liveness + 1_000_000);
+                    assert_eq!(sent(&mut inner), started, "{case}");
+                }
+                _ => {
+                    inner
+                        .register(&registration(first, vec![]), restart + 1_000)
+                        .unwrap();
+                    assert_eq!(sent(&mut inner), started, "{case}");
+                }
+            }
+        }
+    }
+
+    /// After a restart, before any agent registers again, a STOP still goes out to be
+    /// confirmed and holds the next START: the nodes' stop graces are stored.
+    #[test]
+    fn a_job_moved_right_after_a_restart_waits_for_its_old_node() {
+        let config = ServiceConfig::default();
+        let test = TestCore::new(config.clone());
+        {
+            let mut inner = test.core.lock();
+            let t0 = now_us();
+            register(&mut inner, t0, true);
+            let store = test.core.store.clone();
+            inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+            inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+            committed(&store, &mut inner);
+        }
+        let restored = test.restart(config);
+        let mut inner = restored.lock();
+        let t1 = now_us() + 1_000;
+        let (&id, record) = inner.jobs.iter().next().unwrap();
+        let first = record.placement.as_ref().unwrap().workers[0].node;
+        let name = inner.topo.node(first).name.clone();
+        inner.drain(&name, "maintenance", t1).unwrap();
+        inner.cycle(t1 + 1, &NoModel.decision_path("topo-pack"));
+        let (_, _, events) = inner.take_batch();
+        let confirmed_stop = events.iter().any(|e| {
+            matches!(e, Event::Assignment { node, assignment }
+                if *node == first && assignment.job_id == id as u64 && assignment.confirm)
+        });
+        assert!(confirmed_stop, "the STOP asks for no confirmation");
+        assert!(
+            assignments(&events).iter().all(|a| a.2 != START),
+            "started before the old node confirmed"
+        );
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
     }
 }

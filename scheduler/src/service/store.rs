@@ -8,7 +8,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use crate::service::codec;
 use crate::service::inventory::Inventory;
 use crate::service::jobs::JobRecord;
-use crate::service::records::{DecisionRecord, NodeRecord};
+use crate::service::records::{DecisionRecord, NodeRecord, StoredStopWait};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
@@ -17,6 +17,12 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The inventory the job records' ids refer to (`service::inventory`), under one key.
 const INVENTORY: TableDefinition<&str, &[u8]> = TableDefinition::new("inventory");
 const INVENTORY_KEY: &str = "current";
+/// Per job, the nodes still to confirm that its stopped workers ended
+/// (`service::stop_waits`). Tables of their own, so that the job and node records keep
+/// their layout (`service::codec`).
+const STOP_WAITS: TableDefinition<u64, &[u8]> = TableDefinition::new("stop_waits");
+/// Per node, the stop grace (µs) its agent confirms stops within; absent: it does not.
+const STOP_GRACES: TableDefinition<&str, i64> = TableDefinition::new("stop_graces");
 
 pub const META_NEXT_JOB: &str = "next_job_id";
 pub const META_NEXT_DECISION: &str = "next_decision_id";
@@ -50,6 +56,10 @@ pub struct Batch {
     pub deleted_jobs: Vec<u64>,
     /// Delete every decision record with a smaller id (past their retention).
     pub decisions_before: Option<u64>,
+    /// A job's stop waits, serialised; `None`: it has none any more.
+    pub stop_waits: Vec<(u64, Option<Vec<u8>>)>,
+    /// A node's stop grace; `None`: its agent does not confirm stops.
+    pub stop_graces: Vec<(String, Option<i64>)>,
 }
 
 impl Batch {
@@ -61,6 +71,8 @@ impl Batch {
             && self.inventory.is_none()
             && self.deleted_jobs.is_empty()
             && self.decisions_before.is_none()
+            && self.stop_waits.is_empty()
+            && self.stop_graces.is_empty()
     }
 }
 
@@ -75,6 +87,10 @@ pub struct Loaded {
     pub inventory: Option<Inventory>,
     /// See [`META_DATABASE_ID`].
     pub database_id: u64,
+    /// Per job, its stop waits (a damaged record is left out, with an error logged).
+    pub stop_waits: Vec<(u64, Vec<StoredStopWait>)>,
+    /// Per node, its agent's stop grace (µs).
+    pub stop_graces: Vec<(String, i64)>,
 }
 
 #[derive(Debug)]
@@ -127,6 +143,8 @@ impl Store {
                     .map_err(|e| err(&e))?;
             }
             txn.open_table(INVENTORY).map_err(|e| err(&e))?;
+            txn.open_table(STOP_WAITS).map_err(|e| err(&e))?;
+            txn.open_table(STOP_GRACES).map_err(|e| err(&e))?;
         }
         txn.commit().map_err(|e| err(&e))?;
         Ok(Store {
@@ -211,6 +229,27 @@ impl Store {
                     })?,
                 );
         }
+        let stop_waits = txn.open_table(STOP_WAITS).map_err(|e| self.err(e))?;
+        for entry in stop_waits.iter().map_err(|e| self.err(e))? {
+            let (k, v) = entry.map_err(|e| self.err(e))?;
+            // Unlike a job, a damaged wait loses no work: it only ends a hold early (and
+            // a hold lasts one stop grace), so it does not stop the start.
+            match codec::decode(v.value()) {
+                Ok(waits) => loaded.stop_waits.push((k.value(), waits)),
+                Err(message) => tracing::error!(
+                    database = %self.path.display(),
+                    table = "stop_waits",
+                    key = k.value(),
+                    %message,
+                    "corrupt record left out: the job's next START is not held for its stopped workers"
+                ),
+            }
+        }
+        let graces = txn.open_table(STOP_GRACES).map_err(|e| self.err(e))?;
+        for entry in graces.iter().map_err(|e| self.err(e))? {
+            let (k, v) = entry.map_err(|e| self.err(e))?;
+            loaded.stop_graces.push((k.value().to_string(), v.value()));
+        }
         Ok(loaded)
     }
 
@@ -249,6 +288,22 @@ impl Store {
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             for (k, v) in &batch.meta {
                 meta.insert(*k, *v).map_err(|e| self.err(e))?;
+            }
+            let mut stop_waits = txn.open_table(STOP_WAITS).map_err(|e| self.err(e))?;
+            for (k, v) in &batch.stop_waits {
+                match v {
+                    Some(bytes) => stop_waits.insert(*k, bytes.as_slice()).map(drop),
+                    None => stop_waits.remove(*k).map(drop),
+                }
+                .map_err(|e| self.err(e))?;
+            }
+            let mut graces = txn.open_table(STOP_GRACES).map_err(|e| self.err(e))?;
+            for (k, v) in &batch.stop_graces {
+                match v {
+                    Some(us) => graces.insert(k.as_str(), *us).map(drop),
+                    None => graces.remove(k.as_str()).map(drop),
+                }
+                .map_err(|e| self.err(e))?;
             }
             if let Some(bytes) = &batch.inventory {
                 txn.open_table(INVENTORY)
@@ -356,6 +411,8 @@ mod tests {
                 inventory: None,
                 deleted_jobs: vec![],
                 decisions_before: None,
+                stop_waits: vec![],
+                stop_graces: vec![],
             };
             store.commit(&batch).unwrap();
         }
@@ -377,5 +434,48 @@ mod tests {
         assert!(err.contains("table jobs, key 9"), "{err}");
         drop(store);
         dir.close().unwrap();
+    }
+
+    /// Stop waits and stop graces are stored, replaced and deleted per key; a damaged
+    /// wait is left out of the load (it only ends a hold early), naming nothing else.
+    #[test]
+    fn stop_waits_and_graces_round_trip_and_a_damaged_wait_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.redb"), true).unwrap();
+        let wait = |attempt| StoredStopWait {
+            node: "n-0".into(),
+            attempt,
+            until_us: 1_700_000_000_000_000,
+        };
+        store
+            .commit(&Batch {
+                stop_waits: vec![
+                    (3, Some(codec::encode(&vec![wait(1)]).unwrap())),
+                    (4, Some(vec![1, 0xff, 0xff])),
+                    (5, Some(codec::encode(&vec![wait(2), wait(3)]).unwrap())),
+                ],
+                stop_graces: vec![("n-0".into(), Some(30_000_000)), ("n-1".into(), Some(5))],
+                ..Default::default()
+            })
+            .unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(
+            loaded.stop_waits,
+            vec![(3, vec![wait(1)]), (5, vec![wait(2), wait(3)])]
+        );
+        assert_eq!(
+            loaded.stop_graces,
+            vec![("n-0".into(), 30_000_000), ("n-1".into(), 5)]
+        );
+        store
+            .commit(&Batch {
+                stop_waits: vec![(3, None), (4, None)],
+                stop_graces: vec![("n-1".into(), None)],
+                ..Default::default()
+            })
+            .unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.stop_waits, vec![(5, vec![wait(2), wait(3)])]);
+        assert_eq!(loaded.stop_graces, vec![("n-0".into(), 30_000_000)]);
     }
 }

@@ -74,6 +74,22 @@ impl TestCore {
         TestCore { core, _dir: dir }
     }
 
+    /// A core restored from this one's database, as a restarted server would be (on
+    /// [`TWO_NODES`]).
+    pub fn restart(&self, config: ServiceConfig) -> Core {
+        Core::restore(
+            &ServiceConfig {
+                db: std::path::PathBuf::from("unused.redb"),
+                ..config
+            },
+            &ClusterSpec::from_toml(TWO_NODES).unwrap(),
+            self.core.store.clone(),
+            Arc::new(Metrics::new()),
+            Arc::new(NoModel),
+        )
+        .unwrap()
+    }
+
     /// The core, shared (as the server holds it), and the directory to keep.
     pub fn shared(self) -> (Arc<Core>, tempfile::TempDir) {
         (Arc::new(self.core), self._dir)

@@ -3,7 +3,7 @@ use crate::domain::{GpuId, GpuShare, Job, JobId, NodeId, Placement, WorkerPlacem
 use crate::service::jobs::{JobRecord, JobState};
 use crate::service::records::{
     CandidateRecord, DecisionRecord, MAX_CANDIDATES, MigrationKind, MigrationRecord, NodeRecord,
-    ScoredCandidateRecord, SlotRecord, Verdict, WorkerRecord,
+    ScoredCandidateRecord, SlotRecord, StoredStopWait, Verdict, WorkerRecord,
 };
 
 fn placed_job() -> JobRecord {
@@ -224,6 +224,16 @@ fn node_records_and_every_stored_enum_variant_are_pinned() {
     };
     assert_eq!(hex(&encode(&node).unwrap()), GOLDEN_NODE);
     assert_eq!(decode::<NodeRecord>(&hex_bytes(GOLDEN_NODE)).unwrap(), node);
+    let waits = vec![StoredStopWait {
+        node: "n-0".into(),
+        attempt: 2,
+        until_us: 1_795_000_000_000_000,
+    }];
+    assert_eq!(hex(&encode(&waits).unwrap()), GOLDEN_STOP_WAITS);
+    assert_eq!(
+        decode::<Vec<StoredStopWait>>(&hex_bytes(GOLDEN_STOP_WAITS)).unwrap(),
+        waits
+    );
     let states: Vec<String> = JobState::ALL.iter().map(of).collect();
     assert_eq!(
         states,
@@ -289,6 +299,7 @@ fn hex_bytes(text: &str) -> Vec<u8> {
         .collect()
 }
 
+const GOLDEN_STOP_WAITS: &str = "0101036e2d300280c0f995e0a2b006";
 const GOLDEN_NODE: &str = "01010001030a33206661696c757265730154";
 
 const GOLDEN_JOB: &str = "01e724086a6f622d343731310764656661756c7400010102000000010000000000000020ac400000000000209c400000000000003e400000000000004e4000010000000000000029400100010111028801e80700008901e807000080c0f995e0a2b006a0dff995e0a2b006a9460101056b65792d31c52000b061bfda410000000000000000000000b061bfda410000";
