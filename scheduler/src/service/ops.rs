@@ -428,7 +428,7 @@ impl Inner {
             self.nodes[n.0 as usize].confirms_stops_within_us = confirms_stops_within_us;
             self.dirty.stop_graces.insert(n.0);
         }
-        self.confirm_stops_not_running(n, req.running.iter().chain(&req.stopping));
+        self.confirm_stops_not_running(n, &req.running, &req.stopping, now);
         self.heard_from(n, now);
         self.mark_node(n);
         Ok(Registration { node: n, stop })

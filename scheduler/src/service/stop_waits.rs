@@ -14,7 +14,10 @@
 //! unreachable when its job is stopped cannot hear the STOP: it is waited for until its
 //! jobs would have been requeued by the liveness rule, by when an agent that fences
 //! (`agent --fence-when-silent`) has stopped its workers. A registration ends the waits
-//! on its node for whatever the agent neither runs nor is still stopping.
+//! on its node for whatever the agent neither runs nor is still stopping; one that
+//! still *runs* a stopped incarnation (an agent restarted within the grace adopts the
+//! worker as running) is told to stop it again, and the wait's deadline restarts with
+//! the fresh grace the agent gives it.
 //!
 //! The placement itself is made at once, as before: its GPUs are allocated and the job
 //! is PLACED; only the agents' START is held.
@@ -180,6 +183,35 @@ impl StopWaits {
             }
         }
         (confirmed, released)
+    }
+
+    /// `node`'s agent registered saying it still runs the incarnations in `running`:
+    /// those it was told to stop it is told again now (`Registration::stop`) and gives a
+    /// fresh grace (a restarted agent does not know it had stopped them), so their waits
+    /// on it end no earlier than `until_steady_us` and count as sent at `sent_steady_us`.
+    /// Returns how many waits were extended.
+    pub fn restop(
+        &mut self,
+        node: NodeId,
+        running: &std::collections::HashSet<(u32, u32)>,
+        sent_steady_us: i64,
+        until_steady_us: i64,
+    ) -> usize {
+        let mut extended = 0;
+        for (&job, waits) in &mut self.unconfirmed {
+            for w in waits
+                .iter_mut()
+                .filter(|w| w.node == node && running.contains(&(job, w.attempt)))
+            {
+                w.sent_steady_us = w.sent_steady_us.max(sent_steady_us);
+                if until_steady_us > w.until_steady_us {
+                    w.until_steady_us = until_steady_us;
+                    self.changed.insert(job);
+                }
+                extended += 1;
+            }
+        }
+        extended
     }
 
     /// Gives up the waits `due` says are over, given each one's node, when its STOP
@@ -348,14 +380,34 @@ impl Inner {
     /// stopping ([`StopWaits::confirm_all_but`]): a STOP sent while it was away never
     /// reached it, and nothing of those incarnations is left there to end. (One still
     /// stopping is confirmed when it ends.)
-    pub(crate) fn confirm_stops_not_running<'a>(
+    ///
+    /// One it still *runs* (a restarted agent that adopted the worker, or one that never
+    /// heard the STOP) is told to stop again and gives the worker a fresh grace, so the
+    /// wait's deadline moves to that grace and the margin from `now`.
+    pub(crate) fn confirm_stops_not_running(
         &mut self,
         n: NodeId,
-        running: impl Iterator<Item = &'a pb::RunningJob>,
+        running: &[pb::RunningJob],
+        stopping: &[pb::RunningJob],
+        now: i64,
     ) {
-        let running: std::collections::HashSet<(u32, u32)> = running
-            .filter_map(|r| Some((u32::try_from(r.job_id).ok()?, r.attempt)))
-            .collect();
+        let pairs = |list: &[pb::RunningJob]| -> std::collections::HashSet<(u32, u32)> {
+            list.iter()
+                .filter_map(|r| Some((u32::try_from(r.job_id).ok()?, r.attempt)))
+                .collect()
+        };
+        let still_running = pairs(running);
+        if let Some(grace) = self.nodes[n.0 as usize].confirms_stops_within_us {
+            let steady = now - (self.wall_step)();
+            self.stop_waits.restop(
+                n,
+                &still_running,
+                steady,
+                steady + grace + STOP_CONFIRM_MARGIN_US,
+            );
+        }
+        let mut running = still_running;
+        running.extend(pairs(stopping));
         let (confirmed, released) = self.stop_waits.confirm_all_but(n, &running);
         if confirmed > 0 {
             self.metrics
@@ -1024,5 +1076,51 @@ mod service_tests {
             "started before the old node confirmed"
         );
         assert_eq!(inner.stop_waits.held_jobs(), 1);
+    }
+
+    /// An agent restarted in the middle of a stop grace adopts the stopping worker as
+    /// running and, told to stop it again, gives it a fresh grace: the wait's deadline
+    /// moves to that grace's end, so the START is not released while the worker may
+    /// still be checkpointing. (One registering it as stopping keeps the first deadline.)
+    #[test]
+    fn a_registration_still_running_the_stopped_incarnation_restarts_the_deadline() {
+        for still in ["running", "stopping"] {
+            let test = TestCore::new(ServiceConfig::default());
+            let mut inner = test.core.lock();
+            let t0 = now_us();
+            register(&mut inner, t0, true);
+            let (id, first, second) = moved(&mut inner, t0);
+            sent(&mut inner);
+            let old = pb::RunningJob {
+                job_id: id as u64,
+                attempt: 1,
+            };
+            let t1 = t0 + 20_000_000;
+            let (running, stopping) = match still {
+                "running" => (vec![old], vec![]),
+                _ => (vec![], vec![old]),
+            };
+            let req = pb::RegisterNodeRequest {
+                running,
+                ..registration(first, stopping)
+            };
+            let reg = inner.register(&req, t1).unwrap();
+            assert_eq!(reg.stop.len(), usize::from(still == "running"), "{still}");
+            let grace = GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
+            let (first_end, second_end) = (t0 + 1 + grace, t1 + grace);
+            inner.expire_stop_waits(first_end + 1_000_000);
+            let released = !sent(&mut inner).is_empty();
+            assert_eq!(
+                released,
+                still == "stopping",
+                "{still}: at the first deadline"
+            );
+            if still == "running" {
+                inner.expire_stop_waits(second_end - 1_000_000);
+                assert!(sent(&mut inner).is_empty(), "released early");
+                inner.expire_stop_waits(second_end + 1_000_000);
+                assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
+            }
+        }
     }
 }
