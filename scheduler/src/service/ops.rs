@@ -428,8 +428,9 @@ impl Inner {
             self.nodes[n.0 as usize].confirms_stops_within_us = confirms_stops_within_us;
             self.dirty.stop_graces.insert(n.0);
         }
-        self.confirm_stops_not_running(n, &req.running, &req.stopping, now);
+        // Heard from first: a wait this registration restarts counts from that moment.
         self.heard_from(n, now);
+        self.confirm_stops_not_running(n, &req.running, &req.stopping);
         self.mark_node(n);
         Ok(Registration { node: n, stop })
     }

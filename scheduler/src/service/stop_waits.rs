@@ -383,13 +383,13 @@ impl Inner {
     ///
     /// One it still *runs* (a restarted agent that adopted the worker, or one that never
     /// heard the STOP) is told to stop again and gives the worker a fresh grace, so the
-    /// wait's deadline moves to that grace and the margin from `now`.
+    /// wait's deadline moves to that grace and the margin from when the node was last
+    /// heard from (the registration).
     pub(crate) fn confirm_stops_not_running(
         &mut self,
         n: NodeId,
         running: &[pb::RunningJob],
         stopping: &[pb::RunningJob],
-        now: i64,
     ) {
         let pairs = |list: &[pb::RunningJob]| -> std::collections::HashSet<(u32, u32)> {
             list.iter()
@@ -397,8 +397,11 @@ impl Inner {
                 .collect()
         };
         let still_running = pairs(running);
-        if let Some(grace) = self.nodes[n.0 as usize].confirms_stops_within_us {
-            let steady = now - (self.wall_step)();
+        let r = &self.nodes[n.0 as usize];
+        if let Some(grace) = r.confirms_stops_within_us {
+            // The node's own reading: one taken afresh could fall a microsecond after it,
+            // and the deadline would then wait for the next heartbeat.
+            let steady = r.last_seen_steady_us;
             self.stop_waits.restop(
                 n,
                 &still_running,
@@ -757,8 +760,9 @@ mod service_tests {
         register(&mut inner, t0, true);
         let (id, first, second) = moved(&mut inner, t0);
         sent(&mut inner);
-        // Heard from after the STOP went out: it could hear it.
-        inner.heard_from(NodeId(first), t0 + 2);
+        // Heard from after the STOP went out: it could hear it. (A millisecond after:
+        // the clocks' offset is read afresh at each call and may move a microsecond.)
+        inner.heard_from(NodeId(first), t0 + 1_000);
         let due = t0 + 1 + GRACE_MS as i64 * 1000 + STOP_CONFIRM_MARGIN_US;
         // A second either side: the clocks' offset is read afresh at each call.
         inner.expire_stop_waits(due - 1_000_000);
@@ -823,10 +827,12 @@ mod service_tests {
             sent(&mut inner);
             let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
             let liveness = inner.node_timeout_us + inner.node_grace_us;
+            // A millisecond before the STOP at least: the clocks' offset is read afresh
+            // at each call and may move a microsecond.
             let last_seen = if silent_for_long {
                 t0 - 2 * liveness
             } else {
-                t0
+                t0 - 1_000
             };
             let steady_last_seen = last_seen - (inner.wall_step)();
             let r = &mut inner.nodes[first.0 as usize];
