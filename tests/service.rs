@@ -661,9 +661,15 @@ impl Drop for Reap {
 
 /// `marshal serve` as a child process; returns it with its bound address.
 fn spawn_server(dir: &Path) -> (Reap, SocketAddr) {
+    spawn_server_with(dir, &[])
+}
+
+/// [`spawn_server`] with more arguments after `--config`.
+fn spawn_server_with(dir: &Path, args: &[&str]) -> (Reap, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
         .args(["serve", "--config"])
         .arg(dir.join("serve.toml"))
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -865,26 +871,31 @@ fn a_restart_without_the_cluster_is_refused_and_the_jobs_wait_for_the_right_one(
     };
     stop(server);
 
-    // Without `cluster`: the default preset, refused before it listens.
-    write_config(None);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
-        .args(["serve", "--config"])
-        .arg(dir.path().join("serve.toml"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("marshal serve started on a cluster that has none of its database's nodes");
+    // Refused before it listens: exits unsuccessfully; returns what it wrote to stderr.
+    let refused_start = || -> String {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_marshal"))
+            .args(["serve", "--config"])
+            .arg(dir.path().join("serve.toml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("marshal serve started on a cluster that would move its jobs");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+
+    // Without `cluster`: the default preset, which has none of the database's nodes.
+    write_config(None);
+    let stderr = refused_start();
     for part in [
         &format!("database {}", db.display())[..],
         "its 4 unfinished jobs were written under an inventory of 3 nodes: n-0, n-1, n-2",
@@ -909,6 +920,35 @@ fn a_restart_without_the_cluster_is_refused_and_the_jobs_wait_for_the_right_one(
             .collect()
     };
     assert_eq!(summary(&after), summary(&before));
+    stop(server);
+
+    // A cluster without the node of one placed job: refused unless accepted, naming the
+    // job; accepted, that job waits and the others keep their nodes.
+    let two = dir.path().join("two.toml");
+    std::fs::write(&two, common::THREE_NODES.replace("count = 3", "count = 2")).unwrap();
+    write_config(Some(&two));
+    let stderr = refused_start();
+    let on_n2 = before
+        .iter()
+        .find(|j| j.placement.iter().any(|w| w.node == "n-2"))
+        .unwrap()
+        .id;
+    for part in [
+        &format!("job {on_n2} would be requeued (node n-2")[..],
+        "--accept-inventory-change",
+        "Nothing was changed",
+    ] {
+        assert!(stderr.contains(part), "{part:?} missing: {stderr}");
+    }
+    let (server, addr) = spawn_server_with(dir.path(), &["--accept-inventory-change"]);
+    for j in jobs_of(addr, &ids) {
+        let nodes: Vec<&str> = j.placement.iter().map(|w| w.node.as_str()).collect();
+        if j.id == on_n2 {
+            assert!(nodes.is_empty(), "still placed on {nodes:?}");
+        } else {
+            assert!(!nodes.contains(&"n-2"), "job {} on {nodes:?}", j.id);
+        }
+    }
     stop(server);
 }
 

@@ -32,6 +32,11 @@ pub struct ServeArgs {
     /// Overrides `decision_log_dir`.
     #[arg(long)]
     pub decision_log_dir: Option<PathBuf>,
+    /// Sets `accept_inventory_change`: start even though the cluster no longer has a
+    /// node an unfinished job is placed on (it is requeued) or the GPU models a waiting
+    /// job allows (it is rejected). Without it such a start is refused, naming the jobs.
+    #[arg(long)]
+    pub accept_inventory_change: bool,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -60,6 +65,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(v) = args.decision_log_dir {
         config.decision_log_dir = Some(v);
     }
+    config.accept_inventory_change |= args.accept_inventory_change;
     config.validate()?;
     // The same default artifact as `marshal sim --policy learned`.
     let model_dir = config

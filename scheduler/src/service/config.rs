@@ -126,6 +126,11 @@ pub struct ServiceConfig {
     /// otherwise (a `PreferNoSchedule` taint on GPU nodes, for every policy; also used
     /// by `Advise`).
     pub cpu_nodes_first: bool,
+    /// A restart onto an inventory that no longer has a node an unfinished job is placed
+    /// on (the job would be requeued while its workers may still run there), or any of
+    /// the GPU models a waiting job allows (it would be rejected), goes ahead only with
+    /// this set; without it the start is refused, naming the jobs, and nothing changes.
+    pub accept_inventory_change: bool,
     pub security: SecurityConfig,
 }
 
@@ -271,6 +276,7 @@ impl Default for ServiceConfig {
             consolidate: None,
             quota: None,
             cpu_nodes_first: false,
+            accept_inventory_change: false,
             security: SecurityConfig::default(),
         }
     }
@@ -703,6 +709,12 @@ keepalive_timeout_ms = 0"
         assert_eq!(quota.default.unwrap().gpus, Some(8.0));
         assert_eq!(quota.tenants["nlp"].cpu_cores, Some(64.0));
         assert!(!ServiceConfig::default().cpu_nodes_first, "off by default");
+        assert!(!ServiceConfig::default().accept_inventory_change);
+        assert!(
+            ServiceConfig::from_toml("accept_inventory_change = true")
+                .unwrap()
+                .accept_inventory_change
+        );
         assert!(
             ServiceConfig::from_toml("cpu_nodes_first = true")
                 .unwrap()

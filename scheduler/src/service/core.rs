@@ -359,6 +359,16 @@ impl Core {
         }
         // The job records' ids are positions in the inventory they were written under.
         let remap = Remap::between(loaded.inventory.as_ref(), &topo);
+        let moved = inventory::jobs_a_change_would_move(&remap, &loaded.jobs, &topo);
+        inventory::check_accepted_change(&moved, config.accept_inventory_change).map_err(
+            |message| StartError::Database {
+                path: config.db.display().to_string(),
+                message,
+            },
+        )?;
+        for line in &moved {
+            tracing::warn!(change = %line, "accepted inventory change");
+        }
         let mut remapped = Vec::new();
         for mut record in loaded.jobs {
             let id = record.job.id.0;

@@ -85,6 +85,59 @@ pub fn check_same_cluster(
     ))
 }
 
+/// The unfinished jobs a restart onto `remap`'s current inventory would not keep as
+/// they are: one placed on a node that is gone is requeued (while its workers may still
+/// run there: the node's agent is refused), and one waiting, or requeued so, whose
+/// every allowed GPU model is gone is rejected. One line per job, in `jobs`' order.
+pub fn jobs_a_change_would_move(remap: &Remap, jobs: &[JobRecord], topo: &Topology) -> Vec<String> {
+    if remap.is_identity() {
+        return Vec::new();
+    }
+    let mut lines = Vec::new();
+    for record in jobs.iter().filter(|r| !r.state.is_final()) {
+        let id = record.job.id.0;
+        let unmapped = remap.job(&mut record.clone(), topo);
+        let requeued = record
+            .state
+            .is_active()
+            .then_some(unmapped.placement)
+            .flatten();
+        let rejected = unmapped
+            .models
+            .filter(|_| record.state.is_waiting() || requeued.is_some());
+        let line = match (requeued, rejected) {
+            (Some(p), Some(m)) => format!("job {id} would be requeued ({p}) and rejected ({m})"),
+            (Some(p), None) => format!("job {id} would be requeued ({p})"),
+            (None, Some(m)) => format!("job {id} would be rejected ({m})"),
+            (None, None) => continue,
+        };
+        lines.push(line);
+    }
+    lines
+}
+
+/// Refuses a restart that would requeue or reject `moved` (from
+/// [`jobs_a_change_would_move`]) unless the operator accepted it.
+pub fn check_accepted_change(moved: &[String], accepted: bool) -> Result<(), String> {
+    if moved.is_empty() || accepted {
+        return Ok(());
+    }
+    const SHOWN: usize = 5;
+    let more = match moved.len().saturating_sub(SHOWN) {
+        0 => String::new(),
+        n => format!("; and {n} more"),
+    };
+    Err(format!(
+        "the inventory changed since the database was written, and {} unfinished jobs \
+         would not be kept as they are: {}{more}. Drain a node and let its jobs move \
+         before removing it (and cancel jobs that need a removed GPU model), or start with \
+         `accept_inventory_change = true` (`--accept-inventory-change`) to requeue and \
+         reject them. Nothing was changed",
+        moved.len(),
+        moved[..moved.len().min(SHOWN)].join("; ")
+    ))
+}
+
 /// How a stored node id and its GPUs map onto the current topology.
 #[derive(Clone, Debug)]
 struct NodeMap {
@@ -399,9 +452,18 @@ mod tests {
         test: &TestCore,
         toml: &str,
     ) -> Result<Core, crate::service::error::StartError> {
+        try_restore_with(test, toml, true)
+    }
+
+    fn try_restore_with(
+        test: &TestCore,
+        toml: &str,
+        accept_inventory_change: bool,
+    ) -> Result<Core, crate::service::error::StartError> {
         Core::restore(
             &ServiceConfig {
                 db: "unused.redb".into(),
+                accept_inventory_change,
                 ..ServiceConfig::default()
             },
             &ClusterSpec::from_toml(toml).unwrap(),
@@ -532,6 +594,26 @@ mod tests {
         };
         assert_eq!(names(&test.core, on_h100), ["n-0", "n-1"]);
 
+        // Unaccepted, the change is refused, naming what it would do, and nothing moves.
+        let stored = format!("{:?}", test.core.store.load().unwrap());
+        let err = match try_restore_with(&test, &after(), false) {
+            Ok(_) => panic!("an inventory change that requeues and rejects jobs was taken"),
+            Err(e) => e.to_string(),
+        };
+        for part in [
+            "2 unfinished jobs would not be kept",
+            &format!("job {on_x1} would be requeued (node p-0"),
+            "and rejected (",
+            &format!("job {waiting_x1} would be rejected ("),
+            "--accept-inventory-change",
+            "Nothing was changed",
+        ] {
+            assert!(err.contains(part), "{part:?} missing: {err}");
+        }
+        assert!(!err.contains(&format!("job {on_h100} ")), "{err}");
+        assert!(!err.contains(&format!("job {cancelled_x1} ")), "{err}");
+        assert_eq!(format!("{:?}", test.core.store.load().unwrap()), stored);
+
         let restarted = restore_on(&test, &after());
         {
             let inner = restarted.lock();
@@ -586,7 +668,8 @@ mod tests {
         // restart reads them as they are.
         let loaded = test.core.store.load().unwrap();
         assert_eq!(loaded.inventory, Some(Inventory::of(&topo(&after()))));
-        let again = restore_on(&test, &after());
+        // Taken once: the next start needs no acceptance.
+        let again = try_restore_with(&test, &after(), false).unwrap();
         assert_eq!(names(&again, on_h100), ["n-0", "n-1"]);
         assert_eq!(again.lock().jobs[&on_x1].state, JobState::Rejected);
         let reason = again.lock().jobs[&cancelled_x1].reason.clone();
