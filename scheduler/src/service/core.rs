@@ -28,6 +28,7 @@ use crate::service::metrics::Metrics;
 use crate::service::model::{ModelSlot, ModelUpdate};
 use crate::service::pb;
 use crate::service::records::{DecisionRecord, NodeRecord, StoredStopWait};
+use crate::service::stop_waits::RestoredStops;
 use crate::service::store::{Batch, META_NEXT_DECISION, META_NEXT_JOB, Store};
 
 /// Capacity of the event fan-out; a watcher that falls further behind is cut off and
@@ -98,6 +99,8 @@ pub(crate) struct Dirty {
     pub decisions_before: Option<u64>,
     /// Nodes whose agent's stop grace changed (`service::stop_waits`).
     pub stop_graces: BTreeSet<u32>,
+    /// Stored stop graces of nodes no longer in the inventory, to delete.
+    pub stale_stop_graces: Vec<String>,
 }
 
 /// The last durable epoch, or why persisting stopped.
@@ -370,12 +373,20 @@ impl Core {
             tracing::warn!(change = %line, "accepted inventory change");
         }
         let mut remapped = Vec::new();
+        let mut requeued_at_restore = Vec::new();
         for mut record in loaded.jobs {
             let id = record.job.id.0;
             inner.next_job = inner.next_job.max(id.saturating_add(1));
             let before = (record.job.gpu_models, record.placement.clone());
+            // Where its workers may still run, should it not be restored.
+            let nodes_now = record
+                .placement
+                .as_ref()
+                .map(|p| remap.nodes_now(p))
+                .unwrap_or_default();
             let unmapped = remap.job(&mut record, &topo);
             if record.state.is_active() {
+                let attempt = record.attempts;
                 // Re-applying every allocation to an empty state is the capacity check:
                 // two stored jobs claiming one GPU cannot both be restored.
                 let restored = match (unmapped.placement, &record.placement) {
@@ -388,6 +399,7 @@ impl Core {
                 };
                 if let Err(why) = restored {
                     tracing::warn!(job = id, %why, "allocation not restored; job requeued");
+                    requeued_at_restore.push((id, attempt, nodes_now.clone()));
                     let _ = record.transition(
                         JobState::Requeued,
                         format!("allocation could not be restored after a restart: {why}"),
@@ -462,7 +474,16 @@ impl Core {
                 message: e.to_string(),
             })?;
         }
-        inner.restore_stop_waits(loaded.stop_graces, loaded.stop_waits, now, steady);
+        inner.restore_stop_waits(
+            RestoredStops {
+                graces: loaded.stop_graces,
+                waits: loaded.stop_waits,
+                damaged: loaded.damaged_stop_waits,
+                requeued: requeued_at_restore,
+            },
+            now,
+            steady,
+        );
         for n in topo.node_ids() {
             inner.refresh_node(n);
         }
@@ -926,6 +947,7 @@ impl Inner {
                     self.nodes[n as usize].confirms_stops_within_us,
                 )
             })
+            .chain(dirty.stale_stop_graces.into_iter().map(|name| (name, None)))
             .collect();
         let stop_waits = self.stop_wait_changes();
         let meta = if dirty.meta {

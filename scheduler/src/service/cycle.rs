@@ -152,6 +152,11 @@ impl Inner {
             // Started nowhere again: nothing to hold a START for.
             self.stop_waits.forget(id);
         }
+        if to == JobState::Running {
+            // It runs, so its START went out (from a build that did not hold it, say):
+            // held still, it would be left out of its own node's snapshot and stopped.
+            self.stop_waits.drop_held(id);
+        }
         let record = &self.jobs[&id];
         // The decision log's outcome: the placement ended, or the job was rejected.
         let ended = was_active && !to.is_active();

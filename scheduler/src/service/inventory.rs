@@ -283,6 +283,16 @@ impl Remap {
         Ok(out)
     }
 
+    /// The nodes of a stored placement that the current inventory still has, in its
+    /// ids (whether or not the placement itself can be mapped).
+    pub fn nodes_now(&self, stored: &Placement) -> Vec<NodeId> {
+        stored
+            .workers
+            .iter()
+            .filter_map(|w| Some(self.nodes.get(w.node.0 as usize)?.now?.0))
+            .collect()
+    }
+
     /// A stored model constraint in the current catalog's ids. Models no longer in the
     /// catalog are dropped; if that leaves none of a constraint that named some, it
     /// cannot be met (an empty set would mean "any model"): the error names them.

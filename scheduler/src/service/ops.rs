@@ -17,7 +17,7 @@ pub struct Registration {
 }
 
 /// The longest stop grace an agent may declare: the agent's own `--stop-grace` limit.
-const MAX_STOP_GRACE_MS: u64 = 3_600_000;
+pub(crate) const MAX_STOP_GRACE_MS: u64 = 3_600_000;
 
 /// The stop grace (µs) of an agent that confirms stops; `None` when it does not.
 fn confirms_stops_within_us(req: &pb::RegisterNodeRequest) -> Result<Option<i64>, ServiceError> {

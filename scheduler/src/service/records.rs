@@ -43,8 +43,8 @@ pub struct NodeRecord {
     #[serde(skip)]
     pub refused: bool,
     /// Its agent's stop grace (µs) when it confirms that stopped workers ended
-    /// (`service::stop_waits`); `None` when it does not. From its last registration, not
-    /// persisted.
+    /// (`service::stop_waits`); `None` when it does not. From its last registration;
+    /// stored apart (table `stop_graces`), so the record's layout is unchanged.
     #[serde(skip)]
     pub confirms_stops_within_us: Option<i64>,
 }

@@ -27,7 +27,8 @@
 //! watch snapshots while the old workers still run. A restored wait keeps its deadline,
 //! but, as for a STOP sent to a silent node, the deadline counts only once the node has
 //! been heard from since the restart (its registration also says what it still stops);
-//! until then the liveness rule bounds it.
+//! until then the liveness rule bounds it, from when a node stored unreachable was
+//! marked. A job the restart itself requeues waits for the nodes it was on as well.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -36,7 +37,7 @@ use crate::service::core::{Event, Inner};
 use crate::service::error::ServiceError;
 use crate::service::jobs::JobState;
 use crate::service::pb;
-use crate::service::records::StoredStopWait;
+use crate::service::records::{NodeRecord, StoredStopWait};
 
 /// What a stop confirmation may take beyond the agent's stop grace: the agent's own wait
 /// for the SIGKILL to take effect (12 s), its report interval, and the call.
@@ -63,6 +64,20 @@ pub struct StopWaits {
     changed: BTreeSet<u32>,
 }
 
+/// What a restart takes up (see [`Inner::restore_stop_waits`]).
+#[derive(Debug, Default)]
+pub struct RestoredStops {
+    /// Per node name, its agent's stop grace (µs).
+    pub graces: Vec<(String, i64)>,
+    /// Per job id, its stored waits.
+    pub waits: Vec<(u64, Vec<StoredStopWait>)>,
+    /// Job ids whose stored waits could not be read (deleted).
+    pub damaged: Vec<u64>,
+    /// Jobs the restore requeued (their placement no longer maps or fits): id, the
+    /// attempt that was placed, and those of its nodes the inventory still has.
+    pub requeued: Vec<(u32, u32, Vec<NodeId>)>,
+}
+
 /// STARTs a confirmation or a deadline released, to send now.
 pub type Released = Vec<(NodeId, pb::Assignment)>;
 
@@ -85,12 +100,12 @@ impl StopWaits {
         nodes: impl IntoIterator<Item = (NodeId, i64)>,
         sent_steady_us: i64,
     ) {
-        self.changed.insert(job);
         let waits = self.unconfirmed.entry(job).or_default();
         for (node, until_steady_us) in nodes {
             if waits.iter().any(|w| w.node == node && w.attempt == attempt) {
                 continue;
             }
+            self.changed.insert(job);
             waits.push(Unconfirmed {
                 node,
                 attempt,
@@ -280,6 +295,20 @@ impl StopWaits {
     }
 }
 
+/// When the liveness rule would requeue the jobs of node `r` (on the monotonic clock):
+/// its timeout and grace after it was last heard from, or, once it is unreachable, its
+/// grace after it was marked, whichever is first. (A restart counts every node as heard
+/// from at the restart, but keeps when an unreachable one was marked: a node dead
+/// before the restart is not waited for again.)
+fn requeue_deadline(r: &NodeRecord, timeout_us: i64, grace_us: i64) -> i64 {
+    let by_silence = r.last_seen_steady_us + timeout_us + grace_us;
+    if r.unreachable {
+        by_silence.min(r.unreachable_since_steady_us + grace_us)
+    } else {
+        by_silence
+    }
+}
+
 impl Inner {
     /// The distinct registered nodes of `placement` whose agents confirm stops, each
     /// with its grace-based deadline (its stop grace and the margin from `steady_now`,
@@ -291,21 +320,30 @@ impl Inner {
         placement: &Placement,
         steady_now: i64,
     ) -> Vec<(NodeId, i64)> {
+        self.confirming_among(placement.workers.iter().map(|w| w.node), steady_now)
+    }
+
+    /// [`Inner::confirming_nodes`] of the nodes `among`.
+    fn confirming_among(
+        &self,
+        among: impl IntoIterator<Item = NodeId>,
+        steady_now: i64,
+    ) -> Vec<(NodeId, i64)> {
         let mut nodes: Vec<(NodeId, i64)> = Vec::new();
-        for w in &placement.workers {
-            let r = &self.nodes[w.node.0 as usize];
+        for node in among {
+            let r = &self.nodes[node.0 as usize];
             let Some(grace) = r.confirms_stops_within_us else {
                 continue;
             };
-            if !r.registered || nodes.iter().any(|(n, _)| *n == w.node) {
+            if !r.registered || nodes.iter().any(|(n, _)| *n == node) {
                 continue;
             }
             // Silent for longer than the liveness rule allows, its jobs would have been
             // requeued: a fencing agent has stopped its workers by now.
-            if self.liveness_deadline(w.node) <= steady_now {
+            if self.liveness_deadline(node) <= steady_now {
                 continue;
             }
-            nodes.push((w.node, steady_now + grace + STOP_CONFIRM_MARGIN_US));
+            nodes.push((node, steady_now + grace + STOP_CONFIRM_MARGIN_US));
         }
         nodes
     }
@@ -352,10 +390,11 @@ impl Inner {
     pub fn expire_stop_waits(&mut self, now: i64) {
         let steady = now - (self.wall_step)();
         let nodes = &self.nodes;
-        let liveness = self.node_timeout_us + self.node_grace_us;
+        let (timeout, grace) = (self.node_timeout_us, self.node_grace_us);
         let due = |n: NodeId, sent: i64, until: i64| {
-            let last_seen = nodes[n.0 as usize].last_seen_steady_us;
-            (until <= steady && last_seen >= sent) || last_seen + liveness <= steady
+            let r = &nodes[n.0 as usize];
+            (until <= steady && r.last_seen_steady_us >= sent)
+                || requeue_deadline(r, timeout, grace) <= steady
         };
         for e in self.stop_waits.expire(due) {
             let names: Vec<&str> = e
@@ -450,22 +489,28 @@ impl Inner {
     /// the agent no longer stops that incarnation); before that, the liveness rule, counted
     /// from the restart, bounds it. Waits of jobs that ended, or on nodes the inventory
     /// no longer has, are dropped (and deleted from the store).
-    pub(crate) fn restore_stop_waits(
-        &mut self,
-        graces: Vec<(String, i64)>,
-        waits: Vec<(u64, Vec<StoredStopWait>)>,
-        now: i64,
-        steady: i64,
-    ) {
-        for (name, grace) in graces {
+    pub(crate) fn restore_stop_waits(&mut self, restored: RestoredStops, now: i64, steady: i64) {
+        for (name, grace) in restored.graces {
             match self.node_index.get(&name) {
                 Some(n) => self.nodes[n.0 as usize].confirms_stops_within_us = Some(grace),
                 None => {
-                    tracing::warn!(node = %name, "stored stop grace of a node not in the inventory; ignored")
+                    tracing::warn!(node = %name, "stored stop grace of a node not in the inventory; deleted");
+                    self.dirty.stale_stop_graces.push(name);
                 }
             }
         }
-        for (job, stored) in waits {
+        for job in restored.damaged {
+            if let Ok(id) = u32::try_from(job) {
+                self.stop_waits.drop_stored(id);
+            }
+        }
+        // Requeued by the restore itself (its allocation no longer fits): its workers may
+        // still run where it was, and nothing has told them to stop yet.
+        for (id, attempt, nodes) in restored.requeued {
+            let nodes = self.confirming_among(nodes, steady);
+            self.stop_waits.await_stops(id, attempt, nodes, steady + 1);
+        }
+        for (job, stored) in restored.waits {
             let live = u32::try_from(job)
                 .ok()
                 .filter(|id| self.jobs.get(id).is_some_and(|r| !r.state.is_final()));
@@ -481,11 +526,21 @@ impl Inner {
                     tracing::warn!(job = id, node = %w.node, "stored stop wait on a node not in the inventory; ignored");
                     continue;
                 };
-                let until = w.until_us - (now - steady);
+                // No later than a full grace from the restart: a wall clock stepped back
+                // since the write must not stretch the hold.
+                let most = self.nodes[node.0 as usize]
+                    .confirms_stops_within_us
+                    .unwrap_or(crate::service::ops::MAX_STOP_GRACE_MS as i64 * 1000);
+                let until =
+                    (w.until_us - (now - steady)).min(steady + most + STOP_CONFIRM_MARGIN_US);
                 match by_attempt.iter_mut().find(|(a, _)| *a == w.attempt) {
                     Some((_, nodes)) => nodes.push((node, until)),
                     None => by_attempt.push((w.attempt, vec![(node, until)])),
                 }
+            }
+            if by_attempt.is_empty() {
+                self.stop_waits.drop_stored(id);
+                continue;
             }
             for (attempt, nodes) in by_attempt {
                 self.stop_waits.await_stops(id, attempt, nodes, steady + 1);
@@ -509,7 +564,11 @@ impl Inner {
 
     /// When `n`'s jobs would be requeued for silence, on the monotonic clock.
     fn liveness_deadline(&self, n: NodeId) -> i64 {
-        self.nodes[n.0 as usize].last_seen_steady_us + self.node_timeout_us + self.node_grace_us
+        requeue_deadline(
+            &self.nodes[n.0 as usize],
+            self.node_timeout_us,
+            self.node_grace_us,
+        )
     }
 
     fn send_released(&mut self, released: Released) {
@@ -1128,5 +1187,115 @@ mod service_tests {
                 assert_eq!(sent(&mut inner), vec![(second, id, START, 2)]);
             }
         }
+    }
+
+    /// A job the restart itself requeues (its node now has fewer GPUs than its placement
+    /// used) may still run there, and nothing has told it to stop: its next START waits
+    /// for that node too. Cancelled, its stored wait is deleted.
+    #[test]
+    fn a_job_requeued_by_the_restart_waits_for_its_old_node() {
+        let config = ServiceConfig::default();
+        let test = TestCore::new(config.clone());
+        let t0 = now_us();
+        let upper = {
+            let mut inner = test.core.lock();
+            register(&mut inner, t0, true);
+            let jobs = [0, 1].map(|_| inner.submit(Some(&whole_gpu_job(1, 4)), t0).unwrap());
+            inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+            committed(&test.core.store, &mut inner);
+            let on = |id: u32| inner.jobs[&id].placement.clone().unwrap().workers[0].clone();
+            let (a, b) = (on(jobs[0]), on(jobs[1]));
+            assert_eq!(a.node, b.node, "packed on one node");
+            let high = |w: &crate::domain::WorkerPlacement| {
+                w.gpus.iter().all(|g| inner.topo.gpu(g.gpu).index >= 4)
+            };
+            if high(&a) { jobs[0] } else { jobs[1] }
+        };
+        let smaller = crate::service::testkit::TWO_NODES
+            .replace("gpus = 8", "gpus = 4")
+            .replace("nvlink_domain = 8", "nvlink_domain = 4");
+        let restored = crate::service::core::Core::restore(
+            &ServiceConfig {
+                db: "unused.redb".into(),
+                accept_inventory_change: true,
+                ..config
+            },
+            &crate::domain::ClusterSpec::from_toml(&smaller).unwrap(),
+            test.core.store.clone(),
+            std::sync::Arc::new(crate::service::metrics::Metrics::new()),
+            std::sync::Arc::new(NoModel),
+        )
+        .unwrap();
+        let mut inner = restored.lock();
+        assert_eq!(inner.jobs[&upper].state, JobState::Requeued);
+        let t1 = now_us() + 1_000;
+        inner.cycle(t1, &NoModel.decision_path("topo-pack"));
+        let r = &inner.jobs[&upper];
+        assert_eq!((r.state, r.attempts), (JobState::Placed, 2));
+        assert!(
+            sent(&mut inner).iter().all(|a| a.2 != START),
+            "started before its old node confirmed"
+        );
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
+        inner.cancel(upper, "not needed", t1 + 1).unwrap();
+        committed(&restored.store, &mut inner);
+        assert!(restored.store.load().unwrap().stop_waits.is_empty());
+    }
+
+    /// A node stored unreachable since long before the restart is not waited for
+    /// again: the restart counts every node as heard from, but keeps when an
+    /// unreachable one was marked.
+    #[test]
+    fn a_node_dead_before_the_restart_is_not_waited_for() {
+        let config = ServiceConfig::default();
+        let test = TestCore::new(config.clone());
+        let t0 = now_us();
+        let (id, first) = {
+            let mut inner = test.core.lock();
+            register(&mut inner, t0, true);
+            let id = inner.submit(Some(&whole_gpu_job(1, 8)), t0).unwrap();
+            inner.cycle(t0, &NoModel.decision_path("topo-pack"));
+            let first = inner.jobs[&id].placement.as_ref().unwrap().workers[0].node;
+            let r = &mut inner.nodes[first.0 as usize];
+            r.unreachable = true;
+            r.unreachable_since_us = t0 - 600_000_000;
+            inner.mark_node(first);
+            committed(&test.core.store, &mut inner);
+            (id, first)
+        };
+        let restored = test.restart(config);
+        let mut inner = restored.lock();
+        let t1 = now_us() + 1_000;
+        let name = inner.topo.node(first).name.clone();
+        inner.drain(&name, "dead", t1).unwrap();
+        inner.cycle(t1 + 1, &NoModel.decision_path("topo-pack"));
+        let started = sent(&mut inner)
+            .iter()
+            .any(|a| a.1 == id && a.0 != first.0 && a.2 == START);
+        assert!(started, "held for a node dead since before the restart");
+    }
+
+    /// A job whose restored START is held but which its node reports running (an older
+    /// build sent the START) is no longer held: held, it would be left out of its own
+    /// node's snapshot, and the agent would stop it.
+    #[test]
+    fn a_held_job_reported_running_is_held_no_more() {
+        let config = ServiceConfig::default();
+        let test = TestCore::new(config.clone());
+        let (id, _, second) = moved_and_committed(&test, now_us());
+        let restored = test.restart(config);
+        let mut inner = restored.lock();
+        assert_eq!(inner.stop_waits.held_jobs(), 1);
+        let req = pb::RegisterNodeRequest {
+            running: vec![pb::RunningJob {
+                job_id: id as u64,
+                attempt: 2,
+            }],
+            ..registration(second, vec![])
+        };
+        inner.register(&req, now_us() + 1_000).unwrap();
+        assert_eq!(inner.jobs[&id].state, JobState::Running);
+        assert_eq!(inner.stop_waits.held_jobs(), 0);
+        assert_eq!(inner.node_assignments(NodeId(second)).len(), 1);
     }
 }

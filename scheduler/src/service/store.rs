@@ -89,6 +89,8 @@ pub struct Loaded {
     pub database_id: u64,
     /// Per job, its stop waits (a damaged record is left out, with an error logged).
     pub stop_waits: Vec<(u64, Vec<StoredStopWait>)>,
+    /// The keys of damaged stop-wait records.
+    pub damaged_stop_waits: Vec<u64>,
     /// Per node, its agent's stop grace (µs).
     pub stop_graces: Vec<(String, i64)>,
 }
@@ -236,13 +238,16 @@ impl Store {
             // a hold lasts one stop grace), so it does not stop the start.
             match codec::decode(v.value()) {
                 Ok(waits) => loaded.stop_waits.push((k.value(), waits)),
-                Err(message) => tracing::error!(
-                    database = %self.path.display(),
-                    table = "stop_waits",
-                    key = k.value(),
-                    %message,
-                    "corrupt record left out: the job's next START is not held for its stopped workers"
-                ),
+                Err(message) => {
+                    tracing::error!(
+                        database = %self.path.display(),
+                        table = "stop_waits",
+                        key = k.value(),
+                        %message,
+                        "corrupt record left out (and deleted): the job's next START is not held for its stopped workers"
+                    );
+                    loaded.damaged_stop_waits.push(k.value());
+                }
             }
         }
         let graces = txn.open_table(STOP_GRACES).map_err(|e| self.err(e))?;
@@ -463,6 +468,7 @@ mod tests {
             loaded.stop_waits,
             vec![(3, vec![wait(1)]), (5, vec![wait(2), wait(3)])]
         );
+        assert_eq!(loaded.damaged_stop_waits, vec![4]);
         assert_eq!(
             loaded.stop_graces,
             vec![("n-0".into(), 30_000_000), ("n-1".into(), 5)]
