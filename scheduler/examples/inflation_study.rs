@@ -11,15 +11,20 @@
 //!   for FGD with its ties broken by the sum-of-squares rule of online bin packing
 //!   (`fgd-sumsq`), with ablations of that rule (alone, weighted, per node or per GPU
 //!   only), on `openb-default` or another openb pod list (`openb-gpushare40`, … from the
-//!   traces directory).
+//!   traces directory); NAME `reserve-M-T` (not in `all`) is FGD declining shares of at
+//!   least M milli that would open an idle GPU once T of the capacity is allocated.
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use marshal_scheduler::domain::{ClusterState, GpuDemand, GpuShare, Job, NodeId, Topology};
-use marshal_scheduler::framework::{Context, NodeScorer, Placer, Policy, ScoredPlacer, TieBreak};
+use marshal_scheduler::domain::{
+    ClusterState, GpuDemand, GpuShare, Job, NodeId, Placement, Topology,
+};
+use marshal_scheduler::framework::{
+    Context, NodeScorer, Placer, Policy, ScoredPlacer, Status, TieBreak,
+};
 use marshal_scheduler::policies::{self, Fgd};
 use marshal_scheduler::sim::{InflationRun, SimConfig, run_inflation};
 
@@ -223,6 +228,28 @@ fn variants(args: &[String]) {
             "fgd-sumsq-node-only",
         ),
     ];
+    // `reserve-M-T`: FGD declining shares of at least M milli that would open an idle GPU
+    // once T of the capacity is allocated.
+    // `reserve-model-M-T`: the same, with T the allocated share of the GPU model the
+    // share would go to.
+    if let Some(name) = only.filter(|o| o.starts_with("reserve-")) {
+        let per_model = name.starts_with("reserve-model-");
+        let params = name
+            .trim_start_matches("reserve-")
+            .trim_start_matches("model-");
+        let (min_share, threshold) = params
+            .split_once('-')
+            .expect("reserve-[model-]MILLI-SHARE, e.g. reserve-1-0.86");
+        candidates.push(policy_of(
+            Box::new(Reserve {
+                inner: policies::build("fgd", &pods).unwrap().placer,
+                min_share: min_share.parse().expect("MILLI: an integer"),
+                threshold: threshold.parse().expect("SHARE: a number"),
+                per_model,
+            }),
+            name,
+        ));
+    }
     for w in [0.003, 0.01, 0.03, 0.1, 0.3] {
         candidates.push(scored(rule(w, true), &format!("fgd+{w}sumsq")));
         candidates.push(scored(rule(w, false), &format!("fgd+{w}sumsq-all-models")));
@@ -248,6 +275,58 @@ fn variants(args: &[String]) {
             .collect();
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         println!("{:<16} {mean:7.1}  {values:.0?}", policy.name);
+    }
+}
+
+/// `inner`, except that a share of at least `min_share` milli that would open an idle
+/// GPU is declined once `threshold` of the capacity is allocated: it waits, keeping the
+/// GPU whole for a whole-GPU task (in the inflation experiment, where nothing leaves,
+/// it counts as failed).
+#[derive(Debug)]
+struct Reserve {
+    inner: Box<dyn Placer>,
+    min_share: u16,
+    threshold: f64,
+    /// The threshold is on the share's GPU model's capacity, not the cluster's.
+    per_model: bool,
+}
+
+impl Reserve {
+    /// The allocated share of the capacity the threshold is on, for a share on `gpu`.
+    fn allocated(&self, state: &ClusterState, gpu: marshal_scheduler::domain::GpuId) -> f64 {
+        if !self.per_model {
+            return state.allocated_milli() as f64 / state.capacity_milli() as f64;
+        }
+        let topo = state.topology();
+        let model = topo.gpu(gpu).model;
+        let (mut used, mut all) = (0u64, 0u64);
+        for (i, g) in topo.gpus().iter().enumerate() {
+            if g.model == model {
+                let id = marshal_scheduler::domain::GpuId(i as u32);
+                used += u64::from(1000 - state.free_milli(id));
+                all += 1000;
+            }
+        }
+        used as f64 / all.max(1) as f64
+    }
+}
+
+impl Placer for Reserve {
+    fn place(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status> {
+        let placement = self.inner.place(job, state, ctx)?;
+        if let GpuDemand::Milli(m) = job.gpu
+            && m >= self.min_share
+            && let Some(idle) = placement.gpu_ids().find(|&g| state.free_milli(g) == 1000)
+            && self.allocated(state, idle) >= self.threshold
+        {
+            return Err(Status::Deferred("kept whole for a whole-GPU task".into()));
+        }
+        Ok(placement)
     }
 }
 
