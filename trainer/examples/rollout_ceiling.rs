@@ -21,12 +21,19 @@
 //! to `WIDE` (default 24) more candidates: the learned placer's wide candidate set
 //! (`candidates::class_firsts`) without its limit of 16 candidates in all.
 //!
+//! With `CANDIDATES` = `decline`, a share (a fraction of one GPU) also gets the choice
+//! of not being placed at all, which counts its GPU fraction as failed at once (in the
+//! inflation experiment nothing leaves, so a declined task never runs): whether keeping
+//! capacity free pays, judged by the same rollouts.
+//!
 //! `cargo run --release -p marshal-trainer --example rollout_ceiling -- FIRST SEEDS FROM TO FUTURES HORIZON [THREADS [CANDIDATES [WIDE]]]`
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use marshal_scheduler::domain::{ClusterState, Job, Placement, Topology, WorkerPlacement};
+use marshal_scheduler::domain::{
+    ClusterState, GpuDemand, Job, Placement, Topology, WorkerPlacement,
+};
 use marshal_scheduler::framework::{Context, feasible_nodes};
 use marshal_scheduler::policies::learned::candidates::class_firsts;
 use marshal_scheduler::policies::learned::{Choice, Gate, LearnedPlacer};
@@ -51,11 +58,13 @@ fn main() {
     let futures: usize = arg(&args, 5, "FUTURES");
     let horizon: usize = arg(&args, 6, "HORIZON");
     let threads: usize = args.get(7).map_or(1, |s| s.parse().expect("THREADS"));
-    let wide = match args.get(8).map_or("learned", String::as_str) {
-        "learned" => 0,
+    let candidates = args.get(8).map_or("learned", String::as_str);
+    let wide = match candidates {
+        "learned" | "decline" => 0,
         "wide" => args.get(9).map_or(24, |s| s.parse().expect("WIDE")),
-        other => panic!("CANDIDATES must be `learned` or `wide`, not {other:?}"),
+        other => panic!("CANDIDATES must be `learned`, `wide` or `decline`, not {other:?}"),
     };
+    let decline = candidates == "decline";
     let spec = marshal_datasets::cluster_preset("openb").expect("openb preset");
     let topo = Arc::new(Topology::build(&spec).expect("openb topology"));
     let (pods, _) =
@@ -95,6 +104,10 @@ fn main() {
                         let (mut choices, _) = planner.decision(job, state, ctx, &fb)?;
                         if wide > 0 {
                             add_wide(job, state, ctx, &classes, wide, &mut choices);
+                        }
+                        let share = matches!(job.gpu, GpuDemand::Milli(_));
+                        if decline && share && !choices.iter().any(|c| matches!(c, Choice::Wait)) {
+                            choices.push(Choice::Wait);
                         }
                         Some((choices, ()))
                     })
