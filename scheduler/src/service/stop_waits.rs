@@ -750,6 +750,16 @@ mod service_tests {
         moved_with(inner, t0, sent)
     }
 
+    /// [`moved`] on `test`'s core, its nodes registered as confirming stops at the
+    /// returned time: the core's lock, that time, and the job with its two nodes.
+    fn moved_on(test: &TestCore) -> (std::sync::MutexGuard<'_, Inner>, i64, (u32, u32, u32)) {
+        let mut inner = test.core.lock();
+        let t0 = now_us();
+        register(&mut inner, t0, true);
+        let moved = moved(&mut inner, t0);
+        (inner, t0, moved)
+    }
+
     /// [`moved`], each epoch ended by `take` (which returns what it sent).
     fn moved_with(
         inner: &mut Inner,
@@ -784,10 +794,7 @@ mod service_tests {
     #[test]
     fn a_moved_job_starts_once_its_old_node_confirms_the_stop() {
         let test = TestCore::new(ServiceConfig::default());
-        let mut inner = test.core.lock();
-        let t0 = now_us();
-        register(&mut inner, t0, true);
-        let (id, first, second) = moved(&mut inner, t0);
+        let (mut inner, t0, (id, first, second)) = moved_on(&test);
         // Stopped where it ran; not started yet, not even in a new watch's snapshot.
         assert_eq!(sent(&mut inner), vec![(first, id, STOP, 1)]);
         assert!(inner.node_assignments(NodeId(second)).is_empty());
@@ -814,10 +821,7 @@ mod service_tests {
     #[test]
     fn without_a_confirmation_the_start_waits_out_the_grace_and_the_margin() {
         let test = TestCore::new(ServiceConfig::default());
-        let mut inner = test.core.lock();
-        let t0 = now_us();
-        register(&mut inner, t0, true);
-        let (id, first, second) = moved(&mut inner, t0);
+        let (mut inner, t0, (id, first, second)) = moved_on(&test);
         sent(&mut inner);
         // Heard from after the STOP went out: it could hear it. (A millisecond after:
         // the clocks' offset is read afresh at each call and may move a microsecond.)
@@ -852,10 +856,7 @@ mod service_tests {
     #[test]
     fn a_job_cancelled_while_held_is_never_started() {
         let test = TestCore::new(ServiceConfig::default());
-        let mut inner = test.core.lock();
-        let t0 = now_us();
-        register(&mut inner, t0, true);
-        let (id, first, _) = moved(&mut inner, t0);
+        let (mut inner, t0, (id, first, _)) = moved_on(&test);
         sent(&mut inner);
         inner.cancel(id, "no longer needed", t0 + 3).unwrap();
         assert_eq!(inner.stop_waits.held_jobs(), 0);
@@ -925,10 +926,7 @@ mod service_tests {
     #[test]
     fn a_registration_without_the_stopped_incarnation_ends_the_wait() {
         let test = TestCore::new(ServiceConfig::default());
-        let mut inner = test.core.lock();
-        let t0 = now_us();
-        register(&mut inner, t0, true);
-        let (id, first, second) = moved(&mut inner, t0);
+        let (mut inner, t0, (id, first, second)) = moved_on(&test);
         sent(&mut inner);
         let again =
             |running: Vec<pb::RunningJob>, stopping: Vec<pb::RunningJob>| pb::RegisterNodeRequest {
@@ -1151,10 +1149,7 @@ mod service_tests {
     fn a_registration_still_running_the_stopped_incarnation_restarts_the_deadline() {
         for still in ["running", "stopping"] {
             let test = TestCore::new(ServiceConfig::default());
-            let mut inner = test.core.lock();
-            let t0 = now_us();
-            register(&mut inner, t0, true);
-            let (id, first, second) = moved(&mut inner, t0);
+            let (mut inner, t0, (id, first, second)) = moved_on(&test);
             sent(&mut inner);
             let old = pb::RunningJob {
                 job_id: id as u64,
