@@ -399,7 +399,7 @@ impl Core {
                 };
                 if let Err(why) = restored {
                     tracing::warn!(job = id, %why, "allocation not restored; job requeued");
-                    requeued_at_restore.push((id, attempt, nodes_now.clone()));
+                    requeued_at_restore.push((id, attempt, nodes_now));
                     let _ = record.transition(
                         JobState::Requeued,
                         format!("allocation could not be restored after a restart: {why}"),

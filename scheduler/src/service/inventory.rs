@@ -127,9 +127,10 @@ pub fn check_accepted_change(moved: &[String], accepted: bool) -> Result<(), Str
         0 => String::new(),
         n => format!("; and {n} more"),
     };
+    let jobs = if moved.len() == 1 { "job" } else { "jobs" };
     Err(format!(
-        "the inventory changed since the database was written, and {} unfinished jobs \
-         would not be kept as they are: {}{more}. Drain a node and let its jobs move \
+        "the inventory changed since the database was written, and {} unfinished {jobs} \
+         would not be kept as stored: {}{more}. Drain a node and let its jobs move \
          before removing it (and cancel jobs that need a removed GPU model), or start with \
          `accept_inventory_change = true` (`--accept-inventory-change`) to requeue and \
          reject them. Nothing was changed",
