@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{marshal, stdout_of};
+use common::{fails_with, marshal, stdout_of};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {
@@ -341,4 +341,65 @@ fn a_gate_is_chosen_per_fallback_and_a_model_is_promoted_only_if_it_wins() {
     std::fs::write(a.join("weights.bpk"), b"truncated").unwrap();
     common::fails_with(&promote, "checksum");
     assert_eq!(std::fs::read(current.join("meta.json")).unwrap(), before);
+}
+
+#[test]
+fn a_decline_head_is_searched_recorded_and_used_by_eval_on_inflation_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    train(&a, "5", &[]);
+    let a_s = a.display().to_string();
+    let cluster = fixture("small-cluster.toml");
+    let openb = format!("{}@{cluster}:inflation", fixture("openb-300.csv"));
+    let philly = format!("{}@{cluster}:replay", fixture("philly-150.csv"));
+    let decline = |traces: &str| {
+        vec![
+            "train".to_string(),
+            "decline".into(),
+            "--model".into(),
+            a_s.clone(),
+            "--traces".into(),
+            traces.to_string(),
+            "--valid-traces".into(),
+            openb.clone(),
+            "--iterations".into(),
+            "2".into(),
+            "--population".into(),
+            "4".into(),
+            "--elite".into(),
+            "2".into(),
+            "--threads".into(),
+            "2".into(),
+        ]
+    };
+    let args = decline(&philly);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_with(&args, "inflation episodes only");
+
+    let args = decline(&openb);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = stdout_of(&args);
+    assert!(
+        out.contains("iteration  1:") && out.contains("validation"),
+        "{out}"
+    );
+    let meta: Value = serde_json::from_slice(&std::fs::read(a.join("meta.json")).unwrap()).unwrap();
+    let (runs, stderr) = eval_json(&a, &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // Recorded or not, the command says which, and eval reports the declines of a
+    // recorded head (none without one).
+    match meta.get("decline") {
+        Some(head) => {
+            assert!(out.contains("decline head recorded"), "{out}");
+            assert_eq!(head["weights"].as_array().unwrap().len(), 7, "{head}");
+            assert!(
+                runs[1]["mean"]["declined_shares"].as_f64().is_some(),
+                "{runs:?}"
+            );
+        }
+        None => {
+            assert!(out.contains("no decline head recorded"), "{out}");
+            assert!(runs[1]["mean"].get("declined_shares").is_none(), "{runs:?}");
+        }
+    }
 }

@@ -2,8 +2,9 @@
 //! what placement could save (README, "Learned placement policy", "How far below FGD
 //! can placement go on openb?"). Three studies, each over seeds `FIRST..FIRST+SEEDS`:
 //!
-//! * `failures POLICY FIRST SEEDS`: every task that fails before 100 % arrived load, by
-//!   shape, and where the free GPUs sit at 100 % by their node's free CPU;
+//! * `failures POLICY FIRST SEEDS [TRACE]`: every task that fails before 100 % arrived
+//!   load, by shape (a task a `reserve-…` rule declined is listed as declined), and where
+//!   the free GPUs sit at 100 % by their node's free CPU;
 //! * `bound SEED`: how well the shares that arrive before 100 % could be packed offline
 //!   (first-fit decreasing; CPU, nodes and GPU models ignored), all of them or leaving
 //!   the largest out;
@@ -12,7 +13,10 @@
 //!   (`fgd-sumsq`), with ablations of that rule (alone, weighted, per node or per GPU
 //!   only), on `openb-default` or another openb pod list (`openb-gpushare40`, … from the
 //!   traces directory); NAME `reserve-M-T` (not in `all`) is FGD declining shares of at
-//!   least M milli that would open an idle GPU once T of the capacity is allocated.
+//!   least M milli that would open an idle GPU once T of the capacity is allocated
+//!   (`reserve-model-M-T`: T of its GPU model's capacity; `reserve-free-M-T`: only shares
+//!   that accept any model; `reserve-press-W-M-T`: only while a whole-GPU task that the
+//!   GPU's model could serve failed within the last W arrivals).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
@@ -65,8 +69,12 @@ fn main() {
     let seeds: u64 = args.get(4).map_or(1, |s| s.parse().unwrap());
     let spec = marshal_datasets::cluster_preset("openb").unwrap();
     let topo = Arc::new(Topology::build(&spec).unwrap());
-    let (pods, _) = marshal_datasets::load_trace("openb-default", &topo.catalog).unwrap();
-    let policy = policies::build(policy_name, &pods).unwrap();
+    let trace = args.get(5).map_or("openb-default", String::as_str);
+    let (pods, _) = marshal_datasets::load_trace(trace, &topo.catalog).unwrap();
+    let policy = match policy_name.strip_prefix("reserve-") {
+        Some(params) => reserve(&pods, params, policy_name),
+        None => policies::build(policy_name, &pods).unwrap(),
+    };
     // (shape, reason) → (count, milli)
     let mut failures: BTreeMap<(String, &str), (u64, u64)> = BTreeMap::new();
     let mut total_failed = 0u64;
@@ -76,7 +84,11 @@ fn main() {
             let Some(task) = run.next_task().cloned() else {
                 break;
             };
-            let placed = run.step(policy.placer.as_ref()).unwrap();
+            let answer = run
+                .with_next(|task, state, ctx| policy.placer.place(task, state, ctx))
+                .unwrap();
+            let declined = matches!(answer, Err(Status::Deferred(_)));
+            let placed = run.apply(answer.ok().as_ref()).unwrap();
             if placed {
                 continue;
             }
@@ -87,6 +99,7 @@ fn main() {
                 .iter()
                 .any(|&n| state.node_cpu_free(n) >= task.cpu_milli);
             let reason = match (gpu_ok, cpu_ok) {
+                _ if declined => "declined",
                 (false, _) => "no GPU room",
                 (true, false) => "no CPU room",
                 (true, true) => "GPU and CPU apart",
@@ -233,22 +246,7 @@ fn variants(args: &[String]) {
     // `reserve-model-M-T`: the same, with T the allocated share of the GPU model the
     // share would go to.
     if let Some(name) = only.filter(|o| o.starts_with("reserve-")) {
-        let per_model = name.starts_with("reserve-model-");
-        let params = name
-            .trim_start_matches("reserve-")
-            .trim_start_matches("model-");
-        let (min_share, threshold) = params
-            .split_once('-')
-            .expect("reserve-[model-]MILLI-SHARE, e.g. reserve-1-0.86");
-        candidates.push(policy_of(
-            Box::new(Reserve {
-                inner: policies::build("fgd", &pods).unwrap().placer,
-                min_share: min_share.parse().expect("MILLI: an integer"),
-                threshold: threshold.parse().expect("SHARE: a number"),
-                per_model,
-            }),
-            name,
-        ));
+        candidates.push(reserve(&pods, name.trim_start_matches("reserve-"), name));
     }
     for w in [0.003, 0.01, 0.03, 0.1, 0.3] {
         candidates.push(scored(rule(w, true), &format!("fgd+{w}sumsq")));
@@ -278,6 +276,39 @@ fn variants(args: &[String]) {
     }
 }
 
+/// `reserve-[model-|free-]M-T` (`params` without the `reserve-`) as a policy named `name`.
+fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
+    let per_model = params.starts_with("model-");
+    let any_model_only = params.starts_with("free-");
+    // `press-W-`: only while a whole-GPU task that this GPU's model could have served
+    // failed within the last W arrivals.
+    let (window, params) = match params.strip_prefix("press-") {
+        Some(rest) => {
+            let (w, rest) = rest.split_once('-').expect("press-W-M-T");
+            (Some(w.parse::<u64>().expect("W: an integer")), rest)
+        }
+        None => (None, params),
+    };
+    let params = params
+        .trim_start_matches("model-")
+        .trim_start_matches("free-");
+    let (min_share, threshold) = params
+        .split_once('-')
+        .expect("reserve-[model-|free-]MILLI-SHARE, e.g. reserve-1-0.86");
+    policy_of(
+        Box::new(Reserve {
+            inner: policies::build("fgd", pods).unwrap().placer,
+            min_share: min_share.parse().expect("MILLI: an integer"),
+            threshold: threshold.parse().expect("SHARE: a number"),
+            per_model,
+            any_model_only,
+            window,
+            recent: Default::default(),
+        }),
+        name,
+    )
+}
+
 /// `inner`, except that a share of at least `min_share` milli that would open an idle
 /// GPU is declined once `threshold` of the capacity is allocated: it waits, keeping the
 /// GPU whole for a whole-GPU task (in the inflation experiment, where nothing leaves,
@@ -289,6 +320,16 @@ struct Reserve {
     threshold: f64,
     /// The threshold is on the share's GPU model's capacity, not the cluster's.
     per_model: bool,
+    /// Only shares that accept every GPU model are declined.
+    any_model_only: bool,
+    /// Only while a whole-GPU task the share's GPU model could serve failed within this
+    /// many calls.
+    window: Option<u64>,
+    /// (call, models) of whole-GPU tasks that did not fit, and the number of calls.
+    recent: std::sync::Mutex<(
+        std::collections::VecDeque<(u64, marshal_scheduler::domain::GpuModelSet)>,
+        u64,
+    )>,
 }
 
 impl Reserve {
@@ -318,11 +359,28 @@ impl Placer for Reserve {
         state: &mut ClusterState,
         ctx: &mut Context,
     ) -> Result<Placement, Status> {
-        let placement = self.inner.place(job, state, ctx)?;
+        let answer = self.inner.place(job, state, ctx);
+        let pressed = {
+            let mut recent = self.recent.lock().unwrap();
+            recent.1 += 1;
+            let call = recent.1;
+            if answer.is_err() && matches!(job.gpu, GpuDemand::Whole(_)) {
+                recent.0.push_back((call, job.gpu_models));
+            }
+            let window = self.window.unwrap_or(u64::MAX);
+            while recent.0.front().is_some_and(|&(c, _)| c + window < call) {
+                recent.0.pop_front();
+            }
+            let models: Vec<_> = recent.0.iter().map(|&(_, m)| m).collect();
+            move |model| self.window.is_none() || models.iter().any(|m| m.allows(model))
+        };
+        let placement = answer?;
         if let GpuDemand::Milli(m) = job.gpu
             && m >= self.min_share
+            && (!self.any_model_only || job.gpu_models.is_any())
             && let Some(idle) = placement.gpu_ids().find(|&g| state.free_milli(g) == 1000)
             && self.allocated(state, idle) >= self.threshold
+            && pressed(state.topology().gpu(idle).model)
         {
             return Err(Status::Deferred("kept whole for a whole-GPU task".into()));
         }

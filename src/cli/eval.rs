@@ -228,6 +228,12 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
                         100.0 * rate
                     );
                 }
+                if let Some(n) = v["mean"]["declined_shares"].as_f64() {
+                    println!(
+                        "{policy}: the decline head left {n:.1} GPU shares unplaced per run \
+                         (kept idle GPUs whole)"
+                    );
+                }
             }
             if let Some(dir) = &a.plots {
                 println!("plots in {}", dir.display());

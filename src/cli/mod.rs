@@ -75,6 +75,10 @@ enum TrainWhat {
     /// Choose the confidence gate's threshold of a policy artifact for another fallback
     /// heuristic (the training's selection, on validation episodes) and record it.
     Gate(policy::TrainGateArgs),
+    /// Search a decline head for a policy artifact (cross-entropy method on whole
+    /// inflation episodes): when to leave a GPU share unplaced rather than open an idle
+    /// GPU for it. Recorded in the artifact's `meta.json` if it passes validation.
+    Decline(policy::TrainDeclineArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -103,6 +107,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train {
             what: TrainWhat::Gate(args),
         } => policy::gate(args),
+        Command::Train {
+            what: TrainWhat::Decline(args),
+        } => policy::decline(args),
         Command::Model {
             what: ModelWhat::Promote(args),
         } => model::run_promote(args),

@@ -9,10 +9,10 @@ use clap::Args;
 use marshal_model::policy::{CandidateSet, PolicyMeta, save_policy};
 use marshal_scheduler::domain::Job;
 use marshal_scheduler::framework::Policy;
-use marshal_scheduler::policies::learned::{self, GateStats};
+use marshal_scheduler::policies::learned::{self, GateStats, LearnedModel};
 use marshal_trainer::policy::{
-    EpisodeSpec, PolicyGradient, ProgressEvent, RolloutOptions, TrainOptions, ValidationRow,
-    regate, train_policy, training_summary, validation_scores,
+    DeclineOptions, EpisodeSpec, PolicyGradient, ProgressEvent, RolloutOptions, TrainOptions,
+    ValidationRow, regate, train_decline, train_policy, training_summary, validation_scores,
 };
 
 use crate::cli::sim::{Experiment, ModeArg, SimArgs};
@@ -450,5 +450,137 @@ pub fn gate(a: TrainGateArgs) -> anyhow::Result<()> {
         a.model.join("meta.json").display(),
         a.fallback
     );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct TrainDeclineArgs {
+    /// The policy artifact (its `meta.json` gets the head, replaced atomically; the
+    /// network and its gates are kept).
+    #[arg(long)]
+    model: PathBuf,
+    /// Training episodes (inflation only), as for `train policy`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    traces: Vec<String>,
+    /// Validation episodes (inflation only): the head is stored only if it is nowhere
+    /// worse than the network without it by more than `--tolerance`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    valid_traces: Vec<String>,
+    /// Seeds the search runs each training trace on (1000 + … keeps them apart from
+    /// validation and evaluation).
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        value_delimiter = ',',
+        default_value = "1000"
+    )]
+    seeds: Vec<u64>,
+    /// Validation seeds.
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        value_delimiter = ',',
+        default_value = "2000"
+    )]
+    valid_seeds: Vec<u64>,
+    /// Seed of the search's draws.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().iterations)]
+    iterations: usize,
+    /// Heads drawn per iteration.
+    #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().population)]
+    population: usize,
+    /// The best this many set the next iteration's distribution.
+    #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().elite)]
+    elite: usize,
+    /// The rule the search starts from: decline once this share of the cluster is
+    /// allocated.
+    #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().init_threshold)]
+    init_threshold: f32,
+    /// The initial spread of every weight.
+    #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().init_std)]
+    init_std: f32,
+    /// Largest relative loss against the network without a head allowed on any
+    /// validation episode.
+    #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().tolerance)]
+    tolerance: f64,
+    /// Episodes run at once.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    threads: usize,
+}
+
+/// `marshal train decline`: the decline head's search, its validation, and the record.
+pub fn decline(a: TrainDeclineArgs) -> anyhow::Result<()> {
+    let model = LearnedModel::try_load(&a.model)
+        .map_err(|e| anyhow::anyhow!("policy model {}: {e}", a.model.display()))?;
+    let fallback = model.fallback_for("inflation");
+    let specs = |traces: &[String], seeds: &[u64]| -> anyhow::Result<Vec<EpisodeSpec>> {
+        traces
+            .iter()
+            .map(|t| parse_episode(t, (&fallback, &fallback), seeds))
+            .collect()
+    };
+    let train = specs(&a.traces, &a.seeds)?;
+    let valid = specs(&a.valid_traces, &a.valid_seeds)?;
+    let opts = DeclineOptions {
+        seed: a.seed,
+        iterations: a.iterations,
+        population: a.population,
+        elite: a.elite,
+        init_threshold: a.init_threshold,
+        init_std: a.init_std,
+        tolerance: a.tolerance,
+        threads: a.threads,
+    };
+    let started = Instant::now();
+    let bar = progress_bar();
+    let search = train_decline(&a.model, &train, &valid, &opts, &mut |e| report(&bar, e))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    bar.finish_and_clear();
+    for r in &search.curve {
+        println!(
+            "iteration {:>2}: best {:+.2} % (mean gain {:+.2} %), elite {:+.2} %, population {:+.2} %",
+            r.iteration,
+            100.0 * r.best,
+            100.0 * r.best_gain,
+            100.0 * r.elite_mean,
+            100.0 * r.mean
+        );
+    }
+    println!(
+        "best head: training fitness {:+.2} %, weights {:?}",
+        100.0 * search.training_fitness,
+        search.head.weights
+    );
+    println!("validation (unallocated GPUs at 100 %, without → with the head):");
+    for r in &search.validation {
+        println!(
+            "  {:<36} {:8.1} → {:8.1}  ({:+.2} %, {} shares declined)",
+            r.episode,
+            r.without,
+            r.with,
+            -100.0 * (r.with - r.without) / r.without.max(f64::MIN_POSITIVE),
+            r.declined
+        );
+    }
+    match &search.stored {
+        Some(_) => println!(
+            "decline head recorded in {} ({:.0} s)",
+            a.model.join("meta.json").display(),
+            started.elapsed().as_secs_f64()
+        ),
+        None if search.training_fitness <= 0.0 => println!(
+            "no decline head recorded: no head the search drew beat having none on the training \
+             episodes (any earlier head was removed; {:.0} s)",
+            started.elapsed().as_secs_f64()
+        ),
+        None => println!(
+            "no decline head recorded: it was more than {:.1} % worse than the network without \
+             it on a validation episode (any earlier head was removed; {:.0} s)",
+            100.0 * a.tolerance,
+            started.elapsed().as_secs_f64()
+        ),
+    }
     Ok(())
 }

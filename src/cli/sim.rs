@@ -503,7 +503,10 @@ impl Experiment {
                 jcts_s: Vec::new(),
             },
         };
-        run.result.fallback_rate = gate.map(|g| g.snapshot().fallback_rate());
+        run.result.fallback_rate = gate.as_ref().map(|g| g.snapshot().fallback_rate());
+        run.result.declined_shares = gate
+            .map(|g| g.snapshot().declines)
+            .filter(|&n| n > 0 || self.learned.as_ref().is_some_and(|l| l.decline.is_some()));
         Ok(run)
     }
 

@@ -20,6 +20,9 @@
 //! [`CandidateSet::Ranked`], the only set before it, and an older build, which ignores the
 //! field, would serve a `wide` model with ranked candidates only (a subset of what it was
 //! trained on, so still a valid ranking, not a different meaning).
+//!
+//! So was `decline`, the decline head (module `decline`): absent means the policy never
+//! declines a share, as before it; an older build ignores it and never declines.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -33,6 +36,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use super::config::PolicyConfig;
+use super::decline::DeclineHead;
 use super::features::{CANDIDATE_FEATURE_NAMES, JOB_FEATURE_NAMES};
 use super::network::PolicyNetwork;
 use super::scorer::{FeatureStats, PolicyScorer};
@@ -46,7 +50,7 @@ pub const POLICY_SCHEMA_VERSION: u32 = 1;
 pub(crate) const WEIGHTS_FILE: &str = "weights.bpk";
 const CONFIG_FILE: &str = "config.json";
 const STATS_FILE: &str = "normalization.json";
-const META_FILE: &str = "meta.json";
+pub(crate) const META_FILE: &str = "meta.json";
 
 /// Contents of `meta.json`. Fields it does not know are ignored, on purpose: `meta.json`
 /// is the forward-compatible file (`gates` and `candidates` were added without a schema
@@ -82,6 +86,10 @@ pub struct PolicyMeta {
     /// with the same set.
     #[serde(default, skip_serializing_if = "CandidateSet::is_ranked")]
     pub candidates: CandidateSet,
+    /// The decline head (`marshal train decline`), when one was trained: whether to leave
+    /// a GPU share unplaced rather than open an idle GPU for it (inflation only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline: Option<DeclineHead>,
 }
 
 /// The candidate placements the scheduler generates for the network to rank (module
@@ -193,6 +201,7 @@ impl PolicyMeta {
             weights_fnv1a64: String::new(),
             gates: BTreeMap::new(),
             candidates: CandidateSet::Ranked,
+            decline: None,
         }
     }
 
@@ -278,6 +287,9 @@ pub(crate) fn load_policy_and_weights(dir: &Path) -> Result<(PolicyArtifact, Vec
                 g.margin_threshold
             ),
         ));
+    }
+    if let Some(head) = &meta.decline {
+        head.validate().map_err(|e| corrupt(&meta_path, e))?;
     }
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
     let config =
@@ -400,6 +412,42 @@ mod tests {
         meta.fallback.insert("replay".into(), "topo-pack".into());
         save_policy(dir, &net, &config, &stats, meta).unwrap();
         PolicyScorer::new(&net, stats).unwrap()
+    }
+
+    #[test]
+    fn a_decline_head_is_recorded_kept_and_a_damaged_one_refuses_the_artifact() {
+        use crate::policy::decline::{DECLINE_FEATURES, DeclineHead, write_decline_head};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        saved(&dir);
+        assert_eq!(load_policy(&dir).unwrap().meta.decline, None);
+        let head = DeclineHead::new(
+            vec![0.5; DECLINE_FEATURES],
+            vec![[0.0, 1.0]; DECLINE_FEATURES],
+        );
+        write_decline_head(&dir, Some(head.clone())).unwrap();
+        let meta = load_policy(&dir).unwrap().meta;
+        assert_eq!(meta.decline, Some(head.clone()));
+        // The rest of meta.json is as it was.
+        assert_eq!(meta.margin_threshold, 0.2);
+        // A head that does not validate is refused before anything is written …
+        let mut nan = head.clone();
+        nan.weights[1] = f32::NAN;
+        assert!(write_decline_head(&dir, Some(nan)).is_err());
+        assert_eq!(load_policy(&dir).unwrap().meta.decline, Some(head));
+        // … and one damaged in the file refuses the whole artifact, naming meta.json.
+        let path = dir.join(META_FILE);
+        let text = fs::read_to_string(&path).unwrap();
+        fs::write(&path, text.replacen("\"bias\"", "\"load\"", 1)).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("meta.json") && err.contains("decline head inputs"),
+            "{err}"
+        );
+        // Removing it leaves an artifact that never declines.
+        fs::write(&path, text).unwrap();
+        write_decline_head(&dir, None).unwrap();
+        assert_eq!(load_policy(&dir).unwrap().meta.decline, None);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 mod artifact;
 mod config;
+mod decline;
 mod digest;
 mod features;
 mod keys;
@@ -39,6 +40,10 @@ pub use artifact::{
     artifact_fingerprint, load_policy, save_policy, write_fallback_gate,
 };
 pub use config::PolicyConfig;
+pub use decline::{
+    DECLINE_FEATURE_NAMES, DECLINE_FEATURES, DeclineHead, DeclineVerdict, RANGE_SLACK,
+    write_decline_head,
+};
 pub use digest::artifact_sha256;
 pub use features::{
     CANDIDATE_FEATURE_NAMES, CANDIDATE_FEATURES, DecisionFeatures, INPUT_FEATURES,

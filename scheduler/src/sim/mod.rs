@@ -160,4 +160,8 @@ pub struct SimResult {
     /// made (set by the caller, which holds the policy's counters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_rate: Option<f64>,
+    /// For `learned` with a decline head: GPU shares it left unplaced rather than open an
+    /// idle GPU for them (set by the caller, like `fallback_rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declined_shares: Option<u64>,
 }

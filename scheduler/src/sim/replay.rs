@@ -811,6 +811,7 @@ impl Replay<'_> {
             alloc_pct_by_arrived: None,
             unallocated_gpus_at_100: None,
             fallback_rate: None,
+            declined_shares: None,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use marshal_model::policy::{CandidateSet, PolicyScorer, Sample};
+use marshal_model::policy::{CandidateSet, DeclineHead, PolicyScorer, Sample};
 use marshal_scheduler::domain::{Job, Topology};
 use marshal_scheduler::framework::Policy;
 use marshal_scheduler::policies::learned::{
@@ -86,6 +86,8 @@ pub enum Driver {
         gate: Gate,
         /// The candidate set the network ranks (and imitation records).
         candidates: CandidateSet,
+        /// The decline head, when one decides besides the network (inflation only).
+        decline: Option<Arc<DeclineHead>>,
     },
 }
 
@@ -143,12 +145,14 @@ pub fn run_episode(spec: &EpisodeSpec, index: usize, driver: &Driver) -> Result<
             act,
             gate,
             candidates,
+            decline,
         } => {
             let recorder = Arc::new(Mutex::new(Vec::new()));
             let model = scorer.clone().ok_or_else(|| "no model yet".to_string());
             let (policy, stats) = learned_policy(&spec.fallback, jobs, |fallback| {
-                let p =
-                    LearnedPlacer::new(fallback, jobs, model, *gate).with_candidates(*candidates);
+                let p = LearnedPlacer::new(fallback, jobs, model, *gate)
+                    .with_candidates(*candidates)
+                    .with_decline(decline.clone());
                 if *act == Act::Greedy {
                     p
                 } else {

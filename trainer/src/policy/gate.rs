@@ -69,6 +69,7 @@ pub(super) fn validate(
                     act: Act::Greedy,
                     gate,
                     candidates,
+                    decline: None,
                 },
             )?;
             Ok((r.fallback.score, o.score, o.counts.fallback_rate()))

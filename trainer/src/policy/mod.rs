@@ -23,11 +23,13 @@
 //! objectives mixes their samples, each standardised by the pass's spread.
 //! Everything is seeded: the same episodes and options give the same weights.
 
+mod decline;
 mod episodes;
 mod from_log;
 mod gate;
 mod rollout;
 
+pub use decline::{DeclineIteration, DeclineOptions, DeclineRow, DeclineSearch, train_decline};
 pub use episodes::{
     Driver, EpisodeSpec, Objective, Outcome, allocated_milli, pg_samples, run_episode, score_of,
 };
@@ -201,6 +203,41 @@ pub(crate) fn gain(fallback: f64, ours: f64) -> f64 {
     }
 }
 
+/// `f` over `items` on up to `threads` threads, results in order.
+pub(crate) fn par_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.clamp(1, items.len().max(1));
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    (t..items.len())
+                        .step_by(threads)
+                        .map(|i| (i, f(&items[i])))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            match h.join() {
+                Ok(rows) => rows.into_iter().for_each(|(i, r)| out[i] = Some(r)),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    });
+    out.into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect()
+}
+
 pub(crate) fn mean(v: impl Iterator<Item = f64>) -> f64 {
     let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
     if n == 0 { 0.0 } else { s / n as f64 }
@@ -231,6 +268,7 @@ pub fn train_policy(
         act: Act::Imitate,
         gate: open,
         candidates: opts.candidates,
+        decline: None,
     };
     // 1. Imitation runs: the decisions to clone and the fallback's reference outcomes.
     let seeds_of = |s: &EpisodeSpec| s.jobs_by_seed.len();
@@ -411,6 +449,7 @@ pub fn train_policy(
             act: Act::Sample,
             gate: open,
             candidates: opts.candidates,
+            decline: None,
         };
         let mut samples = Vec::new();
         let mut gains = Vec::new();

@@ -304,33 +304,5 @@ pub fn rollout_failures(
         let own = r.failed_milli() - before;
         own + roll_out(&mut r, base, until_pct, end)
     };
-    let threads = threads.clamp(1, choices.len().max(1));
-    if threads == 1 {
-        return choices.iter().map(one).collect();
-    }
-    let mut failed = vec![0u64; choices.len()];
-    std::thread::scope(|s| {
-        let one = &one;
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    (t..choices.len())
-                        .step_by(threads)
-                        .map(|i| (i, one(&choices[i])))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for h in handles {
-            match h.join() {
-                Ok(rows) => {
-                    for (i, f) in rows {
-                        failed[i] = f;
-                    }
-                }
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-    });
-    failed
+    super::par_map(choices, threads, one)
 }

@@ -184,6 +184,7 @@ fn returns_compare_with_the_fallback_on_the_same_seed() {
             distance_limit: f32::INFINITY,
         },
         candidates: CandidateSet::Ranked,
+        decline: None,
     };
     let fb = run_episode(spec, 0, &Driver::Fallback).unwrap();
     let copy = run_episode(spec, 0, &imitate).unwrap();

@@ -14,6 +14,7 @@
 //! move jobs or reserve nodes for it.
 
 pub mod candidates;
+pub mod decline;
 pub mod features;
 pub mod setup;
 
@@ -22,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use marshal_model::policy::{
-    CandidateSet, DecisionFeatures, MAX_CANDIDATES, PolicyScorer, load_policy,
+    CandidateSet, DecisionFeatures, DeclineHead, DeclineVerdict, MAX_CANDIDATES, PolicyScorer,
+    load_policy,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -138,6 +140,8 @@ pub struct GateStats {
     out_of_distribution: AtomicU64,
     scoring_error: AtomicU64,
     waits: AtomicU64,
+    declines: AtomicU64,
+    decline_out_of_range: AtomicU64,
 }
 
 /// A snapshot of [`GateStats`].
@@ -150,6 +154,12 @@ pub struct GateCounts {
     pub scoring_error: u64,
     /// Learned decisions that chose to wait.
     pub waits: u64,
+    /// Shares the decline head left unplaced (counted besides the decision's path).
+    #[serde(default)]
+    pub declines: u64,
+    /// Shares the decline head abstained on: an input outside its trained range.
+    #[serde(default)]
+    pub decline_out_of_range: u64,
 }
 
 impl GateCounts {
@@ -188,6 +198,8 @@ impl GateStats {
             out_of_distribution: r(&self.out_of_distribution),
             scoring_error: r(&self.scoring_error),
             waits: r(&self.waits),
+            declines: r(&self.declines),
+            decline_out_of_range: r(&self.decline_out_of_range),
         }
     }
 }
@@ -214,6 +226,8 @@ pub struct LearnedPlacer {
     trace: Option<TraceSink>,
     calls: AtomicU64,
     candidates: CandidateSet,
+    decline: Option<Arc<DeclineHead>>,
+    mix: decline::WorkloadMix,
 }
 
 impl LearnedPlacer {
@@ -235,7 +249,18 @@ impl LearnedPlacer {
             trace: None,
             calls: AtomicU64::new(0),
             candidates: CandidateSet::Ranked,
+            decline: None,
+            mix: decline::WorkloadMix::of(workload),
         }
+    }
+
+    /// Lets `head` (when there is one) leave a share unplaced rather than open an idle GPU
+    /// for it: the placement comes back as [`Status::Deferred`]. Only for the inflation
+    /// objective, which it was trained on (in a replay or the service a declined share
+    /// would wait with nothing to bound its wait).
+    pub fn with_decline(mut self, head: Option<Arc<DeclineHead>>) -> Self {
+        self.decline = head;
+        self
     }
 
     /// Ranks `set`'s candidates (default [`CandidateSet::Ranked`]): the set the model was
@@ -388,6 +413,40 @@ impl Placer for LearnedPlacer {
         state: &mut ClusterState,
         ctx: &mut Context,
     ) -> Result<Placement, Status> {
+        let placement = self.place_ranked(job, state, ctx)?;
+        if let Some(head) = &self.decline
+            && let Some(gpu) = decline::opened_idle_gpu(job, state, &placement)
+        {
+            let inputs = decline::decline_features(job, state, gpu, self.mix);
+            match head.decide(&inputs) {
+                DeclineVerdict::Decline { probability } => {
+                    self.stats.declines.fetch_add(1, Ordering::Relaxed);
+                    return Err(Status::Deferred(format!(
+                        "learned policy declines this share for now: it would open an idle \
+                         GPU, kept whole for a whole-GPU task (decline probability \
+                         {probability:.2})"
+                    )));
+                }
+                DeclineVerdict::OutOfRange => {
+                    self.stats
+                        .decline_out_of_range
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                DeclineVerdict::Place { .. } => {}
+            }
+        }
+        Ok(placement)
+    }
+}
+
+impl LearnedPlacer {
+    /// The placement the ranking (or its fallback) chose, before the decline head.
+    fn place_ranked(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status> {
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
         let fallback = self.fallback.place(job, state, ctx);
         if matches!(fallback, Err(Status::Unresolvable(_) | Status::Error(_))) {
@@ -507,6 +566,8 @@ pub struct LearnedModel {
     pub thresholds: std::collections::BTreeMap<String, f32>,
     /// The candidate set the network was trained to rank.
     pub candidates: CandidateSet,
+    /// The decline head, when the artifact has one (used for the inflation objective).
+    pub decline: Option<Arc<DeclineHead>>,
 }
 
 /// A margin threshold no margin reaches (margins lie in [0, 1]): the gate always falls
@@ -557,6 +618,7 @@ impl LearnedModel {
             fallback: a.meta.fallback,
             thresholds,
             candidates: a.meta.candidates,
+            decline: a.meta.decline.map(Arc::new),
         })
     }
 
@@ -570,6 +632,7 @@ impl LearnedModel {
             fallback: Default::default(),
             thresholds: Default::default(),
             candidates: CandidateSet::Ranked,
+            decline: None,
         }
     }
 

@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use marshal_model::policy::DeclineHead;
+
 use crate::domain::Job;
 use crate::framework::Policy;
 use crate::policies::{self, UnknownPolicy};
@@ -24,6 +26,9 @@ pub struct LearnedSetup {
     /// Where the placer reports each decision's path and scores (the service sets it;
     /// simulations leave it `None`).
     pub trace: Option<TraceSink>,
+    /// The model's decline head, for the inflation objective only (what it was trained
+    /// on; elsewhere a declined share would wait unboundedly).
+    pub decline: Option<Arc<DeclineHead>>,
 }
 
 impl LearnedSetup {
@@ -39,7 +44,11 @@ impl LearnedSetup {
     pub fn with_model(model: LearnedModel, fallback: Option<&str>, objective: &str) -> Self {
         let fallback = fallback.map_or_else(|| model.fallback_for(objective), String::from);
         let (gate, gate_warning) = model.gate_for(&fallback);
+        let decline = (objective == "inflation")
+            .then(|| model.decline.clone())
+            .flatten();
         LearnedSetup {
+            decline,
             model,
             fallback,
             gate,
@@ -87,7 +96,8 @@ pub fn build_policy(
     let setup = learned.ok_or(PolicyError::NoSetup)?;
     let (policy, stats) = learned_policy(&setup.fallback, jobs, |placer| {
         let placer = LearnedPlacer::new(placer, jobs, setup.model.scorer.clone(), setup.gate)
-            .with_candidates(setup.model.candidates);
+            .with_candidates(setup.model.candidates)
+            .with_decline(setup.decline.clone());
         match &setup.trace {
             Some(sink) => placer.with_trace(sink.clone()),
             None => placer,

@@ -127,6 +127,7 @@ fn a_fallback_without_a_threshold_closes_the_gate_and_says_so() {
         fallback: BTreeMap::from([("inflation".to_string(), "fgd".to_string())]),
         thresholds: BTreeMap::from([("fgd".to_string(), 0.0)]),
         candidates: CandidateSet::Ranked,
+        decline: None,
     };
     let run = |setup: &LearnedSetup| {
         let (policy, stats) = build_policy(LEARNED, &w, Some(setup)).unwrap();
@@ -492,4 +493,98 @@ fn a_gang_the_network_makes_wait_preempts_nothing() {
         break;
     }
     assert!(waited, "no seed in 0..64 makes the network wait");
+}
+
+/// A decline head that declines every share it is asked about (within its range).
+fn always_decline(range: Vec<[f32; 2]>) -> Arc<DeclineHead> {
+    let mut weights = vec![0.0; marshal_model::policy::DECLINE_FEATURES];
+    weights[0] = 10.0;
+    Arc::new(DeclineHead::new(weights, range))
+}
+
+fn wide_range() -> Vec<[f32; 2]> {
+    vec![[0.0, 1.0]; marshal_model::policy::DECLINE_FEATURES]
+}
+
+#[test]
+fn the_decline_head_leaves_only_shares_that_would_open_an_idle_gpu_unplaced() {
+    let w = workload();
+    let topo = cluster();
+    let placer = |head| {
+        LearnedPlacer::new(
+            build("fgd", &w).unwrap().placer,
+            &w,
+            Err("none".into()),
+            open_gate(),
+        )
+        .with_decline(head)
+    };
+    let share = |m| Job {
+        gpu: GpuDemand::Milli(m),
+        ..w[0].clone()
+    };
+    let mut state = ClusterState::new(topo.clone());
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let declining = placer(Some(always_decline(wide_range())));
+    // An empty cluster: a share opens an idle GPU, so it is declined …
+    let err = declining
+        .place(&share(600), &mut state, &mut Context::new(0.0, &mut rng))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Status::Deferred(why) if why.contains("idle GPU")),
+        "{err:?}"
+    );
+    // … while a whole-GPU job is placed.
+    let whole = w[1].clone();
+    let p = declining
+        .place(&whole, &mut state, &mut Context::new(0.0, &mut rng))
+        .unwrap();
+    state.allocate(&whole, &p).unwrap();
+    // Once a GPU is partly used, a share that fits beside it is placed there.
+    let first = placer(None)
+        .place(&share(600), &mut state, &mut Context::new(0.0, &mut rng))
+        .unwrap();
+    state.allocate(&share(600), &first).unwrap();
+    let beside = declining
+        .place(&share(300), &mut state, &mut Context::new(0.0, &mut rng))
+        .unwrap();
+    assert_eq!(
+        beside.gpu_ids().collect::<Vec<_>>(),
+        first.gpu_ids().collect::<Vec<_>>()
+    );
+    let counts = declining.stats().snapshot();
+    assert_eq!((counts.declines, counts.decline_out_of_range), (1, 0));
+    // A head whose trained range excludes this workload's mix abstains: it places.
+    let mut narrow = wide_range();
+    narrow[5] = [0.9, 1.0];
+    let abstaining = placer(Some(always_decline(narrow)));
+    assert!(
+        abstaining
+            .place(&share(600), &mut state, &mut Context::new(0.0, &mut rng))
+            .is_ok()
+    );
+    let counts = abstaining.stats().snapshot();
+    assert_eq!((counts.declines, counts.decline_out_of_range), (0, 1));
+}
+
+#[test]
+fn the_decline_head_acts_on_the_inflation_objective_only() {
+    let mut model = LearnedModel::missing("none".into());
+    model.decline = Some(always_decline(wide_range()));
+    let inflation = LearnedSetup::with_model(model.clone(), None, "inflation");
+    let replay = LearnedSetup::with_model(model, None, "replay");
+    assert!(inflation.decline.is_some());
+    assert!(replay.decline.is_none());
+    let w = workload();
+    let run = |setup: &LearnedSetup| {
+        let (policy, stats) = build_policy(LEARNED, &w, Some(setup)).unwrap();
+        let (result, _) =
+            run_inflation(&policy, cluster(), &w, "t", &SimConfig::inflation(3)).unwrap();
+        (result.gpu_alloc_pct, stats.unwrap().snapshot())
+    };
+    let (with, counts) = run(&inflation);
+    let (without, none) = run(&replay);
+    assert!(counts.declines > 0 && none.declines == 0);
+    // Every share that would open an idle GPU was left out: another allocation.
+    assert_ne!(with, without);
 }

@@ -1,0 +1,238 @@
+//! The decline head: whether to leave a GPU share unplaced rather than open an idle GPU
+//! for it, keeping that GPU whole for a whole-GPU task still to come.
+//!
+//! # Design decisions
+//!
+//! - **A separate, tiny head, not a candidate of the network.** Whether declining pays is
+//!   decided by what arrives hundreds of arrivals later, far past the rollout horizon the
+//!   network's labels come from and too weak a signal for a per-decision policy gradient
+//!   (README, "Declining shares"). A logistic score over a handful of named inputs can be
+//!   searched on whole-episode returns (cross-entropy method, `marshal train decline`),
+//!   which is the signal that reaches that far.
+//! - **Inputs describe the moment and the workload.** The allocated share of the cluster
+//!   and of the share's GPU model, the idle share of that model's GPUs, the share's size, and the target workload's mix (GPU
+//!   demand of whole-GPU tasks that accept any model, and of those that ask for specific
+//!   models) — the same target-workload knowledge FGD uses. Without the mix no rule helps
+//!   every openb workload: declining pays where whole-GPU tasks that accept any model
+//!   keep arriving and costs where they ask for other models.
+//! - **Its own gate.** It declines only when the decline probability's margin clears a
+//!   threshold and every input lies within the range seen in training (plus
+//!   [`RANGE_SLACK`]); otherwise the share is placed, as the policy without a head would.
+//! - **Stored in `meta.json`** (`decline`, optional): no schema bump; an artifact without
+//!   it never declines, and an older build ignores it and never declines.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::artifact::{META_FILE, load_policy};
+use crate::artifact::replace_file;
+use crate::error::{ModelError, Result};
+
+/// The head's inputs, in order. `bias` is always 1.
+pub const DECLINE_FEATURE_NAMES: [&str; DECLINE_FEATURES] = [
+    "bias",
+    "cluster_allocated",
+    "gpu_model_allocated",
+    "gpu_model_idle",
+    "share",
+    "workload_whole_any_model",
+    "workload_whole_given_models",
+];
+pub const DECLINE_FEATURES: usize = 7;
+
+/// How far outside the trained range (in the inputs' own units, all of them fractions
+/// in [0, 1]) an input may lie before the head abstains.
+pub const RANGE_SLACK: f32 = 0.05;
+
+/// A trained decline head (`meta.json`'s `decline`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeclineHead {
+    /// [`DECLINE_FEATURE_NAMES`] when trained; checked on load.
+    pub feature_names: Vec<String>,
+    /// Logit = weights · inputs.
+    pub weights: Vec<f32>,
+    /// Per input, the least and greatest value met in training.
+    pub input_range: Vec<[f32; 2]>,
+    /// Declines only when |2p − 1| is at least this.
+    pub margin_threshold: f32,
+    /// Settings and summary of the search (iterations, population, seconds, …).
+    pub training: BTreeMap<String, f64>,
+    /// Validation episodes and their scores (`<episode>/without`, `/with`, `/declined`).
+    pub scores: BTreeMap<String, f64>,
+}
+
+/// What the head says about one share.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum DeclineVerdict {
+    /// Leave it unplaced; `probability` of declining.
+    Decline { probability: f32 },
+    /// Place it.
+    Place { probability: f32 },
+    /// An input is outside the trained range: place it.
+    OutOfRange,
+}
+
+impl DeclineHead {
+    /// A head with `weights` and `input_range`, for the trainer to fill in.
+    pub fn new(weights: Vec<f32>, input_range: Vec<[f32; 2]>) -> DeclineHead {
+        DeclineHead {
+            feature_names: DECLINE_FEATURE_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            weights,
+            input_range,
+            margin_threshold: 0.0,
+            training: BTreeMap::new(),
+            scores: BTreeMap::new(),
+        }
+    }
+
+    /// Checks the layout and that every number is usable.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.feature_names != DECLINE_FEATURE_NAMES {
+            return Err(format!(
+                "decline head inputs {:?} differ from this build's {:?}",
+                self.feature_names, DECLINE_FEATURE_NAMES
+            ));
+        }
+        if self.weights.len() != DECLINE_FEATURES || self.input_range.len() != DECLINE_FEATURES {
+            return Err(format!(
+                "decline head has {} weights and {} input ranges; {DECLINE_FEATURES} each \
+                 expected",
+                self.weights.len(),
+                self.input_range.len()
+            ));
+        }
+        if let Some(w) = self.weights.iter().find(|w| !w.is_finite()) {
+            return Err(format!("decline head weight {w} is not a finite number"));
+        }
+        if let Some([lo, hi]) = self
+            .input_range
+            .iter()
+            .find(|[lo, hi]| !(lo.is_finite() && hi.is_finite() && lo <= hi))
+        {
+            return Err(format!(
+                "decline head input range [{lo}, {hi}] is not a range"
+            ));
+        }
+        if !(self.margin_threshold.is_finite() && self.margin_threshold >= 0.0) {
+            return Err(format!(
+                "decline head margin threshold {} must be a finite number, at least 0",
+                self.margin_threshold
+            ));
+        }
+        Ok(())
+    }
+
+    /// The probability of declining, before any gate.
+    pub fn probability(&self, inputs: &[f32; DECLINE_FEATURES]) -> f32 {
+        let logit: f32 = self.weights.iter().zip(inputs).map(|(w, x)| w * x).sum();
+        1.0 / (1.0 + (-logit).exp())
+    }
+
+    /// The gated verdict for one share.
+    pub fn decide(&self, inputs: &[f32; DECLINE_FEATURES]) -> DeclineVerdict {
+        let inside = inputs
+            .iter()
+            .zip(&self.input_range)
+            .all(|(x, [lo, hi])| *x >= lo - RANGE_SLACK && *x <= hi + RANGE_SLACK);
+        if !inside {
+            return DeclineVerdict::OutOfRange;
+        }
+        let probability = self.probability(inputs);
+        if probability > 0.5 && (2.0 * probability - 1.0) >= self.margin_threshold {
+            DeclineVerdict::Decline { probability }
+        } else {
+            DeclineVerdict::Place { probability }
+        }
+    }
+}
+
+/// Records `head` as the decline head of the artifact in `dir` (replacing any), or
+/// removes it (`None`). The artifact is checked first and `meta.json` is replaced
+/// atomically, as [`super::write_fallback_gate`] does.
+pub fn write_decline_head(dir: &Path, head: Option<DeclineHead>) -> Result<()> {
+    if let Some(h) = &head {
+        h.validate().map_err(|reason| ModelError::InvalidInput {
+            field: "decline".into(),
+            reason,
+        })?;
+    }
+    let mut meta = load_policy(dir)?.meta;
+    meta.decline = head;
+    let text = serde_json::to_string_pretty(&meta)
+        .map_err(|e| ModelError::Backend(format!("serialising meta.json: {e}")))?;
+    replace_file(&dir.join(META_FILE), text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head() -> DeclineHead {
+        // Declines once the cluster is more than 86 % allocated.
+        let mut w = vec![0.0; DECLINE_FEATURES];
+        w[0] = -86.0;
+        w[1] = 100.0;
+        DeclineHead::new(w, vec![[0.0, 1.0]; DECLINE_FEATURES])
+    }
+
+    fn inputs(allocated: f32) -> [f32; DECLINE_FEATURES] {
+        [1.0, allocated, allocated, 0.1, 0.5, 0.7, 0.0]
+    }
+
+    #[test]
+    fn declines_past_its_threshold_and_places_before() {
+        let h = head();
+        assert!(matches!(
+            h.decide(&inputs(0.9)),
+            DeclineVerdict::Decline { probability } if probability > 0.9
+        ));
+        assert!(matches!(
+            h.decide(&inputs(0.8)),
+            DeclineVerdict::Place { .. }
+        ));
+    }
+
+    #[test]
+    fn a_low_margin_or_an_input_outside_the_trained_range_places() {
+        let mut h = head();
+        h.margin_threshold = 0.99;
+        // p ≈ 0.98 at 0.864: margin 0.96 < 0.99.
+        assert!(matches!(
+            h.decide(&inputs(0.864)),
+            DeclineVerdict::Place { .. }
+        ));
+        let mut h = head();
+        h.input_range[5] = [0.2, 0.3];
+        assert_eq!(h.decide(&inputs(0.95)), DeclineVerdict::OutOfRange);
+        h.input_range[5] = [0.2, 0.66];
+        assert!(matches!(
+            h.decide(&inputs(0.95)),
+            DeclineVerdict::Decline { .. }
+        ));
+    }
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        let mut h = head();
+        h.weights[2] = f32::NAN;
+        assert!(h.validate().unwrap_err().contains("weight NaN"));
+        let mut h = head();
+        h.feature_names[1] = "load".into();
+        assert!(h.validate().unwrap_err().contains("differ"));
+        let mut h = head();
+        h.input_range.pop();
+        assert!(h.validate().unwrap_err().contains("6 input ranges"));
+        let mut h = head();
+        h.input_range[0] = [1.0, 0.0];
+        assert!(h.validate().unwrap_err().contains("not a range"));
+        let mut h = head();
+        h.margin_threshold = -0.1;
+        assert!(h.validate().unwrap_err().contains("margin threshold"));
+        assert!(head().validate().is_ok());
+    }
+}
