@@ -73,7 +73,9 @@ fn refused_before_training(tmp: &Path, extra: &[&str]) -> String {
     String::from_utf8_lossy(&run.stderr).into_owned()
 }
 
-fn eval_json(model: &Path, extra: &[&str]) -> (Vec<Value>, String) {
+/// `marshal eval` of FGD and `model` on the small openb fixture (inflation, 2 seeds) in
+/// `format`, with `extra` arguments; asserts it succeeded.
+fn eval_output(model: &Path, format: &str, extra: &[&str]) -> std::process::Output {
     let cluster = fixture("small-cluster.toml");
     let trace = fixture("openb-300.csv");
     let model = model.display().to_string();
@@ -90,7 +92,7 @@ fn eval_json(model: &Path, extra: &[&str]) -> (Vec<Value>, String) {
         "--seeds",
         "2",
         "--format",
-        "json",
+        format,
         "--model",
         &model,
     ];
@@ -101,6 +103,11 @@ fn eval_json(model: &Path, extra: &[&str]) -> (Vec<Value>, String) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+fn eval_json(model: &Path, extra: &[&str]) -> (Vec<Value>, String) {
+    let out = eval_output(model, "json", extra);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     (
         v.as_array().unwrap().clone(),
@@ -402,4 +409,41 @@ fn a_decline_head_is_searched_recorded_and_used_by_eval_on_inflation_only() {
             assert!(runs[1]["mean"].get("declined_shares").is_none(), "{runs:?}");
         }
     }
+
+    // A head that declines every share it is asked about, written by hand for the
+    // artifact's fallback and gate: eval reports its declines, in JSON and in the table,
+    // and with another fallback it is not used and says why.
+    let meta_path = a.join("meta.json");
+    let mut meta: Value = serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
+    let names = marshal_model::policy::DECLINE_FEATURE_NAMES;
+    meta["decline"] = serde_json::json!({
+        "feature_names": names,
+        "weights": [10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        "input_range": vec![[0.0, 1.0]; 7],
+        "margin_threshold": 0.0,
+        "fallback": "fgd",
+        "network_margin_threshold": meta["margin_threshold"].clone(),
+        "training": {},
+        "scores": {},
+    });
+    std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
+    let (runs, stderr) = eval_json(&a, &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let declined = runs[1]["mean"]["declined_shares"].as_f64().unwrap();
+    assert!(declined > 0.0, "{runs:?}");
+    assert_ne!(
+        runs[0]["mean"]["unallocated_gpus_at_100"], runs[1]["mean"]["unallocated_gpus_at_100"],
+        "{runs:?}"
+    );
+    let table = String::from_utf8(eval_output(&a, "table", &[]).stdout).unwrap();
+    assert!(
+        table.contains(&format!("the decline head left {declined:.1} GPU shares")),
+        "{table}"
+    );
+    let (runs, stderr) = eval_json(&a, &["--fallback", "best-fit"]);
+    assert!(
+        stderr.contains("the decline head was searched with fallback fgd, not best-fit"),
+        "{stderr}"
+    );
+    assert!(runs[1]["mean"].get("declined_shares").is_none(), "{runs:?}");
 }

@@ -43,7 +43,7 @@ pub fn load_setup(model: Option<&Path>, fallback: Option<&str>, mode: ModeArg) -
     if let Err(why) = &setup.model.scorer {
         eprintln!("warning: learned policy: {why}; every decision falls back to the heuristic");
     }
-    if let Some(why) = &setup.gate_warning {
+    for why in setup.gate_warning.iter().chain(&setup.decline_warning) {
         eprintln!("warning: learned policy: {why}");
     }
     setup

@@ -424,6 +424,8 @@ mod tests {
         let head = DeclineHead::new(
             vec![0.5; DECLINE_FEATURES],
             vec![[0.0, 1.0]; DECLINE_FEATURES],
+            "fgd",
+            0.2,
         );
         write_decline_head(&dir, Some(head.clone())).unwrap();
         let meta = load_policy(&dir).unwrap().meta;

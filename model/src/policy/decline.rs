@@ -57,6 +57,12 @@ pub struct DeclineHead {
     pub input_range: Vec<[f32; 2]>,
     /// Declines only when |2p − 1| is at least this.
     pub margin_threshold: f32,
+    /// The fallback heuristic the head was searched with (it declines shares that
+    /// heuristic, or the network behind that heuristic's gate, would place).
+    pub fallback: String,
+    /// The network's gate margin threshold during the search: a head is used only
+    /// with the fallback and gate it was searched with.
+    pub network_margin_threshold: f32,
     /// Settings and summary of the search (iterations, population, seconds, …).
     pub training: BTreeMap<String, f64>,
     /// Validation episodes and their scores (`<episode>/without`, `/with`, `/declined`).
@@ -75,8 +81,14 @@ pub enum DeclineVerdict {
 }
 
 impl DeclineHead {
-    /// A head with `weights` and `input_range`, for the trainer to fill in.
-    pub fn new(weights: Vec<f32>, input_range: Vec<[f32; 2]>) -> DeclineHead {
+    /// A head with `weights` and `input_range`, searched with `fallback` behind a network
+    /// gate of `network_margin_threshold`, for the trainer to fill in.
+    pub fn new(
+        weights: Vec<f32>,
+        input_range: Vec<[f32; 2]>,
+        fallback: &str,
+        network_margin_threshold: f32,
+    ) -> DeclineHead {
         DeclineHead {
             feature_names: DECLINE_FEATURE_NAMES
                 .iter()
@@ -85,6 +97,8 @@ impl DeclineHead {
             weights,
             input_range,
             margin_threshold: 0.0,
+            fallback: fallback.to_string(),
+            network_margin_threshold,
             training: BTreeMap::new(),
             scores: BTreeMap::new(),
         }
@@ -116,6 +130,12 @@ impl DeclineHead {
         {
             return Err(format!(
                 "decline head input range [{lo}, {hi}] is not a range"
+            ));
+        }
+        if !self.network_margin_threshold.is_finite() {
+            return Err(format!(
+                "decline head network margin threshold {} is not a finite number",
+                self.network_margin_threshold
             ));
         }
         if !(self.margin_threshold.is_finite() && self.margin_threshold >= 0.0) {
@@ -177,7 +197,7 @@ mod tests {
         let mut w = vec![0.0; DECLINE_FEATURES];
         w[0] = -86.0;
         w[1] = 100.0;
-        DeclineHead::new(w, vec![[0.0, 1.0]; DECLINE_FEATURES])
+        DeclineHead::new(w, vec![[0.0, 1.0]; DECLINE_FEATURES], "fgd", 0.0)
     }
 
     fn inputs(allocated: f32) -> [f32; DECLINE_FEATURES] {

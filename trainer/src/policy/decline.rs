@@ -236,8 +236,14 @@ pub fn train_decline(
             s.name
         ));
     }
-    let artifact = load_policy(dir).map_err(|e| format!("policy model {}: {e}", dir.display()))?;
     let fallback = &train[0].fallback;
+    if let Some(s) = train.iter().chain(valid).find(|s| &s.fallback != fallback) {
+        return Err(format!(
+            "{}: every episode must run with one fallback ({} here, {fallback} in {})",
+            s.name, s.fallback, train[0].name
+        ));
+    }
+    let artifact = load_policy(dir).map_err(|e| format!("policy model {}: {e}", dir.display()))?;
     let runner = Runner {
         scorer: Arc::new(artifact.scorer),
         gate: Gate {
@@ -249,7 +255,6 @@ pub fn train_decline(
         },
         candidates: artifact.meta.candidates,
     };
-    let started = std::time::Instant::now();
     let train_eps = episodes(train);
     let without: Vec<f64> = par_map(&train_eps, opts.threads, |(s, i)| runner.run(s, *i, None))
         .into_iter()
@@ -257,7 +262,12 @@ pub fn train_decline(
         .collect::<Result<_, _>>()?;
     let range = input_range(train);
     let fitness = |weights: &[f32]| -> Result<(f64, f64), String> {
-        let head = DeclineHead::new(weights.to_vec(), range.clone());
+        let head = DeclineHead::new(
+            weights.to_vec(),
+            range.clone(),
+            fallback,
+            runner.gate.margin_threshold,
+        );
         let gains: Vec<f64> = train_eps
             .iter()
             .zip(&without)
@@ -306,7 +316,7 @@ pub fn train_decline(
             let m = elite.iter().map(|w| w[k]).sum::<f32>() / elite.len() as f32;
             let var = elite.iter().map(|w| (w[k] - m).powi(2)).sum::<f32>() / elite.len() as f32;
             mu[k] = m;
-            // A floor keeps the search alive; it shrinks with the iterations.
+            // A floor (5 % of the initial spread) keeps the search from freezing.
             sigma[k] = var.sqrt().max(floor[k]);
         }
         let top = order[0];
@@ -334,7 +344,7 @@ pub fn train_decline(
         curve.push(row);
     }
     let (best_fitness, weights) = best.expect("at least one iteration ran");
-    let mut head = DeclineHead::new(weights, range);
+    let mut head = DeclineHead::new(weights, range, fallback, runner.gate.margin_threshold);
     let valid_eps = episodes(valid);
     let validation: Vec<DeclineRow> = par_map(&valid_eps, opts.threads, |(s, i)| {
         let (without, _) = runner.run(s, *i, None)?;
@@ -362,10 +372,6 @@ pub fn train_decline(
         ("tolerance".to_string(), opts.tolerance),
         ("training_episodes".to_string(), train_eps.len() as f64),
         ("training_fitness".to_string(), best_fitness),
-        (
-            "seconds".to_string(),
-            started.elapsed().as_secs_f64().round(),
-        ),
     ]);
     for r in &validation {
         let key = r.episode.replace(' ', "_");
@@ -505,7 +511,8 @@ mod tests {
             .unwrap()
         };
         let (a, b, c) = (run(5), run(5), run(6));
-        assert_eq!(a.head.weights, b.head.weights);
+        // The whole head, as stored (settings, scores, …), not only its weights.
+        assert_eq!(a.head, b.head);
         assert_eq!(a.curve, b.curve);
         assert_ne!(a.curve, c.curve);
     }
@@ -614,5 +621,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("elite 9"), "{err}");
+        // Every episode runs behind one fallback's gate, so they must share it.
+        let mut other = slivers(&[2]);
+        other.fallback = "best-fit".into();
+        other.name = "other".into();
+        let err = train_decline(
+            tmp.path(),
+            &[slivers(&[1])],
+            &[other],
+            &options(0),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("other") && err.contains("one fallback"),
+            "{err}"
+        );
     }
 }

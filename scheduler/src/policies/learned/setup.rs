@@ -27,8 +27,12 @@ pub struct LearnedSetup {
     /// simulations leave it `None`).
     pub trace: Option<TraceSink>,
     /// The model's decline head, for the inflation objective only (what it was trained
-    /// on; elsewhere a declined share would wait unboundedly).
+    /// on; elsewhere a declined share would wait unboundedly), and only with the
+    /// fallback and network gate it was searched with.
     pub decline: Option<Arc<DeclineHead>>,
+    /// Why the model's decline head is not used although the objective is inflation
+    /// (callers print it).
+    pub decline_warning: Option<String>,
 }
 
 impl LearnedSetup {
@@ -44,11 +48,36 @@ impl LearnedSetup {
     pub fn with_model(model: LearnedModel, fallback: Option<&str>, objective: &str) -> Self {
         let fallback = fallback.map_or_else(|| model.fallback_for(objective), String::from);
         let (gate, gate_warning) = model.gate_for(&fallback);
-        let decline = (objective == "inflation")
-            .then(|| model.decline.clone())
-            .flatten();
+        let (decline, decline_warning) = match &model.decline {
+            Some(head) if objective == "inflation" => {
+                if head.fallback != fallback {
+                    (
+                        None,
+                        Some(format!(
+                            "the decline head was searched with fallback {}, not {fallback}; \
+                             no share is declined",
+                            head.fallback
+                        )),
+                    )
+                } else if head.network_margin_threshold != gate.margin_threshold {
+                    (
+                        None,
+                        Some(format!(
+                            "the decline head was searched behind a gate margin of {}, the \
+                             gate is now {}; no share is declined (search it again with \
+                             `marshal train decline`)",
+                            head.network_margin_threshold, gate.margin_threshold
+                        )),
+                    )
+                } else {
+                    (Some(head.clone()), None)
+                }
+            }
+            _ => (None, None),
+        };
         LearnedSetup {
             decline,
+            decline_warning,
             model,
             fallback,
             gate,

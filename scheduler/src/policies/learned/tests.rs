@@ -499,7 +499,7 @@ fn a_gang_the_network_makes_wait_preempts_nothing() {
 fn always_decline(range: Vec<[f32; 2]>) -> Arc<DeclineHead> {
     let mut weights = vec![0.0; marshal_model::policy::DECLINE_FEATURES];
     weights[0] = 10.0;
-    Arc::new(DeclineHead::new(weights, range))
+    Arc::new(DeclineHead::new(weights, range, "fgd", 0.0))
 }
 
 fn wide_range() -> Vec<[f32; 2]> {
@@ -568,13 +568,41 @@ fn the_decline_head_leaves_only_shares_that_would_open_an_idle_gpu_unplaced() {
 }
 
 #[test]
-fn the_decline_head_acts_on_the_inflation_objective_only() {
-    let mut model = LearnedModel::missing("none".into());
-    model.decline = Some(always_decline(wide_range()));
+fn the_decline_head_acts_on_the_inflation_objective_only_with_its_fallback_and_gate() {
+    use std::collections::BTreeMap;
+    let model = LearnedModel {
+        scorer: Ok(random_scorer(2)),
+        gate: open_gate(),
+        fallback: BTreeMap::from([("inflation".to_string(), "fgd".to_string())]),
+        thresholds: BTreeMap::from([("fgd".to_string(), 0.0), ("best-fit".to_string(), 0.0)]),
+        candidates: CandidateSet::Ranked,
+        decline: Some(always_decline(wide_range())),
+    };
     let inflation = LearnedSetup::with_model(model.clone(), None, "inflation");
-    let replay = LearnedSetup::with_model(model, None, "replay");
-    assert!(inflation.decline.is_some());
-    assert!(replay.decline.is_none());
+    let replay = LearnedSetup::with_model(model.clone(), None, "replay");
+    assert!(inflation.decline.is_some() && inflation.decline_warning.is_none());
+    assert!(replay.decline.is_none() && replay.decline_warning.is_none());
+    // Not with a fallback it was not searched with, nor behind another gate: it says so.
+    let other = LearnedSetup::with_model(model.clone(), Some("best-fit"), "inflation");
+    assert!(other.decline.is_none());
+    assert!(
+        other
+            .decline_warning
+            .as_deref()
+            .is_some_and(|w| w.contains("fallback fgd, not best-fit")),
+        "{other:?}"
+    );
+    let mut regated = model;
+    regated.thresholds.insert("fgd".into(), 0.3);
+    let regated = LearnedSetup::with_model(regated, None, "inflation");
+    assert!(regated.decline.is_none());
+    assert!(
+        regated
+            .decline_warning
+            .as_deref()
+            .is_some_and(|w| w.contains("gate margin of 0")),
+        "{regated:?}"
+    );
     let w = workload();
     let run = |setup: &LearnedSetup| {
         let (policy, stats) = build_policy(LEARNED, &w, Some(setup)).unwrap();
