@@ -398,7 +398,11 @@ fn a_decline_head_is_searched_recorded_and_used_by_eval_on_inflation_only() {
     match meta.get("decline") {
         Some(head) => {
             assert!(out.contains("decline head recorded"), "{out}");
-            assert_eq!(head["weights"].as_array().unwrap().len(), 7, "{head}");
+            assert_eq!(
+                head["weights"].as_array().unwrap().len(),
+                marshal_model::policy::DECLINE_FEATURES,
+                "{head}"
+            );
             assert!(
                 runs[1]["mean"]["declined_shares"].as_f64().is_some(),
                 "{runs:?}"
@@ -418,8 +422,9 @@ fn a_decline_head_is_searched_recorded_and_used_by_eval_on_inflation_only() {
     let names = marshal_model::policy::DECLINE_FEATURE_NAMES;
     meta["decline"] = serde_json::json!({
         "feature_names": names,
-        "weights": [10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-        "input_range": vec![[0.0, 1.0]; 7],
+        "weights": [10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        "input_range": [[0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0],
+                        [0.0, 1.0], [0.0, 1.0], [0.0, 3.0], [0.0, 10.0]],
         "margin_threshold": 0.0,
         "fallback": "fgd",
         "network_margin_threshold": meta["margin_threshold"].clone(),

@@ -16,7 +16,10 @@
 //!   least M milli that would open an idle GPU once T of the capacity is allocated
 //!   (`reserve-model-M-T`: T of its GPU model's capacity; `reserve-free-M-T`: only shares
 //!   that accept any model; `reserve-press-W-M-T`: only while a whole-GPU task that the
-//!   GPU's model could serve failed within the last W arrivals).
+//!   GPU's model could serve failed within the last W arrivals; `reserve-fore-R`: while
+//!   the whole-GPU demand the workload's mix forecasts before 100 % is at least R times
+//!   the idle GPUs of the share's model that could serve it, `reserve-foreall-R`: of the
+//!   cluster).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
@@ -278,6 +281,27 @@ fn variants(args: &[String]) {
 
 /// `reserve-[model-|free-]M-T` (`params` without the `reserve-`) as a policy named `name`.
 fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
+    // `fore-R` / `foreall-R`: decline while the whole-GPU demand forecast to arrive
+    // before 100 % is at least R times the idle GPUs that could serve it.
+    for (prefix, per_model, cpu_room) in [
+        ("foreallcpu-", false, true),
+        ("foreall-", false, false),
+        ("fore-", true, false),
+    ] {
+        if let Some(ratio) = params.strip_prefix(prefix) {
+            return policy_of(
+                Box::new(Forecast {
+                    inner: policies::build("fgd", pods).unwrap().placer,
+                    ratio: ratio.parse().expect("R: a number"),
+                    per_model,
+                    cpu_room,
+                    mix: WholeMix::of(pods),
+                    arrived: Default::default(),
+                }),
+                name,
+            );
+        }
+    }
     let per_model = params.starts_with("model-");
     let any_model_only = params.starts_with("free-");
     // `press-W-`: only while a whole-GPU task that this GPU's model could have served
@@ -383,6 +407,132 @@ impl Placer for Reserve {
             && pressed(state.topology().gpu(idle).model)
         {
             return Err(Status::Deferred("kept whole for a whole-GPU task".into()));
+        }
+        Ok(placement)
+    }
+}
+
+/// Shares of a workload's GPU demand held by whole-GPU tasks.
+#[derive(Debug)]
+struct WholeMix {
+    /// Of tasks that accept any GPU model.
+    any_model: f64,
+    /// Of tasks that ask for given models, and their model sets.
+    given: Vec<(marshal_scheduler::domain::GpuModelSet, f64)>,
+    /// Mean CPU milli per GPU of whole-GPU tasks.
+    cpu_per_gpu: f64,
+}
+
+impl WholeMix {
+    fn of(pods: &[Job]) -> WholeMix {
+        let all: u64 = pods.iter().map(Job::gpu_milli).sum::<u64>().max(1);
+        let mut any = 0u64;
+        let (mut cpu, mut gpus) = (0f64, 0f64);
+        let mut given: BTreeMap<String, (marshal_scheduler::domain::GpuModelSet, u64)> =
+            BTreeMap::new();
+        for p in pods {
+            if let GpuDemand::Whole(n) = p.gpu {
+                cpu += p.cpu_milli as f64;
+                gpus += f64::from(n);
+                if p.gpu_models.is_any() {
+                    any += p.gpu_milli();
+                } else {
+                    given
+                        .entry(format!("{:?}", p.gpu_models))
+                        .or_insert((p.gpu_models, 0))
+                        .1 += p.gpu_milli();
+                }
+            }
+        }
+        WholeMix {
+            any_model: any as f64 / all as f64,
+            given: given
+                .into_values()
+                .map(|(m, milli)| (m, milli as f64 / all as f64))
+                .collect(),
+            cpu_per_gpu: cpu / gpus.max(1.0),
+        }
+    }
+}
+
+/// FGD declining a share that would open an idle GPU while the whole-GPU demand still
+/// to arrive before 100 % arrived load, as the workload's mix forecasts it, is at least
+/// `ratio` times the idle GPUs that could serve it: of the share's GPU model
+/// (`per_model`; whole tasks that accept any model counted in proportion to that
+/// model's share of the idle GPUs) or of the cluster.
+#[derive(Debug)]
+struct Forecast {
+    inner: Box<dyn Placer>,
+    ratio: f64,
+    per_model: bool,
+    /// Only while the GPU's node keeps CPU room for a whole-GPU task of the workload's
+    /// mean CPU per GPU.
+    cpu_room: bool,
+    mix: WholeMix,
+    /// GPU milli arrived in this episode before the current call (reset when the
+    /// cluster is empty: a new episode).
+    arrived: std::sync::atomic::AtomicU64,
+}
+
+impl Forecast {
+    /// Forecast whole-GPU demand over idle GPUs, for a share that would open `gpu`.
+    fn pressure(
+        &self,
+        state: &ClusterState,
+        gpu: marshal_scheduler::domain::GpuId,
+        arrived: u64,
+    ) -> f64 {
+        let remaining = state.capacity_milli().saturating_sub(arrived) as f64 / 1000.0;
+        let topo = state.topology();
+        let model = topo.gpu(gpu).model;
+        let (mut idle_model, mut idle_all) = (0f64, 0f64);
+        for (i, g) in topo.gpus().iter().enumerate() {
+            if state.is_idle(marshal_scheduler::domain::GpuId(i as u32)) {
+                idle_all += 1.0;
+                if g.model == model {
+                    idle_model += 1.0;
+                }
+            }
+        }
+        if !self.per_model {
+            let whole = self.mix.any_model + self.mix.given.iter().map(|g| g.1).sum::<f64>();
+            return remaining * whole / idle_all.max(1.0);
+        }
+        let named: f64 = self
+            .mix
+            .given
+            .iter()
+            .filter(|(m, _)| m.allows(model))
+            .map(|&(m, share)| share / m.ids().count().max(1) as f64)
+            .sum();
+        let demand = remaining * (self.mix.any_model * idle_model / idle_all.max(1.0) + named);
+        demand / idle_model.max(1.0)
+    }
+}
+
+impl Placer for Forecast {
+    fn place(
+        &self,
+        job: &Job,
+        state: &mut ClusterState,
+        ctx: &mut Context,
+    ) -> Result<Placement, Status> {
+        use std::sync::atomic::Ordering;
+        if state.allocated_milli() == 0 {
+            self.arrived.store(0, Ordering::Relaxed);
+        }
+        let arrived = self.arrived.fetch_add(job.gpu_milli(), Ordering::Relaxed);
+        let placement = self.inner.place(job, state, ctx)?;
+        if matches!(job.gpu, GpuDemand::Milli(_))
+            && let Some(idle) = placement.gpu_ids().find(|&g| state.free_milli(g) == 1000)
+            && self.pressure(state, idle, arrived) >= self.ratio
+            && (!self.cpu_room
+                || state.node_cpu_free(state.topology().gpu(idle).node) as f64
+                    >= self.mix.cpu_per_gpu)
+        {
+            return Err(Status::Deferred(
+                "kept whole for forecast whole-GPU demand".into(),
+            ));
         }
         Ok(placement)
     }

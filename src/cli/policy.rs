@@ -494,8 +494,9 @@ pub struct TrainDeclineArgs {
     /// The best this many set the next iteration's distribution.
     #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().elite)]
     elite: usize,
-    /// The rule the search starts from: decline once this share of the cluster is
-    /// allocated.
+    /// The rule the search starts from: decline while the whole-GPU pressure (the
+    /// whole-GPU demand forecast to arrive before 100 % arrived load, over the idle
+    /// GPUs) is at least this.
     #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().init_threshold)]
     init_threshold: f32,
     /// The initial spread of every weight.

@@ -10,11 +10,17 @@
 //!   searched on whole-episode returns (cross-entropy method, `marshal train decline`),
 //!   which is the signal that reaches that far.
 //! - **Inputs describe the moment and the workload.** The allocated share of the cluster
-//!   and of the share's GPU model, the idle share of that model's GPUs, the share's size, and the target workload's mix (GPU
-//!   demand of whole-GPU tasks that accept any model, and of those that ask for specific
-//!   models) — the same target-workload knowledge FGD uses. Without the mix no rule helps
-//!   every openb workload: declining pays where whole-GPU tasks that accept any model
-//!   keep arriving and costs where they ask for other models.
+//!   and of the share's GPU model, the idle share of that model's GPUs, the share's
+//!   size, the target workload's mix (GPU demand of whole-GPU tasks that accept any
+//!   model, and of those that ask for specific models) — the same target-workload
+//!   knowledge FGD uses — and the *whole-GPU pressure*: the whole-GPU demand that mix
+//!   forecasts for the arrivals still to come, over the idle GPUs; and the workload's
+//!   CPU per GPU over the cluster's. Without the forecast no head generalised across
+//!   openb workloads (README, "The decline head"): declining pays only while the idle
+//!   GPUs will not hold the whole-GPU tasks to come, which the allocated share alone
+//!   cannot tell (on `gpuspec` workloads tasks that ask for scarce models fail and leave
+//!   idle GPUs behind); and it costs where CPU runs out with the GPUs (`cpu250`), since
+//!   the GPU kept whole then sits on a node without cores for a whole-GPU task.
 //! - **Its own gate.** It declines only when the decline probability's margin clears a
 //!   threshold and every input lies within the range seen in training (plus
 //!   [`RANGE_SLACK`]); otherwise the share is placed, as the policy without a head would.
@@ -39,11 +45,13 @@ pub const DECLINE_FEATURE_NAMES: [&str; DECLINE_FEATURES] = [
     "share",
     "workload_whole_any_model",
     "workload_whole_given_models",
+    "whole_gpu_pressure",
+    "workload_cpu_pressure",
 ];
-pub const DECLINE_FEATURES: usize = 7;
+pub const DECLINE_FEATURES: usize = 9;
 
-/// How far outside the trained range (in the inputs' own units, all of them fractions
-/// in [0, 1]) an input may lie before the head abstains.
+/// How far outside the trained range (in the inputs' own units: fractions in [0, 1],
+/// the pressures ratios around 1) an input may lie before the head abstains.
 pub const RANGE_SLACK: f32 = 0.05;
 
 /// A trained decline head (`meta.json`'s `decline`).
@@ -201,7 +209,7 @@ mod tests {
     }
 
     fn inputs(allocated: f32) -> [f32; DECLINE_FEATURES] {
-        [1.0, allocated, allocated, 0.1, 0.5, 0.7, 0.0]
+        [1.0, allocated, allocated, 0.1, 0.5, 0.7, 0.0, 1.0, 0.8]
     }
 
     #[test]
@@ -229,6 +237,10 @@ mod tests {
         let mut h = head();
         h.input_range[5] = [0.2, 0.3];
         assert_eq!(h.decide(&inputs(0.95)), DeclineVerdict::OutOfRange);
+        // An input that could not be computed (NaN) abstains too.
+        let mut unknown = inputs(0.95);
+        unknown[7] = f32::NAN;
+        assert_eq!(head().decide(&unknown), DeclineVerdict::OutOfRange);
         h.input_range[5] = [0.2, 0.66];
         assert!(matches!(
             h.decide(&inputs(0.95)),
@@ -246,7 +258,7 @@ mod tests {
         assert!(h.validate().unwrap_err().contains("differ"));
         let mut h = head();
         h.input_range.pop();
-        assert!(h.validate().unwrap_err().contains("6 input ranges"));
+        assert!(h.validate().unwrap_err().contains("8 input ranges"));
         let mut h = head();
         h.input_range[0] = [1.0, 0.0];
         assert!(h.validate().unwrap_err().contains("not a range"));

@@ -53,6 +53,7 @@ impl Placer for CpuNodesFirst {
                 node_order: Some(&cpu_nodes),
                 speed: ctx.speed,
                 held_elsewhere: ctx.held_elsewhere,
+                arrived_milli: ctx.arrived_milli,
             };
             match self.inner.place(job, state, &mut narrowed) {
                 Err(Status::Unschedulable(_)) => {}

@@ -101,6 +101,11 @@ pub struct Context<'a> {
     /// What tenants hold beyond the cycle's running jobs, counted against their quota:
     /// the jobs of a foreign scheduler, whose cluster `Advise` sees as usage only.
     pub held_elsewhere: Option<&'a TenantUsage>,
+    /// In the FGD inflation experiment, the GPU milli requested by the episode's
+    /// arrivals before this one: how much of the demand up to 100 % arrived load is
+    /// still to come (the learned policy's decline head forecasts from it). `None`
+    /// everywhere else.
+    pub arrived_milli: Option<u64>,
 }
 
 impl<'a> Context<'a> {
@@ -111,6 +116,7 @@ impl<'a> Context<'a> {
             node_order: None,
             speed: None,
             held_elsewhere: None,
+            arrived_milli: None,
         }
     }
 }

@@ -199,6 +199,7 @@ impl InflationRun {
         let task = self.tasks.get(self.next)?;
         let mut ctx = Context {
             node_order: Some(&self.node_order),
+            arrived_milli: Some(self.arrived),
             ..Context::new(0.0, &mut self.rng)
         };
         Some(decide(task, &mut self.state, &mut ctx))

@@ -10,8 +10,9 @@
 //! relative gain over the same network without a head, minus twice its worst episode's
 //! loss (a head that wins on one workload by losing on another is not wanted). The best
 //! `elite` draws set the next Gaussian. Iteration 0's mean is a rule, not zero: "decline
-//! once the cluster is `init_threshold` allocated", the heuristic the search refines
-//! (as behaviour cloning warm-starts the network).
+//! while the whole-GPU pressure is at least `init_threshold`" (the whole-GPU demand
+//! forecast to arrive over the idle GPUs; at 1 the idle GPUs will not hold it), the
+//! heuristic the search refines (as behaviour cloning warm-starts the network).
 //!
 //! The result is checked on validation episodes: if it is worse than the network
 //! without a head by more than `tolerance` on any of them, no head is stored. Same seed
@@ -24,7 +25,9 @@ use std::sync::Arc;
 use marshal_model::policy::{
     DECLINE_FEATURES, DeclineHead, PolicyScorer, load_policy, write_decline_head,
 };
-use marshal_scheduler::policies::learned::decline::WorkloadMix;
+use marshal_scheduler::policies::learned::decline::{
+    MAX_WHOLE_GPU_PRESSURE, WorkloadMix, cpu_pressure,
+};
 use marshal_scheduler::policies::learned::{Act, CLOSED_MARGIN, Gate};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -41,7 +44,7 @@ pub struct DeclineOptions {
     pub population: usize,
     /// The best this many set the next iteration's Gaussian.
     pub elite: usize,
-    /// Iteration 0's mean declines once this share of the cluster is allocated.
+    /// Iteration 0's mean declines while the whole-GPU pressure is at least this.
     pub init_threshold: f32,
     /// Iteration 0's spread of every weight, in logit units over its input's training
     /// range: weight `i` starts with standard deviation `init_std / width_i`, so that
@@ -61,7 +64,7 @@ impl Default for DeclineOptions {
             iterations: 8,
             population: 12,
             elite: 4,
-            init_threshold: 0.9,
+            init_threshold: 1.0,
             init_std: 1.0,
             tolerance: 0.01,
             threads: 1,
@@ -80,9 +83,9 @@ impl DeclineOptions {
                 self.elite, self.population
             ));
         }
-        if !(self.init_threshold > 0.0 && self.init_threshold <= 1.0) {
+        if !(self.init_threshold > 0.0 && self.init_threshold <= MAX_WHOLE_GPU_PRESSURE) {
             return Err(format!(
-                "the initial threshold {} must be in (0, 1]",
+                "the initial threshold {} must be in (0, {MAX_WHOLE_GPU_PRESSURE}]",
                 self.init_threshold
             ));
         }
@@ -181,17 +184,27 @@ fn normal(rng: &mut ChaCha8Rng) -> f32 {
 }
 
 /// The input range the head may act in: the allocation and share inputs span [0, 1]
-/// in every inflation episode; the workload mix only the training workloads' values.
+/// and the whole-GPU pressure [0, its cap] in every inflation episode; the workload
+/// mix and CPU pressure only the training workloads' values.
 fn input_range(train: &[EpisodeSpec]) -> Vec<[f32; 2]> {
     let mixes: Vec<WorkloadMix> = train
         .iter()
         .flat_map(|s| s.jobs_by_seed.iter().map(|(_, jobs)| WorkloadMix::of(jobs)))
         .collect();
-    let span = |f: fn(&WorkloadMix) -> f32| {
-        let lo = mixes.iter().map(f).fold(f32::INFINITY, f32::min);
-        let hi = mixes.iter().map(f).fold(f32::NEG_INFINITY, f32::max);
+    let cpu: Vec<f32> = train
+        .iter()
+        .flat_map(|s| {
+            s.jobs_by_seed
+                .iter()
+                .map(|(_, jobs)| cpu_pressure(&s.topo, WorkloadMix::of(jobs)))
+        })
+        .collect();
+    let span_of = |values: &[f32]| {
+        let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         [lo, hi]
     };
+    let span = |f: fn(&WorkloadMix) -> f32| span_of(&mixes.iter().map(f).collect::<Vec<_>>());
     vec![
         [1.0, 1.0],
         [0.0, 1.0],
@@ -200,6 +213,8 @@ fn input_range(train: &[EpisodeSpec]) -> Vec<[f32; 2]> {
         [0.0, 1.0],
         span(|m| m.whole_any_model),
         span(|m| m.whole_given_models),
+        [0.0, MAX_WHOLE_GPU_PRESSURE],
+        span_of(&cpu),
     ]
 }
 
@@ -283,8 +298,8 @@ pub fn train_decline(
     };
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0xdec1_1e00);
     let mut mu = vec![0.0f32; DECLINE_FEATURES];
-    // 20 · (allocated − threshold): p = ½ at the threshold, ≈ 0.12 at 0.1 below it.
-    mu[1] = 20.0;
+    // 20 · (pressure − threshold): p = ½ at the threshold, ≈ 0.12 at 0.1 below it.
+    mu[7] = 20.0;
     mu[0] = -20.0 * opts.init_threshold;
     // Narrow ranges (one training workload) count as a tenth of the unit range.
     let mut sigma: Vec<f32> = range
@@ -471,9 +486,10 @@ mod tests {
         let meta = load_policy(tmp.path()).unwrap().meta;
         assert_eq!(meta.decline.as_ref(), Some(&stored));
         assert_eq!(stored.scores.len(), 3 * valid[0].jobs_by_seed.len());
-        // Early in an episode it places; late it declines.
+        // With no whole-GPU demand left to come (pressure 0) it places; with the idle
+        // GPUs short of the demand to come, it declines.
         let mix = WorkloadMix::of(&train[0].jobs_by_seed[0].1);
-        let inputs = |allocated: f32| {
+        let inputs = |allocated: f32, pressure: f32| {
             [
                 1.0,
                 allocated,
@@ -482,14 +498,16 @@ mod tests {
                 0.51,
                 mix.whole_any_model,
                 0.0,
+                pressure,
+                cpu_pressure(&train[0].topo, mix),
             ]
         };
         assert!(matches!(
-            stored.decide(&inputs(0.1)),
+            stored.decide(&inputs(0.9, 0.0)),
             DeclineVerdict::Place { .. }
         ));
         assert!(matches!(
-            stored.decide(&inputs(0.9)),
+            stored.decide(&inputs(0.8, 2.0)),
             DeclineVerdict::Decline { .. }
         ));
     }

@@ -3,7 +3,11 @@
 
 use marshal_model::policy::DECLINE_FEATURES;
 
-use crate::domain::{ClusterState, GpuDemand, GpuId, Job, Placement};
+use crate::domain::{ClusterState, GpuDemand, GpuId, Job, Placement, Topology};
+
+/// The whole-GPU pressure input is capped here: beyond it, idle GPUs are scarce
+/// whatever the exact figure (and the last idle GPUs would make it unbounded).
+pub const MAX_WHOLE_GPU_PRESSURE: f32 = 3.0;
 
 /// The target workload's GPU demand by kind, as shares of all its GPU demand.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -12,15 +16,18 @@ pub struct WorkloadMix {
     pub whole_any_model: f32,
     /// Whole-GPU tasks that ask for specific models.
     pub whole_given_models: f32,
+    /// CPU milli requested per GPU requested (all tasks, CPU-only ones included).
+    pub cpu_milli_per_gpu: f32,
 }
 
 impl WorkloadMix {
     /// The mix of `workload` (all zero for a workload without GPU demand).
     pub fn of(workload: &[Job]) -> WorkloadMix {
-        let (mut any, mut given, mut all) = (0u64, 0u64, 0u64);
+        let (mut any, mut given, mut all, mut cpu) = (0u64, 0u64, 0u64, 0u64);
         for job in workload {
             let milli = job.gpu_milli();
             all += milli;
+            cpu += u64::from(job.cpu_milli) * u64::from(job.workers);
             if matches!(job.gpu, GpuDemand::Whole(_)) {
                 if job.gpu_models.is_any() {
                     any += milli;
@@ -33,6 +40,7 @@ impl WorkloadMix {
         WorkloadMix {
             whole_any_model: share(any),
             whole_given_models: share(given),
+            cpu_milli_per_gpu: (cpu as f64 / (all.max(1) as f64 / 1000.0)) as f32,
         }
     }
 }
@@ -45,13 +53,43 @@ pub fn opened_idle_gpu(job: &Job, state: &ClusterState, placement: &Placement) -
     placement.gpu_ids().find(|&g| state.free_milli(g) == 1000)
 }
 
+/// The whole-GPU demand the workload's mix forecasts for the arrivals still to come
+/// before 100 % arrived load, over the idle GPUs (capped at
+/// [`MAX_WHOLE_GPU_PRESSURE`]): above 1, the idle GPUs will not hold the whole-GPU
+/// tasks to come unless shares are kept off them. NaN without `arrived_milli` (outside
+/// the inflation experiment), which makes the head abstain.
+pub fn whole_gpu_pressure(
+    state: &ClusterState,
+    arrived_milli: Option<u64>,
+    mix: WorkloadMix,
+) -> f32 {
+    let Some(arrived) = arrived_milli else {
+        return f32::NAN;
+    };
+    let to_come = state.capacity_milli().saturating_sub(arrived) as f64 / 1000.0;
+    let whole = f64::from(mix.whole_any_model + mix.whole_given_models);
+    let pressure = to_come * whole / f64::from(state.idle_gpus().max(1));
+    (pressure as f32).min(MAX_WHOLE_GPU_PRESSURE)
+}
+
+/// The workload's CPU per GPU requested over the cluster's CPU per GPU: near or above
+/// 1, CPU runs out with the GPUs, and an idle GPU kept whole may sit on a node without
+/// the cores a whole-GPU task needs.
+pub fn cpu_pressure(topo: &Topology, mix: WorkloadMix) -> f32 {
+    let cpu: u64 = topo.nodes().iter().map(|n| u64::from(n.cpu_milli)).sum();
+    let per_gpu = cpu as f64 / f64::from(topo.gpu_count().max(1));
+    (f64::from(mix.cpu_milli_per_gpu) / per_gpu.max(1.0)) as f32
+}
+
 /// The head's inputs for a share that would open `gpu` (order:
-/// `marshal_model::policy::DECLINE_FEATURE_NAMES`).
+/// `marshal_model::policy::DECLINE_FEATURE_NAMES`); `arrived_milli` as in
+/// [`crate::framework::Context::arrived_milli`].
 pub fn decline_features(
     job: &Job,
     state: &ClusterState,
     gpu: GpuId,
     mix: WorkloadMix,
+    arrived_milli: Option<u64>,
 ) -> [f32; DECLINE_FEATURES] {
     let topo = state.topology();
     let model = topo.gpu(gpu).model;
@@ -73,5 +111,7 @@ pub fn decline_features(
         job.gpu.milli() as f32 / 1000.0,
         mix.whole_any_model,
         mix.whole_given_models,
+        whole_gpu_pressure(state, arrived_milli, mix),
+        cpu_pressure(topo, mix),
     ]
 }

@@ -417,7 +417,7 @@ impl Placer for LearnedPlacer {
         if let Some(head) = &self.decline
             && let Some(gpu) = decline::opened_idle_gpu(job, state, &placement)
         {
-            let inputs = decline::decline_features(job, state, gpu, self.mix);
+            let inputs = decline::decline_features(job, state, gpu, self.mix, ctx.arrived_milli);
             match head.decide(&inputs) {
                 DeclineVerdict::Decline { probability } => {
                     self.stats.declines.fetch_add(1, Ordering::Relaxed);

@@ -495,6 +495,14 @@ fn a_gang_the_network_makes_wait_preempts_nothing() {
     assert!(waited, "no seed in 0..64 makes the network wait");
 }
 
+/// The context of an inflation episode's first arrival.
+fn inflation_ctx(rng: &mut ChaCha8Rng) -> Context<'_> {
+    Context {
+        arrived_milli: Some(0),
+        ..Context::new(0.0, rng)
+    }
+}
+
 /// A decline head that declines every share it is asked about (within its range).
 fn always_decline(range: Vec<[f32; 2]>) -> Arc<DeclineHead> {
     let mut weights = vec![0.0; marshal_model::policy::DECLINE_FEATURES];
@@ -503,7 +511,10 @@ fn always_decline(range: Vec<[f32; 2]>) -> Arc<DeclineHead> {
 }
 
 fn wide_range() -> Vec<[f32; 2]> {
-    vec![[0.0, 1.0]; marshal_model::policy::DECLINE_FEATURES]
+    let mut range = vec![[0.0, 1.0]; marshal_model::policy::DECLINE_FEATURES];
+    range[7] = [0.0, decline::MAX_WHOLE_GPU_PRESSURE];
+    range[8] = [0.0, 10.0];
+    range
 }
 
 #[test]
@@ -528,7 +539,7 @@ fn the_decline_head_leaves_only_shares_that_would_open_an_idle_gpu_unplaced() {
     let declining = placer(Some(always_decline(wide_range())));
     // An empty cluster: a share opens an idle GPU, so it is declined …
     let err = declining
-        .place(&share(600), &mut state, &mut Context::new(0.0, &mut rng))
+        .place(&share(600), &mut state, &mut inflation_ctx(&mut rng))
         .unwrap_err();
     assert!(
         matches!(&err, Status::Deferred(why) if why.contains("idle GPU")),
@@ -537,16 +548,16 @@ fn the_decline_head_leaves_only_shares_that_would_open_an_idle_gpu_unplaced() {
     // … while a whole-GPU job is placed.
     let whole = w[1].clone();
     let p = declining
-        .place(&whole, &mut state, &mut Context::new(0.0, &mut rng))
+        .place(&whole, &mut state, &mut inflation_ctx(&mut rng))
         .unwrap();
     state.allocate(&whole, &p).unwrap();
     // Once a GPU is partly used, a share that fits beside it is placed there.
     let first = placer(None)
-        .place(&share(600), &mut state, &mut Context::new(0.0, &mut rng))
+        .place(&share(600), &mut state, &mut inflation_ctx(&mut rng))
         .unwrap();
     state.allocate(&share(600), &first).unwrap();
     let beside = declining
-        .place(&share(300), &mut state, &mut Context::new(0.0, &mut rng))
+        .place(&share(300), &mut state, &mut inflation_ctx(&mut rng))
         .unwrap();
     assert_eq!(
         beside.gpu_ids().collect::<Vec<_>>(),
@@ -554,13 +565,22 @@ fn the_decline_head_leaves_only_shares_that_would_open_an_idle_gpu_unplaced() {
     );
     let counts = declining.stats().snapshot();
     assert_eq!((counts.declines, counts.decline_out_of_range), (1, 0));
+    // Outside the inflation experiment the pressure is unknown: the head abstains.
+    let mut empty = ClusterState::new(topo.clone());
+    assert!(
+        declining
+            .place(&share(600), &mut empty, &mut Context::new(0.0, &mut rng))
+            .is_ok()
+    );
+    let counts = declining.stats().snapshot();
+    assert_eq!((counts.declines, counts.decline_out_of_range), (1, 1));
     // A head whose trained range excludes this workload's mix abstains: it places.
     let mut narrow = wide_range();
     narrow[5] = [0.9, 1.0];
     let abstaining = placer(Some(always_decline(narrow)));
     assert!(
         abstaining
-            .place(&share(600), &mut state, &mut Context::new(0.0, &mut rng))
+            .place(&share(600), &mut state, &mut inflation_ctx(&mut rng))
             .is_ok()
     );
     let counts = abstaining.stats().snapshot();
@@ -615,4 +635,51 @@ fn the_decline_head_acts_on_the_inflation_objective_only_with_its_fallback_and_g
     assert!(counts.declines > 0 && none.declines == 0);
     // Every share that would open an idle GPU was left out: another allocation.
     assert_ne!(with, without);
+}
+
+#[test]
+fn the_pressure_inputs_forecast_whole_gpu_demand_and_compare_cpu_per_gpu() {
+    let w = workload();
+    let topo = cluster();
+    let mut state = ClusterState::new(topo.clone());
+    let mix = decline::WorkloadMix::of(&w);
+    // 8 × 0.6 + 8 × 1 + 7 × 0.3 + 7 × 2 = 28.9 GPUs, 22 of them whole; 4 cores a task.
+    let whole = mix.whole_any_model + mix.whole_given_models;
+    assert!((whole - 22.0 / 28.9).abs() < 1e-6, "{mix:?}");
+    let capacity = state.capacity_milli();
+    let pressure = |state: &ClusterState, arrived| decline::whole_gpu_pressure(state, arrived, mix);
+    // Nothing arrived and every GPU idle: the whole mix of the capacity is to come.
+    assert!((pressure(&state, Some(0)) - whole).abs() < 1e-6);
+    assert!((pressure(&state, Some(capacity / 2)) - whole / 2.0).abs() < 1e-6);
+    assert_eq!(pressure(&state, Some(capacity)), 0.0);
+    // Outside the inflation experiment it is unknown.
+    assert!(pressure(&state, None).is_nan());
+    // Fewer idle GPUs, more pressure; capped when they run out.
+    let job = Job {
+        gpu: GpuDemand::Whole(4),
+        ..w[1].clone()
+    };
+    let fgd = build("fgd", &w).unwrap().placer;
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    for _ in 0..9 {
+        let placement = fgd
+            .place(&job, &mut state, &mut Context::new(0.0, &mut rng))
+            .unwrap();
+        state.allocate(&job, &placement).unwrap();
+    }
+    assert_eq!(pressure(&state, Some(0)), decline::MAX_WHOLE_GPU_PRESSURE);
+    assert!((pressure(&state, Some(capacity * 9 / 10)) - whole * 4.0 / 4.0).abs() < 1e-5);
+    // Twice the cores per GPU, twice the CPU pressure; 120 cores for 28.9 GPUs asked,
+    // 16 cores per GPU had.
+    let heavy: Vec<Job> = w
+        .iter()
+        .map(|j| Job {
+            cpu_milli: j.cpu_milli * 2,
+            ..j.clone()
+        })
+        .collect();
+    let light = decline::cpu_pressure(&topo, mix);
+    assert!((light - 120.0 / 28.9 / 16.0).abs() < 1e-5, "{light}");
+    let doubled = decline::cpu_pressure(&topo, decline::WorkloadMix::of(&heavy));
+    assert!((doubled - 2.0 * light).abs() < 1e-5);
 }
