@@ -19,7 +19,8 @@
 //!   GPU's model could serve failed within the last W arrivals; `reserve-fore-R`: while
 //!   the whole-GPU demand the workload's mix forecasts before 100 % is at least R times
 //!   the idle GPUs of the share's model that could serve it, `reserve-foreall-R`: of the
-//!   cluster).
+//!   cluster, `reserve-foreallcpu-R`: that, and only while the GPU's node has the cores
+//!   of a whole-GPU task of the workload's mean CPU per GPU).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
@@ -279,7 +280,8 @@ fn variants(args: &[String]) {
     }
 }
 
-/// `reserve-[model-|free-]M-T` (`params` without the `reserve-`) as a policy named `name`.
+/// `reserve-[model-|free-|press-W-]M-T` or `reserve-fore[all|allcpu]-R` (`params`
+/// without the `reserve-`) as a policy named `name`.
 fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
     // `fore-R` / `foreall-R`: decline while the whole-GPU demand forecast to arrive
     // before 100 % is at least R times the idle GPUs that could serve it.
@@ -296,7 +298,6 @@ fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
                     per_model,
                     cpu_room,
                     mix: WholeMix::of(pods),
-                    arrived: Default::default(),
                 }),
                 name,
             );
@@ -469,9 +470,6 @@ struct Forecast {
     /// mean CPU per GPU.
     cpu_room: bool,
     mix: WholeMix,
-    /// GPU milli arrived in this episode before the current call (reset when the
-    /// cluster is empty: a new episode).
-    arrived: std::sync::atomic::AtomicU64,
 }
 
 impl Forecast {
@@ -517,11 +515,9 @@ impl Placer for Forecast {
         state: &mut ClusterState,
         ctx: &mut Context,
     ) -> Result<Placement, Status> {
-        use std::sync::atomic::Ordering;
-        if state.allocated_milli() == 0 {
-            self.arrived.store(0, Ordering::Relaxed);
-        }
-        let arrived = self.arrived.fetch_add(job.gpu_milli(), Ordering::Relaxed);
+        let arrived = ctx
+            .arrived_milli
+            .expect("the study runs inflation episodes, which pass the arrived load");
         let placement = self.inner.place(job, state, ctx)?;
         if matches!(job.gpu, GpuDemand::Milli(_))
             && let Some(idle) = placement.gpu_ids().find(|&g| state.free_milli(g) == 1000)

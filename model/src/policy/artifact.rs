@@ -22,7 +22,8 @@
 //! trained on, so still a valid ranking, not a different meaning).
 //!
 //! So was `decline`, the decline head (module `decline`): absent means the policy never
-//! declines a share, as before it; an older build ignores it and never declines.
+//! declines a share, as before it; a build before it ignores it, and a head of other
+//! inputs than this build's is kept but not used (module `decline` says more).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -288,7 +289,9 @@ pub(crate) fn load_policy_and_weights(dir: &Path) -> Result<(PolicyArtifact, Vec
             ),
         ));
     }
-    if let Some(head) = &meta.decline {
+    // A head of another build's inputs is kept but never used (`layout_error`); one of
+    // this build's inputs must be usable.
+    if let Some(head) = meta.decline.as_ref().filter(|h| h.layout_error().is_none()) {
         head.validate().map_err(|e| corrupt(&meta_path, e))?;
     }
     let (config_path, config_bytes) = read(dir.join(CONFIG_FILE))?;
@@ -415,7 +418,8 @@ mod tests {
     }
 
     #[test]
-    fn a_decline_head_is_recorded_kept_and_a_damaged_one_refuses_the_artifact() {
+    fn a_decline_head_is_recorded_kept_and_a_damaged_one_refuses_the_artifact_but_an_older_one_is_only_unused()
+     {
         use crate::policy::decline::{DECLINE_FEATURES, DeclineHead, write_decline_head};
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("p");
@@ -436,18 +440,36 @@ mod tests {
         let mut nan = head.clone();
         nan.weights[1] = f32::NAN;
         assert!(write_decline_head(&dir, Some(nan)).is_err());
-        assert_eq!(load_policy(&dir).unwrap().meta.decline, Some(head));
+        assert_eq!(load_policy(&dir).unwrap().meta.decline, Some(head.clone()));
         // … and one damaged in the file refuses the whole artifact, naming meta.json.
         let path = dir.join(META_FILE);
         let text = fs::read_to_string(&path).unwrap();
-        fs::write(&path, text.replacen("\"bias\"", "\"load\"", 1)).unwrap();
+        let mut damaged: serde_json::Value = serde_json::from_str(&text).unwrap();
+        damaged["decline"]["input_range"][2] = serde_json::json!([1.0, 0.0]);
+        fs::write(&path, damaged.to_string()).unwrap();
         let err = load_policy(&dir).unwrap_err().to_string();
         assert!(
-            err.contains("meta.json") && err.contains("decline head inputs"),
+            err.contains("meta.json") && err.contains("not a range"),
             "{err}"
         );
+        // A head of another build's inputs (the seven before the pressures) is kept,
+        // not used, and replaced by the next head written.
+        let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for key in ["feature_names", "weights", "input_range"] {
+            older["decline"][key].as_array_mut().unwrap().truncate(7);
+        }
+        // (Its numbers are not checked: it is never used.)
+        older["decline"]["input_range"][1] = serde_json::json!([1.0, 0.0]);
+        fs::write(&path, older.to_string()).unwrap();
+        let kept = load_policy(&dir).unwrap().meta.decline.unwrap();
+        assert!(kept.layout_error().unwrap().contains("differ"), "{kept:?}");
+        assert_eq!(
+            kept.decide(&[1.0; DECLINE_FEATURES]),
+            crate::policy::DeclineVerdict::OutOfRange
+        );
+        write_decline_head(&dir, Some(head.clone())).unwrap();
+        assert_eq!(load_policy(&dir).unwrap().meta.decline, Some(head.clone()));
         // Removing it leaves an artifact that never declines.
-        fs::write(&path, text).unwrap();
         write_decline_head(&dir, None).unwrap();
         assert_eq!(load_policy(&dir).unwrap().meta.decline, None);
     }

@@ -25,7 +25,10 @@
 //!   threshold and every input lies within the range seen in training (plus
 //!   [`RANGE_SLACK`]); otherwise the share is placed, as the policy without a head would.
 //! - **Stored in `meta.json`** (`decline`, optional): no schema bump; an artifact without
-//!   it never declines, and an older build ignores it and never declines.
+//!   it never declines. A build before the decline head ignores it; the builds of the
+//!   seven-input head (before the pressures) refuse a nine-input head and with it the
+//!   artifact. This build keeps a head of other inputs in the file without using it (a
+//!   warning says so) and `marshal train decline` replaces it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -112,21 +115,31 @@ impl DeclineHead {
         }
     }
 
-    /// Checks the layout and that every number is usable.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    /// Why this build cannot use the head, if it was trained on other inputs (another
+    /// build's, e.g. the seven inputs before the pressures): such a head is kept in
+    /// `meta.json` but never used, and the next `marshal train decline` replaces it.
+    pub fn layout_error(&self) -> Option<String> {
         if self.feature_names != DECLINE_FEATURE_NAMES {
-            return Err(format!(
+            return Some(format!(
                 "decline head inputs {:?} differ from this build's {:?}",
                 self.feature_names, DECLINE_FEATURE_NAMES
             ));
         }
         if self.weights.len() != DECLINE_FEATURES || self.input_range.len() != DECLINE_FEATURES {
-            return Err(format!(
+            return Some(format!(
                 "decline head has {} weights and {} input ranges; {DECLINE_FEATURES} each \
                  expected",
                 self.weights.len(),
                 self.input_range.len()
             ));
+        }
+        None
+    }
+
+    /// Checks the layout and that every number is usable.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some(e) = self.layout_error() {
+            return Err(e);
         }
         if let Some(w) = self.weights.iter().find(|w| !w.is_finite()) {
             return Err(format!("decline head weight {w} is not a finite number"));
@@ -161,8 +174,11 @@ impl DeclineHead {
         1.0 / (1.0 + (-logit).exp())
     }
 
-    /// The gated verdict for one share.
+    /// The gated verdict for one share (a head of another layout never declines).
     pub fn decide(&self, inputs: &[f32; DECLINE_FEATURES]) -> DeclineVerdict {
+        if self.weights.len() != DECLINE_FEATURES || self.input_range.len() != DECLINE_FEATURES {
+            return DeclineVerdict::OutOfRange;
+        }
         let inside = inputs
             .iter()
             .zip(&self.input_range)

@@ -320,6 +320,24 @@ mod tests {
     }
 
     #[test]
+    fn placers_see_the_load_arrived_before_the_current_arrival() {
+        let w = workload();
+        let policy = policies::build("fgd", &w).unwrap();
+        let mut run = InflationRun::new(cluster(), &w, &SimConfig::inflation(3)).unwrap();
+        let mut before = 0;
+        for _ in 0..10 {
+            let task = run.next_task().unwrap().clone();
+            assert_eq!(
+                run.with_next(|_, _, ctx| ctx.arrived_milli),
+                Some(Some(before))
+            );
+            run.step(policy.placer.as_ref()).unwrap();
+            before += task.gpu_milli();
+            assert_eq!(run.arrived_milli(), before);
+        }
+    }
+
+    #[test]
     fn allocation_never_exceeds_arrivals_or_capacity_and_is_seeded() {
         let w = workload();
         let policy = policies::build("fgd", &w).unwrap();

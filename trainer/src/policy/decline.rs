@@ -83,9 +83,10 @@ impl DeclineOptions {
                 self.elite, self.population
             ));
         }
-        if !(self.init_threshold > 0.0 && self.init_threshold <= MAX_WHOLE_GPU_PRESSURE) {
+        // At the cap itself p = ½, which never declines.
+        if !(self.init_threshold > 0.0 && self.init_threshold < MAX_WHOLE_GPU_PRESSURE) {
             return Err(format!(
-                "the initial threshold {} must be in (0, {MAX_WHOLE_GPU_PRESSURE}]",
+                "the initial threshold {} must be in (0, {MAX_WHOLE_GPU_PRESSURE})",
                 self.init_threshold
             ));
         }
@@ -586,8 +587,9 @@ mod tests {
         )
         .unwrap();
         assert!(pays.stored.is_some());
-        // Declining from 5 % allocated, never searched away from (one draw each of a
-        // near-zero spread): it loses in training, so nothing is stored.
+        // Declining from a whole-GPU pressure of 0.05 (nearly always), never searched
+        // away from (one draw each of a near-zero spread): it loses in training, so
+        // nothing is stored.
         let loses = train_decline(
             tmp.path(),
             &[slivers(&[1000])],
@@ -639,6 +641,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("elite 9"), "{err}");
+        // A rule at the pressure's cap could never decline (p = ½ there).
+        let never = DeclineOptions {
+            init_threshold: MAX_WHOLE_GPU_PRESSURE,
+            ..options(0)
+        };
+        let err = train_decline(
+            tmp.path(),
+            &[slivers(&[1])],
+            &[slivers(&[2])],
+            &never,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(err.contains("initial threshold"), "{err}");
         // Every episode runs behind one fallback's gate, so they must share it.
         let mut other = slivers(&[2]);
         other.fallback = "best-fit".into();

@@ -37,7 +37,7 @@ use marshal_model::policy::{
 use marshal_scheduler::policies::learned::{Act, LearnedModel};
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Driver, EpisodeSpec, Objective, run_episode};
+use crate::policy::{Driver, EpisodeSpec, run_episode};
 
 /// Why a promotion could not be decided or carried out.
 #[derive(Debug, thiserror::Error)]
@@ -126,10 +126,11 @@ fn score(model: &LearnedModel, spec: &EpisodeSpec) -> Result<(f64, f64, String),
         act: Act::Greedy,
         gate,
         candidates: model.candidates,
-        // As `marshal eval` serves it: the decline head acts on inflation only.
-        decline: (spec.objective() == Objective::Inflation)
-            .then(|| model.decline.clone())
-            .flatten(),
+        // As `marshal eval` serves it: on inflation only, with the fallback and gate it
+        // was searched with, and of this build's inputs.
+        decline: model
+            .decline_for(&fallback, gate.margin_threshold, spec.objective().name())
+            .0,
     };
     let n = spec.jobs_by_seed.len();
     let (mut total, mut rate) = (0.0, 0.0);

@@ -74,7 +74,10 @@ pub fn whole_gpu_pressure(
 
 /// The workload's CPU per GPU requested over the cluster's CPU per GPU: near or above
 /// 1, CPU runs out with the GPUs, and an idle GPU kept whole may sit on a node without
-/// the cores a whole-GPU task needs.
+/// the cores a whole-GPU task needs. Both sides count everything: CPU-only tasks and
+/// CPU-only nodes too (the openb cluster has none; on a cluster with many, the
+/// pressure on GPU nodes is higher than this says, which a head trained elsewhere
+/// meets as an input outside its range only if the total moves too).
 pub fn cpu_pressure(topo: &Topology, mix: WorkloadMix) -> f32 {
     let cpu: u64 = topo.nodes().iter().map(|n| u64::from(n.cpu_milli)).sum();
     let per_gpu = cpu as f64 / f64::from(topo.gpu_count().max(1));

@@ -622,6 +622,41 @@ impl LearnedModel {
         })
     }
 
+    /// The decline head to use for `objective` behind `fallback`'s gate of
+    /// `margin_threshold`, or why the model's head is not used: only for the inflation
+    /// objective (what it was trained on; elsewhere a declined share would wait
+    /// unboundedly), only with the fallback and gate it was searched with, and only if
+    /// it was trained on this build's inputs.
+    pub fn decline_for(
+        &self,
+        fallback: &str,
+        margin_threshold: f32,
+        objective: &str,
+    ) -> (Option<Arc<DeclineHead>>, Option<String>) {
+        let Some(head) = self.decline.as_ref().filter(|_| objective == "inflation") else {
+            return (None, None);
+        };
+        let why = if let Some(layout) = head.layout_error() {
+            format!("{layout}; no share is declined (search it again with `marshal train decline`)")
+        } else if head.fallback != fallback {
+            format!(
+                "the decline head was searched with fallback {}, not {fallback}; no share is \
+                 declined",
+                head.fallback
+            )
+        } else if head.network_margin_threshold != margin_threshold {
+            format!(
+                "the decline head was searched behind a gate margin of {}, the gate is now \
+                 {margin_threshold}; no share is declined (search it again with `marshal \
+                 train decline`)",
+                head.network_margin_threshold
+            )
+        } else {
+            return (Some(head.clone()), None);
+        };
+        (None, Some(why))
+    }
+
     pub fn missing(why: String) -> LearnedModel {
         LearnedModel {
             scorer: Err(why),

@@ -48,33 +48,8 @@ impl LearnedSetup {
     pub fn with_model(model: LearnedModel, fallback: Option<&str>, objective: &str) -> Self {
         let fallback = fallback.map_or_else(|| model.fallback_for(objective), String::from);
         let (gate, gate_warning) = model.gate_for(&fallback);
-        let (decline, decline_warning) = match &model.decline {
-            Some(head) if objective == "inflation" => {
-                if head.fallback != fallback {
-                    (
-                        None,
-                        Some(format!(
-                            "the decline head was searched with fallback {}, not {fallback}; \
-                             no share is declined",
-                            head.fallback
-                        )),
-                    )
-                } else if head.network_margin_threshold != gate.margin_threshold {
-                    (
-                        None,
-                        Some(format!(
-                            "the decline head was searched behind a gate margin of {}, the \
-                             gate is now {}; no share is declined (search it again with \
-                             `marshal train decline`)",
-                            head.network_margin_threshold, gate.margin_threshold
-                        )),
-                    )
-                } else {
-                    (Some(head.clone()), None)
-                }
-            }
-            _ => (None, None),
-        };
+        let (decline, decline_warning) =
+            model.decline_for(&fallback, gate.margin_threshold, objective);
         LearnedSetup {
             decline,
             decline_warning,

@@ -612,6 +612,21 @@ fn the_decline_head_acts_on_the_inflation_objective_only_with_its_fallback_and_g
             .is_some_and(|w| w.contains("fallback fgd, not best-fit")),
         "{other:?}"
     );
+    // Nor one trained on another build's inputs (the seven before the pressures).
+    let mut older = model.clone();
+    let mut head = (*always_decline(wide_range())).clone();
+    head.feature_names.truncate(7);
+    head.weights.truncate(7);
+    older.decline = Some(Arc::new(head));
+    let older = LearnedSetup::with_model(older, None, "inflation");
+    assert!(older.decline.is_none());
+    assert!(
+        older
+            .decline_warning
+            .as_deref()
+            .is_some_and(|w| w.contains("differ") && w.contains("marshal train decline")),
+        "{older:?}"
+    );
     let mut regated = model;
     regated.thresholds.insert("fgd".into(), 0.3);
     let regated = LearnedSetup::with_model(regated, None, "inflation");
