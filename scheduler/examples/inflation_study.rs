@@ -20,7 +20,9 @@
 //!   the whole-GPU demand the workload's mix forecasts before 100 % is at least R times
 //!   the idle GPUs of the share's model that could serve it, `reserve-foreall-R`: of the
 //!   cluster, `reserve-foreallcpu-R`: that, and only while the GPU's node has the cores
-//!   of a whole-GPU task of the workload's mean CPU per GPU).
+//!   of a whole-GPU task of the workload's mean CPU per GPU; `reserve-foreallwide-K-R` /
+//!   `reserve-foreallnarrow-K-R`: only while the GPU's node has at least / at most K
+//!   idle GPUs).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
@@ -280,11 +282,29 @@ fn variants(args: &[String]) {
     }
 }
 
-/// `reserve-[model-|free-|press-W-]M-T` or `reserve-fore[all|allcpu]-R` (`params`
-/// without the `reserve-`) as a policy named `name`.
+/// `reserve-[model-|free-|press-W-]M-T`, `reserve-fore[all|allcpu]-R` or
+/// `reserve-foreall[wide|narrow]-K-R` (`params` without the `reserve-`) as a policy
+/// named `name`.
 fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
     // `fore-R` / `foreall-R`: decline while the whole-GPU demand forecast to arrive
     // before 100 % is at least R times the idle GPUs that could serve it.
+    for (prefix, wide) in [("foreallwide-", true), ("foreallnarrow-", false)] {
+        if let Some(rest) = params.strip_prefix(prefix) {
+            let (k, ratio) = rest.split_once('-').expect("K-R");
+            let k: usize = k.parse().expect("K: an integer");
+            return policy_of(
+                Box::new(Forecast {
+                    inner: policies::build("fgd", pods).unwrap().placer,
+                    ratio: ratio.parse().expect("R: a number"),
+                    per_model: false,
+                    cpu_room: false,
+                    node_idle: Some((k, wide)),
+                    mix: WholeMix::of(pods),
+                }),
+                name,
+            );
+        }
+    }
     for (prefix, per_model, cpu_room) in [
         ("foreallcpu-", false, true),
         ("foreall-", false, false),
@@ -297,6 +317,7 @@ fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
                     ratio: ratio.parse().expect("R: a number"),
                     per_model,
                     cpu_room,
+                    node_idle: None,
                     mix: WholeMix::of(pods),
                 }),
                 name,
@@ -469,6 +490,9 @@ struct Forecast {
     /// Only while the GPU's node keeps CPU room for a whole-GPU task of the workload's
     /// mean CPU per GPU.
     cpu_room: bool,
+    /// Only while the GPU's node has at least (`true`) or at most (`false`) this many
+    /// idle GPUs, the opened one included.
+    node_idle: Option<(usize, bool)>,
     mix: WholeMix,
 }
 
@@ -525,6 +549,16 @@ impl Placer for Forecast {
             && (!self.cpu_room
                 || state.node_cpu_free(state.topology().gpu(idle).node) as f64
                     >= self.mix.cpu_per_gpu)
+            && self.node_idle.is_none_or(|(k, wide)| {
+                let node = state.topology().gpu(idle).node;
+                let n = state
+                    .topology()
+                    .node(node)
+                    .gpu_ids()
+                    .filter(|&g| state.is_idle(g))
+                    .count();
+                if wide { n >= k } else { n <= k }
+            })
         {
             return Err(Status::Deferred(
                 "kept whole for forecast whole-GPU demand".into(),
