@@ -35,6 +35,7 @@ use marshal_scheduler::domain::{
 use marshal_scheduler::framework::{
     Context, NodeScorer, Placer, Policy, ScoredPlacer, Status, TieBreak,
 };
+use marshal_scheduler::policies::learned::decline::{WorkloadMix, whole_gpu_pressure};
 use marshal_scheduler::policies::{self, Fgd};
 use marshal_scheduler::sim::{InflationRun, SimConfig, run_inflation};
 
@@ -288,21 +289,25 @@ fn variants(args: &[String]) {
 fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
     // `fore-R` / `foreall-R`: decline while the whole-GPU demand forecast to arrive
     // before 100 % is at least R times the idle GPUs that could serve it.
+    let forecast = |ratio: &str, per_model, cpu_room, node_idle| {
+        policy_of(
+            Box::new(Forecast {
+                inner: policies::build("fgd", pods).unwrap().placer,
+                ratio: ratio.parse().expect("R: a number"),
+                per_model,
+                cpu_room,
+                node_idle,
+                mix: WholeMix::of(pods),
+                workload: WorkloadMix::of(pods),
+            }),
+            name,
+        )
+    };
     for (prefix, wide) in [("foreallwide-", true), ("foreallnarrow-", false)] {
         if let Some(rest) = params.strip_prefix(prefix) {
             let (k, ratio) = rest.split_once('-').expect("K-R");
             let k: usize = k.parse().expect("K: an integer");
-            return policy_of(
-                Box::new(Forecast {
-                    inner: policies::build("fgd", pods).unwrap().placer,
-                    ratio: ratio.parse().expect("R: a number"),
-                    per_model: false,
-                    cpu_room: false,
-                    node_idle: Some((k, wide)),
-                    mix: WholeMix::of(pods),
-                }),
-                name,
-            );
+            return forecast(ratio, false, false, Some((k, wide)));
         }
     }
     for (prefix, per_model, cpu_room) in [
@@ -311,17 +316,7 @@ fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
         ("fore-", true, false),
     ] {
         if let Some(ratio) = params.strip_prefix(prefix) {
-            return policy_of(
-                Box::new(Forecast {
-                    inner: policies::build("fgd", pods).unwrap().placer,
-                    ratio: ratio.parse().expect("R: a number"),
-                    per_model,
-                    cpu_room,
-                    node_idle: None,
-                    mix: WholeMix::of(pods),
-                }),
-                name,
-            );
+            return forecast(ratio, per_model, cpu_room, None);
         }
     }
     let per_model = params.starts_with("model-");
@@ -494,6 +489,7 @@ struct Forecast {
     /// idle GPUs, the opened one included.
     node_idle: Option<(usize, bool)>,
     mix: WholeMix,
+    workload: WorkloadMix,
 }
 
 impl Forecast {
@@ -504,6 +500,10 @@ impl Forecast {
         gpu: marshal_scheduler::domain::GpuId,
         arrived: u64,
     ) -> f64 {
+        if !self.per_model {
+            // The decline head's input, so that the rule measures what the head sees.
+            return f64::from(whole_gpu_pressure(state, Some(arrived), self.workload));
+        }
         let remaining = state.capacity_milli().saturating_sub(arrived) as f64 / 1000.0;
         let topo = state.topology();
         let model = topo.gpu(gpu).model;
@@ -515,10 +515,6 @@ impl Forecast {
                     idle_model += 1.0;
                 }
             }
-        }
-        if !self.per_model {
-            let whole = self.mix.any_model + self.mix.given.iter().map(|g| g.1).sum::<f64>();
-            return remaining * whole / idle_all.max(1.0);
         }
         let named: f64 = self
             .mix
