@@ -12,7 +12,9 @@
 //!   for FGD with its ties broken by the sum-of-squares rule of online bin packing
 //!   (`fgd-sumsq`), with ablations of that rule (alone, weighted, per node or per GPU
 //!   only), on `openb-default` or another openb pod list (`openb-gpushare40`, … from the
-//!   traces directory); NAME `reserve-M-T` (not in `all`) is FGD declining shares of at
+//!   traces directory); NAME `learned[-sumsq][-nonet]` (not in `all`) is the shipped
+//!   learned policy behind FGD or `fgd-sumsq`, with the gate closed for `-nonet`
+//!   (only the decline head learned); NAME `reserve-M-T` (not in `all`) is FGD declining shares of at
 //!   least M milli that would open an idle GPU once T of the capacity is allocated
 //!   (`reserve-model-M-T`: T of its GPU model's capacity; `reserve-free-M-T`: only shares
 //!   that accept any model; `reserve-press-W-M-T`: only while a whole-GPU task that the
@@ -22,11 +24,13 @@
 //!   cluster, `reserve-foreallcpu-R`: that, and only while the GPU's node has the cores
 //!   of a whole-GPU task of the workload's mean CPU per GPU; `reserve-foreallwide-K-R` /
 //!   `reserve-foreallnarrow-K-R`: only while the GPU's node has at least / at most K
-//!   idle GPUs).
+//!   idle GPUs); any `fore…` rule takes `+OPTION`s (`+sumsq`: on `fgd-sumsq`, not FGD;
+//!   `+slope=K`, `+cpuslope=K`, `+usable`, `+keep=M`, `+sumsqfrom=P`: see `ForecastRule`).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use marshal_scheduler::domain::{
@@ -35,7 +39,10 @@ use marshal_scheduler::domain::{
 use marshal_scheduler::framework::{
     Context, NodeScorer, Placer, Policy, ScoredPlacer, Status, TieBreak,
 };
-use marshal_scheduler::policies::learned::decline::{WorkloadMix, whole_gpu_pressure};
+use marshal_scheduler::policies::learned::decline::{
+    MAX_WHOLE_GPU_PRESSURE, WorkloadMix, whole_gpu_pressure,
+};
+use marshal_scheduler::policies::learned::{LearnedPlacer, LearnedSetup};
 use marshal_scheduler::policies::{self, Fgd};
 use marshal_scheduler::sim::{InflationRun, SimConfig, run_inflation};
 
@@ -223,6 +230,7 @@ fn variants(args: &[String]) {
         tie: fgd(),
         weight,
         per_model,
+        spare_idle_nodes: false,
     };
     let mut candidates: Vec<Policy> = vec![
         policies::build("fgd", &pods).unwrap(),
@@ -255,6 +263,24 @@ fn variants(args: &[String]) {
     if let Some(name) = only.filter(|o| o.starts_with("reserve-")) {
         candidates.push(reserve(&pods, name.trim_start_matches("reserve-"), name));
     }
+    // `learned[-sumsq][-nonet]`: the shipped model (network and decline head) behind
+    // FGD or `fgd-sumsq` as its fallback; `-nonet`: the gate closed, so the fallback
+    // ranks and only the decline head is learned.
+    if let Some(name) = only.filter(|o| o.starts_with("learned")) {
+        let mut setup = LearnedSetup::load(Path::new("models/policy-default"), None, "inflation");
+        if name.ends_with("-nonet") {
+            setup.gate.margin_threshold = f32::INFINITY;
+        }
+        let fallback: Box<dyn Placer> = if name.starts_with("learned-sumsq") {
+            Box::new(ScoredPlacer::new(rule(1e-5, true), TieBreak::First))
+        } else {
+            policies::build("fgd", &pods).unwrap().placer
+        };
+        let placer = LearnedPlacer::new(fallback, &pods, setup.model.scorer.clone(), setup.gate)
+            .with_candidates(setup.model.candidates)
+            .with_decline(setup.decline.clone());
+        candidates.push(policy_of(Box::new(placer), name));
+    }
     for w in [0.003, 0.01, 0.03, 0.1, 0.3] {
         candidates.push(scored(rule(w, true), &format!("fgd+{w}sumsq")));
         candidates.push(scored(rule(w, false), &format!("fgd+{w}sumsq-all-models")));
@@ -283,41 +309,12 @@ fn variants(args: &[String]) {
     }
 }
 
-/// `reserve-[model-|free-|press-W-]M-T`, `reserve-fore[all|allcpu]-R` or
-/// `reserve-foreall[wide|narrow]-K-R` (`params` without the `reserve-`) as a policy
-/// named `name`.
+/// `reserve-[model-|free-|press-W-]M-T`, `reserve-fore[all|allcpu]-R`,
+/// `reserve-foreall[wide|narrow]-K-R`, each with optional `+OPTION`s (see
+/// [`ForecastRule`]), as a policy named `name` (`params`: without the `reserve-`).
 fn reserve(pods: &[Job], params: &str, name: &str) -> Policy {
-    // `fore-R` / `foreall-R`: decline while the whole-GPU demand forecast to arrive
-    // before 100 % is at least R times the idle GPUs that could serve it.
-    let forecast = |ratio: &str, per_model, cpu_room, node_idle| {
-        policy_of(
-            Box::new(Forecast {
-                inner: policies::build("fgd", pods).unwrap().placer,
-                ratio: ratio.parse().expect("R: a number"),
-                per_model,
-                cpu_room,
-                node_idle,
-                mix: WholeMix::of(pods),
-                workload: WorkloadMix::of(pods),
-            }),
-            name,
-        )
-    };
-    for (prefix, wide) in [("foreallwide-", true), ("foreallnarrow-", false)] {
-        if let Some(rest) = params.strip_prefix(prefix) {
-            let (k, ratio) = rest.split_once('-').expect("K-R");
-            let k: usize = k.parse().expect("K: an integer");
-            return forecast(ratio, false, false, Some((k, wide)));
-        }
-    }
-    for (prefix, per_model, cpu_room) in [
-        ("foreallcpu-", false, true),
-        ("foreall-", false, false),
-        ("fore-", true, false),
-    ] {
-        if let Some(ratio) = params.strip_prefix(prefix) {
-            return forecast(ratio, per_model, cpu_room, None);
-        }
+    if let Some(forecast) = ForecastRule::parse(params) {
+        return policy_of(Box::new(forecast.build(pods)), name);
     }
     let per_model = params.starts_with("model-");
     let any_model_only = params.starts_with("free-");
@@ -477,17 +474,107 @@ impl WholeMix {
 /// `ratio` times the idle GPUs that could serve it: of the share's GPU model
 /// (`per_model`; whole tasks that accept any model counted in proportion to that
 /// model's share of the idle GPUs) or of the cluster.
-#[derive(Debug)]
-struct Forecast {
-    inner: Box<dyn Placer>,
+#[derive(Debug, Default)]
+struct ForecastRule {
     ratio: f64,
     per_model: bool,
     /// Only while the GPU's node keeps CPU room for a whole-GPU task of the workload's
-    /// mean CPU per GPU.
+    /// mean CPU per GPU (`foreallcpu-R`).
     cpu_room: bool,
     /// Only while the GPU's node has at least (`true`) or at most (`false`) this many
     /// idle GPUs, the opened one included.
     node_idle: Option<(usize, bool)>,
+    /// `+slope=K`: the ratio rises by K times the GPU a share leaves free (negative:
+    /// small shares are declined at a lower pressure).
+    share_slope: f64,
+    /// `+cpuslope=K`: the ratio rises by K times (1 − the share's CPU per GPU over the
+    /// cluster's): CPU-heavy shares are declined at a lower pressure.
+    cpu_slope: f64,
+    /// `+usable`: idle GPUs count only as far as their node's free cores serve
+    /// whole-GPU tasks of the workload's mean CPU per GPU.
+    usable_idle: bool,
+    /// `+keep=M`: shares of M milli are never declined.
+    keep: Option<u16>,
+    /// `+sumsq`: places with FGD whose ties the sum-of-squares rule breaks
+    /// (`fgd-sumsq`), not FGD.
+    sumsq: bool,
+    /// `+sumsqfrom=P`: `fgd-sumsq` only while the cluster's pressure is at least P.
+    sumsq_from: Option<f64>,
+    /// `+spare`: `fgd-sumsq` puts a node whose GPUs are all idle last among ties.
+    spare_idle_nodes: bool,
+}
+
+impl ForecastRule {
+    /// `fore-R`, `foreall-R`, `foreallcpu-R`, `foreall[wide|narrow]-K-R`, each optionally
+    /// followed by `+OPTION`s; `None` for other `reserve-` rules.
+    fn parse(params: &str) -> Option<ForecastRule> {
+        let mut parts = params.split('+');
+        let head = parts.next()?;
+        let mut rule = ForecastRule::default();
+        let ratio = if let Some(ratio) = head.strip_prefix("fore-") {
+            rule.per_model = true;
+            ratio
+        } else if let Some(ratio) = head.strip_prefix("foreallcpu-") {
+            rule.cpu_room = true;
+            ratio
+        } else if let Some((rest, wide)) = head
+            .strip_prefix("foreallwide-")
+            .map(|r| (r, true))
+            .or_else(|| head.strip_prefix("foreallnarrow-").map(|r| (r, false)))
+        {
+            let (k, ratio) = rest.split_once('-').expect("K-R");
+            rule.node_idle = Some((k.parse().expect("K: an integer"), wide));
+            ratio
+        } else {
+            head.strip_prefix("foreall-")?
+        };
+        rule.ratio = ratio.parse().expect("R: a number");
+        for option in parts {
+            let (key, value) = option.split_once('=').unwrap_or((option, ""));
+            let number = || value.parse::<f64>().expect("+OPTION=a number");
+            match key {
+                "slope" => rule.share_slope = number(),
+                "cpuslope" => rule.cpu_slope = number(),
+                "usable" => rule.usable_idle = true,
+                "keep" => rule.keep = Some(value.parse().expect("keep=MILLI")),
+                "sumsq" => rule.sumsq = true,
+                "sumsqfrom" => rule.sumsq_from = Some(number()),
+                "spare" => rule.spare_idle_nodes = true,
+                _ => panic!("unknown option +{option}"),
+            }
+        }
+        Some(rule)
+    }
+
+    fn build(self, pods: &[Job]) -> Forecast {
+        let sumsq = || -> Box<dyn Placer> {
+            Box::new(ScoredPlacer::new(
+                SumOfSquares {
+                    tie: Fgd::from_workload(pods),
+                    weight: 1e-5,
+                    per_model: true,
+                    spare_idle_nodes: self.spare_idle_nodes,
+                },
+                TieBreak::First,
+            ))
+        };
+        let fgd = policies::build("fgd", pods).unwrap().placer;
+        Forecast {
+            inner: if self.sumsq { sumsq() } else { fgd },
+            late: self.sumsq_from.map(|from| (sumsq(), from)),
+            mix: WholeMix::of(pods),
+            workload: WorkloadMix::of(pods),
+            rule: self,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Forecast {
+    rule: ForecastRule,
+    inner: Box<dyn Placer>,
+    /// Places with this placer instead of `inner` from the given pressure on.
+    late: Option<(Box<dyn Placer>, f64)>,
     mix: WholeMix,
     workload: WorkloadMix,
 }
@@ -500,12 +587,24 @@ impl Forecast {
         gpu: marshal_scheduler::domain::GpuId,
         arrived: u64,
     ) -> f64 {
-        if !self.per_model {
+        let remaining = state.capacity_milli().saturating_sub(arrived) as f64 / 1000.0;
+        let topo = state.topology();
+        if self.rule.usable_idle {
+            let whole = f64::from(self.workload.whole_any_model + self.workload.whole_given_models);
+            let usable: f64 = topo
+                .node_ids()
+                .map(|n| {
+                    let idle = topo.node(n).gpu_ids().filter(|&g| state.is_idle(g)).count();
+                    let by_cpu = state.node_cpu_free(n) as f64 / self.mix.cpu_per_gpu.max(1.0);
+                    (idle as f64).min(by_cpu.floor())
+                })
+                .sum();
+            return (remaining * whole / usable.max(1.0)).min(f64::from(MAX_WHOLE_GPU_PRESSURE));
+        }
+        if !self.rule.per_model {
             // The decline head's input, so that the rule measures what the head sees.
             return f64::from(whole_gpu_pressure(state, Some(arrived), self.workload));
         }
-        let remaining = state.capacity_milli().saturating_sub(arrived) as f64 / 1000.0;
-        let topo = state.topology();
         let model = topo.gpu(gpu).model;
         let (mut idle_model, mut idle_all) = (0f64, 0f64);
         for (i, g) in topo.gpus().iter().enumerate() {
@@ -526,6 +625,34 @@ impl Forecast {
         let demand = remaining * (self.mix.any_model * idle_model / idle_all.max(1.0) + named);
         demand / idle_model.max(1.0)
     }
+
+    /// The pressure at which `job`, a share, is declined.
+    fn threshold(&self, job: &Job, state: &ClusterState) -> f64 {
+        let share = job.gpu.milli() as f64 / 1000.0;
+        let topo = state.topology();
+        let cluster_cpu: f64 = topo.node_ids().map(|n| topo.node(n).cpu_milli as f64).sum();
+        let cpu_ratio = job.cpu_milli as f64 / share / (cluster_cpu / topo.gpu_count() as f64);
+        self.rule.ratio
+            + self.rule.share_slope * (1.0 - share)
+            + self.rule.cpu_slope * (1.0 - cpu_ratio)
+    }
+
+    /// Whether the opened `idle` GPU's node passes the rule's node conditions.
+    fn node_allows(&self, state: &ClusterState, idle: marshal_scheduler::domain::GpuId) -> bool {
+        let node = state.topology().gpu(idle).node;
+        let cpu_ok =
+            !self.rule.cpu_room || state.node_cpu_free(node) as f64 >= self.mix.cpu_per_gpu;
+        cpu_ok
+            && self.rule.node_idle.is_none_or(|(k, wide)| {
+                let n = state
+                    .topology()
+                    .node(node)
+                    .gpu_ids()
+                    .filter(|&g| state.is_idle(g))
+                    .count();
+                if wide { n >= k } else { n <= k }
+            })
+    }
 }
 
 impl Placer for Forecast {
@@ -538,23 +665,20 @@ impl Placer for Forecast {
         let arrived = ctx
             .arrived_milli
             .expect("the study runs inflation episodes, which pass the arrived load");
-        let placement = self.inner.place(job, state, ctx)?;
-        if matches!(job.gpu, GpuDemand::Milli(_))
+        let inner = match &self.late {
+            Some((late, from))
+                if f64::from(whole_gpu_pressure(state, Some(arrived), self.workload)) >= *from =>
+            {
+                late
+            }
+            _ => &self.inner,
+        };
+        let placement = inner.place(job, state, ctx)?;
+        if let GpuDemand::Milli(milli) = job.gpu
+            && self.rule.keep != Some(milli)
             && let Some(idle) = placement.gpu_ids().find(|&g| state.free_milli(g) == 1000)
-            && self.pressure(state, idle, arrived) >= self.ratio
-            && (!self.cpu_room
-                || state.node_cpu_free(state.topology().gpu(idle).node) as f64
-                    >= self.mix.cpu_per_gpu)
-            && self.node_idle.is_none_or(|(k, wide)| {
-                let node = state.topology().gpu(idle).node;
-                let n = state
-                    .topology()
-                    .node(node)
-                    .gpu_ids()
-                    .filter(|&g| state.is_idle(g))
-                    .count();
-                if wide { n >= k } else { n <= k }
-            })
+            && self.pressure(state, idle, arrived) >= self.threshold(job, state)
+            && self.node_allows(state, idle)
         {
             return Err(Status::Deferred(
                 "kept whole for forecast whole-GPU demand".into(),
@@ -575,6 +699,9 @@ struct SumOfSquares<T> {
     tie: T,
     weight: f64,
     per_model: bool,
+    /// Among equal scores, a node whose GPUs are all idle comes last (the rule alone
+    /// breaks up nodes that multi-GPU tasks need whole).
+    spare_idle_nodes: bool,
 }
 
 /// The rule for one of the two choices only: the node (`on_node`, the GPU inside it is
@@ -724,6 +851,13 @@ impl<T: NodeScorer> NodeScorer for SumOfSquares<T> {
                 .or_insert_with(|| self.counts(node, state));
             if let Some((v, _)) = self.best_gpu(job, node, state, counts) {
                 scores[start + k] += v as f64 * self.weight;
+            }
+            let topo_node = state.topology().node(node);
+            if self.spare_idle_nodes
+                && usize::from(state.node_idle_gpus(node)) == topo_node.gpu_ids().count()
+            {
+                // Below every tied node, above every lower FGD score (FGD's are integers).
+                scores[start + k] -= 0.5;
             }
         }
     }
