@@ -2,7 +2,8 @@
 //! what placement could save (README, "Learned placement policy", "How far below FGD
 //! can placement go on openb?"). Three studies, each over seeds `FIRST..FIRST+SEEDS`:
 //!
-//! * `failures POLICY FIRST SEEDS [TRACE]`: every task that fails before 100 % arrived
+//! * `failures POLICY FIRST SEEDS [TRACE]` (POLICY: a heuristic, `reserve-…` or
+//!   `learned[-sumsq][-nonet]`): every task that fails before 100 % arrived
 //!   load, by shape (a task a `reserve-…` rule declined is listed as declined), and where
 //!   the free GPUs sit at 100 % by their node's free CPU;
 //! * `bound SEED`: how well the shares that arrive before 100 % could be packed offline
@@ -25,7 +26,8 @@
 //!   of a whole-GPU task of the workload's mean CPU per GPU; `reserve-foreallwide-K-R` /
 //!   `reserve-foreallnarrow-K-R`: only while the GPU's node has at least / at most K
 //!   idle GPUs); any `fore…` rule takes `+OPTION`s (`+sumsq`: on `fgd-sumsq`, not FGD;
-//!   `+slope=K`, `+cpuslope=K`, `+usable`, `+keep=M`, `+sumsqfrom=P`: see `ForecastRule`).
+//!   `+slope=K`, `+cpuslope=K`, `+usable`, `+keep=M`, `+sumsqfrom=P`, `+spare`: see
+//!   `ForecastRule`).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
 
@@ -87,6 +89,7 @@ fn main() {
     let (pods, _) = marshal_datasets::load_trace(trace, &topo.catalog).unwrap();
     let policy = match policy_name.strip_prefix("reserve-") {
         Some(params) => reserve(&pods, params, policy_name),
+        None if policy_name.starts_with("learned") => learned(&pods, policy_name),
         None => policies::build(policy_name, &pods).unwrap(),
     };
     // (shape, reason) → (count, milli)
@@ -263,23 +266,8 @@ fn variants(args: &[String]) {
     if let Some(name) = only.filter(|o| o.starts_with("reserve-")) {
         candidates.push(reserve(&pods, name.trim_start_matches("reserve-"), name));
     }
-    // `learned[-sumsq][-nonet]`: the shipped model (network and decline head) behind
-    // FGD or `fgd-sumsq` as its fallback; `-nonet`: the gate closed, so the fallback
-    // ranks and only the decline head is learned.
     if let Some(name) = only.filter(|o| o.starts_with("learned")) {
-        let mut setup = LearnedSetup::load(Path::new("models/policy-default"), None, "inflation");
-        if name.ends_with("-nonet") {
-            setup.gate.margin_threshold = f32::INFINITY;
-        }
-        let fallback: Box<dyn Placer> = if name.starts_with("learned-sumsq") {
-            Box::new(ScoredPlacer::new(rule(1e-5, true), TieBreak::First))
-        } else {
-            policies::build("fgd", &pods).unwrap().placer
-        };
-        let placer = LearnedPlacer::new(fallback, &pods, setup.model.scorer.clone(), setup.gate)
-            .with_candidates(setup.model.candidates)
-            .with_decline(setup.decline.clone());
-        candidates.push(policy_of(Box::new(placer), name));
+        candidates.push(learned(&pods, name));
     }
     for w in [0.003, 0.01, 0.03, 0.1, 0.3] {
         candidates.push(scored(rule(w, true), &format!("fgd+{w}sumsq")));
@@ -307,6 +295,47 @@ fn variants(args: &[String]) {
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         println!("{:<16} {mean:7.1}  {values:.0?}", policy.name);
     }
+}
+
+/// `learned[-sumsq][-nonet]`: the model in `models/policy-default` (network and decline
+/// head) behind FGD or `fgd-sumsq` as its fallback; `-nonet`: the gate closed, so the
+/// fallback ranks and only the decline head is learned.
+fn learned(pods: &[Job], name: &str) -> Policy {
+    let (sumsq, nonet) = match name {
+        "learned" => (false, false),
+        "learned-sumsq" => (true, false),
+        "learned-nonet" => (false, true),
+        "learned-sumsq-nonet" => (true, true),
+        _ => panic!("{name}: learned, learned-sumsq, learned-nonet or learned-sumsq-nonet"),
+    };
+    let mut setup = LearnedSetup::load(Path::new("models/policy-default"), None, "inflation");
+    for warning in [&setup.gate_warning, &setup.decline_warning] {
+        assert!(warning.is_none(), "{warning:?}");
+    }
+    assert!(
+        setup.decline.is_some(),
+        "models/policy-default has no decline head"
+    );
+    if nonet {
+        setup.gate.margin_threshold = f32::INFINITY;
+    }
+    let fallback: Box<dyn Placer> = if sumsq {
+        Box::new(ScoredPlacer::new(
+            SumOfSquares {
+                tie: Fgd::from_workload(pods),
+                weight: 1e-5,
+                per_model: true,
+                spare_idle_nodes: false,
+            },
+            TieBreak::First,
+        ))
+    } else {
+        policies::build("fgd", pods).unwrap().placer
+    };
+    let placer = LearnedPlacer::new(fallback, pods, setup.model.scorer.clone(), setup.gate)
+        .with_candidates(setup.model.candidates)
+        .with_decline(setup.decline.clone());
+    policy_of(Box::new(placer), name)
 }
 
 /// `reserve-[model-|free-|press-W-]M-T`, `reserve-fore[all|allcpu]-R`,
@@ -543,6 +572,10 @@ impl ForecastRule {
                 _ => panic!("unknown option +{option}"),
             }
         }
+        assert!(
+            !(rule.per_model && rule.usable_idle),
+            "+usable counts the cluster's idle GPUs: use it with foreall-R, not fore-R"
+        );
         Some(rule)
     }
 
@@ -629,12 +662,15 @@ impl Forecast {
     /// The pressure at which `job`, a share, is declined.
     fn threshold(&self, job: &Job, state: &ClusterState) -> f64 {
         let share = job.gpu.milli() as f64 / 1000.0;
-        let topo = state.topology();
-        let cluster_cpu: f64 = topo.node_ids().map(|n| topo.node(n).cpu_milli as f64).sum();
-        let cpu_ratio = job.cpu_milli as f64 / share / (cluster_cpu / topo.gpu_count() as f64);
-        self.rule.ratio
-            + self.rule.share_slope * (1.0 - share)
-            + self.rule.cpu_slope * (1.0 - cpu_ratio)
+        let mut threshold = self.rule.ratio + self.rule.share_slope * (1.0 - share);
+        if self.rule.cpu_slope != 0.0 {
+            let topo = state.topology();
+            let cluster_cpu: f64 = topo.node_ids().map(|n| topo.node(n).cpu_milli as f64).sum();
+            let per_gpu = cluster_cpu / topo.gpu_count().max(1) as f64;
+            let cpu_ratio = job.cpu_milli as f64 / share.max(1e-3) / per_gpu.max(1.0);
+            threshold += self.rule.cpu_slope * (1.0 - cpu_ratio);
+        }
+        threshold
     }
 
     /// Whether the opened `idle` GPU's node passes the rule's node conditions.
