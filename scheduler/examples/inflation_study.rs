@@ -297,6 +297,20 @@ fn variants(args: &[String]) {
     }
 }
 
+/// `fgd-sumsq` (FGD with its ties broken by the per-model sum-of-squares rule) as a
+/// placer; `spare_idle_nodes`: see [`SumOfSquares`].
+fn fgd_sumsq(pods: &[Job], spare_idle_nodes: bool) -> Box<dyn Placer> {
+    Box::new(ScoredPlacer::new(
+        SumOfSquares {
+            tie: Fgd::from_workload(pods),
+            weight: 1e-5,
+            per_model: true,
+            spare_idle_nodes,
+        },
+        TieBreak::First,
+    ))
+}
+
 /// `learned[-sumsq][-nonet]`: the model in `models/policy-default` (network and decline
 /// head) behind FGD or `fgd-sumsq` as its fallback; `-nonet`: the gate closed, so the
 /// fallback ranks and only the decline head is learned.
@@ -319,16 +333,8 @@ fn learned(pods: &[Job], name: &str) -> Policy {
     if nonet {
         setup.gate.margin_threshold = f32::INFINITY;
     }
-    let fallback: Box<dyn Placer> = if sumsq {
-        Box::new(ScoredPlacer::new(
-            SumOfSquares {
-                tie: Fgd::from_workload(pods),
-                weight: 1e-5,
-                per_model: true,
-                spare_idle_nodes: false,
-            },
-            TieBreak::First,
-        ))
+    let fallback = if sumsq {
+        fgd_sumsq(pods, false)
     } else {
         policies::build("fgd", pods).unwrap().placer
     };
@@ -580,17 +586,7 @@ impl ForecastRule {
     }
 
     fn build(self, pods: &[Job]) -> Forecast {
-        let sumsq = || -> Box<dyn Placer> {
-            Box::new(ScoredPlacer::new(
-                SumOfSquares {
-                    tie: Fgd::from_workload(pods),
-                    weight: 1e-5,
-                    per_model: true,
-                    spare_idle_nodes: self.spare_idle_nodes,
-                },
-                TieBreak::First,
-            ))
-        };
+        let sumsq = || fgd_sumsq(pods, self.spare_idle_nodes);
         let fgd = policies::build("fgd", pods).unwrap().placer;
         Forecast {
             inner: if self.sumsq { sumsq() } else { fgd },
