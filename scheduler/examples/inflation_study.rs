@@ -45,7 +45,7 @@ use marshal_scheduler::policies::learned::decline::{
     MAX_WHOLE_GPU_PRESSURE, WorkloadMix, whole_gpu_pressure,
 };
 use marshal_scheduler::policies::learned::{LearnedPlacer, LearnedSetup};
-use marshal_scheduler::policies::{self, Fgd};
+use marshal_scheduler::policies::{self, Fgd, SumOfSquares};
 use marshal_scheduler::sim::{InflationRun, SimConfig, run_inflation};
 
 fn gpu_room(job: &Job, state: &ClusterState, node: NodeId) -> bool {
@@ -230,7 +230,7 @@ fn variants(args: &[String]) {
     let (pods, _) = marshal_datasets::load_trace(trace, &topo.catalog).unwrap();
     let fgd = || Fgd::from_workload(&pods);
     let rule = |weight, per_model| SumOfSquares {
-        tie: fgd(),
+        inner: fgd(),
         weight,
         per_model,
         spare_idle_nodes: false,
@@ -302,7 +302,7 @@ fn variants(args: &[String]) {
 fn fgd_sumsq(pods: &[Job], spare_idle_nodes: bool) -> Box<dyn Placer> {
     Box::new(ScoredPlacer::new(
         SumOfSquares {
-            tie: Fgd::from_workload(pods),
+            inner: Fgd::from_workload(pods),
             weight: 1e-5,
             per_model: true,
             spare_idle_nodes,
@@ -340,7 +340,7 @@ fn learned(pods: &[Job], name: &str) -> Policy {
     };
     let placer = LearnedPlacer::new(fallback, pods, setup.model.scorer.clone(), setup.gate)
         .with_candidates(setup.model.candidates)
-        .with_decline(setup.decline.clone());
+        .with_decline(setup.decline.clone(), pods);
     policy_of(Box::new(placer), name)
 }
 
@@ -720,22 +720,6 @@ impl Placer for Forecast {
     }
 }
 
-/// The sum-of-squares rule of online bin packing (Csirik, Johnson, Kenyon, Orlin, Shor
-/// and Weber, JACM 2006) for GPU shares: with N(h) the number of partly used GPUs whose
-/// free capacity is h (per GPU model with `per_model`), put a share of size s where it
-/// lowers Σ N(h)² most; idle and full GPUs are not counted. Whole-GPU tasks change no
-/// partly used GPU and are left to `tie`, as is the choice among equal gains; `weight`
-/// scales the rule against `tie`'s score (1e-5: a tie-break of FGD's integer score).
-#[derive(Debug)]
-struct SumOfSquares<T> {
-    tie: T,
-    weight: f64,
-    per_model: bool,
-    /// Among equal scores, a node whose GPUs are all idle comes last (the rule alone
-    /// breaks up nodes that multi-GPU tasks need whole).
-    spare_idle_nodes: bool,
-}
-
 /// The rule for one of the two choices only: the node (`on_node`, the GPU inside it is
 /// `T`'s choice) or the GPU inside `T`'s chosen node.
 #[derive(Debug)]
@@ -748,9 +732,9 @@ impl<T: NodeScorer> OneChoice<T> {
     /// Who ranks the nodes and who picks the GPUs inside the chosen one.
     fn roles(&self) -> (&dyn NodeScorer, &dyn NodeScorer) {
         if self.on_node {
-            (&self.rule, &self.rule.tie)
+            (&self.rule, &self.rule.inner)
         } else {
-            (&self.rule.tie, &self.rule)
+            (&self.rule.inner, &self.rule)
         }
     }
 }
@@ -779,138 +763,6 @@ impl<T: NodeScorer> NodeScorer for OneChoice<T> {
         ctx: &mut Context,
     ) -> Option<Vec<GpuShare>> {
         self.roles().1.pick_gpus(job, node, state, ctx)
-    }
-}
-
-fn gap_counts(
-    state: &ClusterState,
-    model: Option<marshal_scheduler::domain::GpuModelId>,
-) -> Vec<i64> {
-    let mut counts = vec![0i64; 1001];
-    for n in state.topology().node_ids() {
-        let node = state.topology().node(n);
-        if model.is_some() && node.model != model {
-            continue;
-        }
-        for g in node.gpu_ids() {
-            counts[state.free_milli(g) as usize] += 1;
-        }
-    }
-    counts[0] = 0;
-    counts[1000] = 0;
-    counts
-}
-
-impl<T: NodeScorer> SumOfSquares<T> {
-    /// −ΔΣN² of putting `s` on a GPU with free `h` (higher is better).
-    fn gain(counts: &[i64], h: u16, s: u16) -> i64 {
-        let (h, to) = (h as usize, (h - s) as usize);
-        let mut before = counts[h] * counts[h] + counts[to] * counts[to];
-        let mut c = counts.to_vec();
-        if h != 0 && h != 1000 {
-            c[h] -= 1;
-        }
-        if to != 0 && to != 1000 {
-            c[to] += 1;
-        }
-        if h == to {
-            before = counts[h] * counts[h];
-            return before - c[h] * c[h];
-        }
-        before - (c[h] * c[h] + c[to] * c[to])
-    }
-
-    fn counts(&self, node: NodeId, state: &ClusterState) -> Vec<i64> {
-        let model = state.topology().node(node).model;
-        gap_counts(state, if self.per_model { model } else { None })
-    }
-
-    fn best_gpu(
-        &self,
-        job: &Job,
-        node: NodeId,
-        state: &ClusterState,
-        counts: &[i64],
-    ) -> Option<(i64, usize)> {
-        let GpuDemand::Milli(s) = job.gpu else {
-            return None;
-        };
-        let topo_node = state.topology().node(node);
-        let mut best: Option<(i64, usize)> = None;
-        for (i, g) in topo_node.gpu_ids().enumerate() {
-            let h = state.free_milli(g);
-            if h < s {
-                continue;
-            }
-            let v = Self::gain(counts, h, s);
-            if best.is_none_or(|(b, _)| v > b) {
-                best = Some((v, i));
-            }
-        }
-        best
-    }
-}
-
-impl<T: NodeScorer> NodeScorer for SumOfSquares<T> {
-    fn score(&self, job: &Job, node: NodeId, state: &ClusterState, ctx: &mut Context) -> f64 {
-        let mut scores = Vec::new();
-        self.score_nodes(job, &[node], state, ctx, &mut scores);
-        scores[0]
-    }
-
-    fn score_nodes(
-        &self,
-        job: &Job,
-        nodes: &[NodeId],
-        state: &ClusterState,
-        ctx: &mut Context,
-        scores: &mut Vec<f64>,
-    ) {
-        let start = scores.len();
-        self.tie.score_nodes(job, nodes, state, ctx, scores);
-        if !matches!(job.gpu, GpuDemand::Milli(_)) {
-            return;
-        }
-        let mut by_model: BTreeMap<Option<u8>, Vec<i64>> = BTreeMap::new();
-        for (k, &node) in nodes.iter().enumerate() {
-            let key = if self.per_model {
-                state.topology().node(node).model.map(|m| m.0)
-            } else {
-                None
-            };
-            let counts = by_model
-                .entry(key)
-                .or_insert_with(|| self.counts(node, state));
-            if let Some((v, _)) = self.best_gpu(job, node, state, counts) {
-                scores[start + k] += v as f64 * self.weight;
-            }
-            let topo_node = state.topology().node(node);
-            if self.spare_idle_nodes
-                && usize::from(state.node_idle_gpus(node)) == topo_node.gpu_ids().count()
-            {
-                // Below every tied node, above every lower FGD score (FGD's are integers).
-                scores[start + k] -= 0.5;
-            }
-        }
-    }
-
-    fn pick_gpus(
-        &self,
-        job: &Job,
-        node: NodeId,
-        state: &ClusterState,
-        ctx: &mut Context,
-    ) -> Option<Vec<GpuShare>> {
-        let counts = self.counts(node, state);
-        match self.best_gpu(job, node, state, &counts) {
-            Some((_, i)) => {
-                let g = marshal_scheduler::domain::GpuId(
-                    state.topology().node(node).gpus.start + i as u32,
-                );
-                Some(vec![GpuShare::for_demand(g, job.gpu)])
-            }
-            None => self.tie.pick_gpus(job, node, state, ctx),
-        }
     }
 }
 

@@ -234,6 +234,12 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
                          (kept idle GPUs whole)"
                     );
                 }
+                if let Some(n) = v["mean"]["sum_of_squares_ties"].as_f64() {
+                    println!(
+                        "{policy}: {n:.1} GPU shares per run were placed with FGD's ties broken \
+                         by the sum-of-squares rule (the decline head's share-ties switch)"
+                    );
+                }
             }
             if let Some(dir) = &a.plots {
                 println!("plots in {}", dir.display());

@@ -506,6 +506,10 @@ pub struct TrainDeclineArgs {
     /// validation episode.
     #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().tolerance)]
     tolerance: f64,
+    /// Also search a share-ties switch with the head: per share, whether FGD's ties are
+    /// broken by the sum-of-squares rule (`fgd-sumsq`). Needs FGD as the fallback.
+    #[arg(long)]
+    share_ties: bool,
     /// Episodes run at once.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     threads: usize,
@@ -532,6 +536,7 @@ pub fn decline(a: TrainDeclineArgs) -> anyhow::Result<()> {
         init_threshold: a.init_threshold,
         init_std: a.init_std,
         tolerance: a.tolerance,
+        share_ties: a.share_ties,
         threads: a.threads,
     };
     let started = Instant::now();
@@ -554,15 +559,30 @@ pub fn decline(a: TrainDeclineArgs) -> anyhow::Result<()> {
         100.0 * search.training_fitness,
         search.head.weights
     );
+    match &search.head.share_ties {
+        Some(ties) => println!(
+            "share-ties switch: on while the workload's {:?} lie in {:?}",
+            ties.feature_names, ties.bounds
+        ),
+        None if a.share_ties => {
+            println!("share-ties switch: off for every training workload (none recorded)")
+        }
+        None => {}
+    }
     println!("validation (unallocated GPUs at 100 %, without → with the head):");
     for r in &search.validation {
         println!(
-            "  {:<36} {:8.1} → {:8.1}  ({:+.2} %, {} shares declined)",
+            "  {:<36} {:8.1} → {:8.1}  ({:+.2} %, {} shares declined{})",
             r.episode,
             r.without,
             r.with,
             -100.0 * (r.with - r.without) / r.without.max(f64::MIN_POSITIVE),
-            r.declined
+            r.declined,
+            if a.share_ties {
+                format!(", {} with sum-of-squares ties", r.sum_of_squares_ties)
+            } else {
+                String::new()
+            }
         );
     }
     match &search.stored {

@@ -504,9 +504,14 @@ impl Experiment {
             },
         };
         run.result.fallback_rate = gate.as_ref().map(|g| g.snapshot().fallback_rate());
-        run.result.declined_shares = gate
-            .map(|g| g.snapshot().declines)
-            .filter(|&n| n > 0 || self.learned.as_ref().is_some_and(|l| l.decline.is_some()));
+        let head = self.learned.as_ref().and_then(|l| l.decline.as_ref());
+        let counts = gate.map(|g| g.snapshot());
+        run.result.declined_shares = (counts.as_ref())
+            .map(|c| c.declines)
+            .filter(|&n| n > 0 || head.is_some());
+        run.result.sum_of_squares_ties = (counts.as_ref())
+            .map(|c| c.sum_of_squares_ties)
+            .filter(|&n| n > 0 || head.is_some_and(|h| h.share_ties.is_some()));
         Ok(run)
     }
 

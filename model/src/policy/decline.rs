@@ -29,6 +29,20 @@
 //!   seven-input head (before the pressures) refuse a nine-input head and with it the
 //!   artifact. This build keeps a head of other inputs in the file without using it (a
 //!   warning says so) and `marshal train decline` replaces it.
+//! - **Share ties ([`ShareTies`], optional, searched with the head).** With FGD as the
+//!   fallback, the head may carry a switch that, per share, hands the placement to FGD
+//!   with its ties broken by the sum-of-squares rule of bin packing (`fgd-sumsq`) instead
+//!   of the network. That rule saves many GPUs on some workloads and loses up to a
+//!   quarter on others (README, "The sum-of-squares tie-break once more"), so it is
+//!   switched by the workload's mix and the moment, and searched jointly with the head
+//!   whose declines it changes. It is on while the workload's mix (four inputs, the
+//!   share of multi-GPU demand among them) lies in a box: the tightest box around the
+//!   training workloads it was searched to be on for, widened by [`RANGE_SLACK`]. A
+//!   half-space, tried first, cannot pick out a workload whose mix lies *between*
+//!   others (`default` lies between `gpushare80` and `multigpu40` on the whole-GPU
+//!   share and on the CPU pressure), and without the multi-GPU share `default` and
+//!   `multigpu20` are hardly apart. A build before the switch ignores the field and runs
+//!   the head without it, which is not what the head was searched with.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -52,6 +66,22 @@ pub const DECLINE_FEATURE_NAMES: [&str; DECLINE_FEATURES] = [
     "workload_cpu_pressure",
 ];
 pub const DECLINE_FEATURES: usize = 9;
+
+/// The share-ties switch's inputs, in order: the workload's mix (what tells `default`,
+/// where the sum-of-squares ties pay, from `multigpu`, `gpushare` and `gpuspec`
+/// workloads, where they lose).
+pub const SHARE_TIES_FEATURE_NAMES: [&str; SHARE_TIES_FEATURES] = [
+    "workload_whole_any_model",
+    "workload_whole_given_models",
+    "workload_multi_gpu",
+    "workload_cpu_pressure",
+];
+pub const SHARE_TIES_FEATURES: usize = 4;
+
+/// The heuristic whose ties the switch may break differently, and the one it then
+/// follows (FGD with sum-of-squares ties).
+pub const SHARE_TIES_BASE: &str = "fgd";
+pub const SHARE_TIES_ALTERNATIVE: &str = "fgd-sumsq";
 
 /// How far outside the trained range (in the inputs' own units: fractions in [0, 1],
 /// the pressures ratios around 1) an input may lie before the head abstains.
@@ -78,6 +108,64 @@ pub struct DeclineHead {
     pub training: BTreeMap<String, f64>,
     /// Validation episodes and their scores (`<episode>/without`, `/with`, `/declined`).
     pub scores: BTreeMap<String, f64>,
+    /// The share-ties switch searched with the head, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_ties: Option<ShareTies>,
+}
+
+/// A switch: whether FGD with its ties broken by the sum-of-squares rule (`fgd-sumsq`)
+/// places the shares rather than the network. On while the workload's mix lies in a box.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShareTies {
+    /// [`SHARE_TIES_FEATURE_NAMES`] when trained; checked on load.
+    pub feature_names: Vec<String>,
+    /// Per input, the box it must lie in: `[lower, upper]`.
+    pub bounds: Vec<[f32; 2]>,
+}
+
+impl ShareTies {
+    pub fn new(bounds: Vec<[f32; 2]>) -> ShareTies {
+        ShareTies {
+            feature_names: SHARE_TIES_FEATURE_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            bounds,
+        }
+    }
+
+    /// Whether the workload's `inputs` lie in the box (never for an input that could not
+    /// be computed, nor for a switch of another layout).
+    pub fn on(&self, inputs: &[f32; SHARE_TIES_FEATURES]) -> bool {
+        self.bounds.len() == SHARE_TIES_FEATURES
+            && inputs
+                .iter()
+                .zip(&self.bounds)
+                .all(|(x, [lo, hi])| *x >= *lo && *x <= *hi)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.feature_names != SHARE_TIES_FEATURE_NAMES {
+            return Err(format!(
+                "share-ties inputs {:?} differ from this build's {:?}",
+                self.feature_names, SHARE_TIES_FEATURE_NAMES
+            ));
+        }
+        if self.bounds.len() != SHARE_TIES_FEATURES {
+            return Err(format!(
+                "share ties have {} bounds; {SHARE_TIES_FEATURES} expected",
+                self.bounds.len()
+            ));
+        }
+        if let Some([lo, hi]) = self
+            .bounds
+            .iter()
+            .find(|[lo, hi]| !(lo.is_finite() && hi.is_finite() && lo <= hi))
+        {
+            return Err(format!("share-ties bounds [{lo}, {hi}] are not a range"));
+        }
+        Ok(())
+    }
 }
 
 /// What the head says about one share.
@@ -112,6 +200,7 @@ impl DeclineHead {
             network_margin_threshold,
             training: BTreeMap::new(),
             scores: BTreeMap::new(),
+            share_ties: None,
         }
     }
 
@@ -132,6 +221,18 @@ impl DeclineHead {
                 self.weights.len(),
                 self.input_range.len()
             ));
+        }
+        if let Some(ties) = &self.share_ties {
+            if self.fallback != SHARE_TIES_BASE {
+                return Some(format!(
+                    "share ties switch between {SHARE_TIES_BASE} and {SHARE_TIES_ALTERNATIVE}, \
+                     but the head was searched with fallback {}",
+                    self.fallback
+                ));
+            }
+            if let Err(e) = ties.validate() {
+                return Some(e);
+            }
         }
         None
     }
@@ -282,5 +383,42 @@ mod tests {
         h.margin_threshold = -0.1;
         assert!(h.validate().unwrap_err().contains("margin threshold"));
         assert!(head().validate().is_ok());
+    }
+
+    fn ties() -> ShareTies {
+        ShareTies::new(vec![[0.6, 0.8], [0.0, 0.05], [0.0, 0.1], [0.6, 0.9]])
+    }
+
+    #[test]
+    fn the_share_ties_switch_is_on_inside_its_box_only() {
+        assert!(ties().on(&[0.715, 0.0, 0.073, 0.815]));
+        // multigpu20: too many multi-GPU tasks; gpuspec10: too many given models.
+        assert!(!ties().on(&[0.756, 0.0, 0.204, 0.78]));
+        assert!(!ties().on(&[0.632, 0.084, 0.073, 0.815]));
+        assert!(!ties().on(&[0.715, 0.0, f32::NAN, 0.815]));
+    }
+
+    #[test]
+    fn a_share_ties_switch_needs_fgd_and_its_own_layout() {
+        let mut h = head();
+        h.share_ties = Some(ties());
+        assert!(h.validate().is_ok());
+        let text = serde_json::to_string(&h).unwrap();
+        assert_eq!(serde_json::from_str::<DeclineHead>(&text).unwrap(), h);
+        // A head without the switch writes no field, as before the switch.
+        assert!(
+            !serde_json::to_string(&head())
+                .unwrap()
+                .contains("share_ties")
+        );
+        let mut other = h.clone();
+        other.fallback = "best-fit".into();
+        assert!(other.validate().unwrap_err().contains("fallback best-fit"));
+        let mut short = h.clone();
+        short.share_ties.as_mut().unwrap().bounds.pop();
+        assert!(short.validate().unwrap_err().contains("3 bounds"));
+        let mut empty = h;
+        empty.share_ties.as_mut().unwrap().bounds[2] = [0.2, 0.1];
+        assert!(empty.validate().unwrap_err().contains("not a range"));
     }
 }

@@ -42,7 +42,8 @@ pub use artifact::{
 pub use config::PolicyConfig;
 pub use decline::{
     DECLINE_FEATURE_NAMES, DECLINE_FEATURES, DeclineHead, DeclineVerdict, RANGE_SLACK,
-    write_decline_head,
+    SHARE_TIES_ALTERNATIVE, SHARE_TIES_BASE, SHARE_TIES_FEATURE_NAMES, SHARE_TIES_FEATURES,
+    ShareTies, write_decline_head,
 };
 pub use digest::artifact_sha256;
 pub use features::{

@@ -9,6 +9,7 @@
 //! | `gpu-packing` | FIFO, backfill | used GPUs, then used nodes | – |
 //! | `gpu-clustering` | FIFO, backfill | nodes running the same task kind | – |
 //! | `fgd` | FIFO, backfill | least fragmentation growth | – |
+//! | `fgd-sumsq` | FIFO, backfill | FGD, ties by the sum-of-squares rule | – |
 //! | `topo-pack` | FIFO, backfill | tightest topology domain | – |
 //! | `tiresias` | 2D-LAS | tightest topology domain | lower LAS queues |
 //! | `priority` | priority, then age | tightest topology domain | lower priority |
@@ -19,6 +20,7 @@ pub mod learned;
 mod order;
 mod preempt;
 mod scorers;
+mod sumsq;
 mod topo;
 
 pub use fgd::Fgd;
@@ -27,6 +29,7 @@ pub use preempt::PreemptLowerRank;
 pub use scorers::{
     BestFit, DotProduct, FirstFit, GpuClustering, GpuPacking, NodeSpecMax, RandomScore,
 };
+pub use sumsq::{SumOfSquares, gap_counts, sum_of_squares_gain};
 pub use topo::TopoPack;
 
 use crate::domain::Job;
@@ -41,6 +44,7 @@ pub const POLICY_NAMES: &[&str] = &[
     "gpu-packing",
     "gpu-clustering",
     "fgd",
+    "fgd-sumsq",
     "topo-pack",
     "tiresias",
     "priority",
@@ -71,6 +75,10 @@ pub fn build(name: &str, workload: &[Job]) -> Result<Policy, UnknownPolicy> {
         "gpu-clustering" => scored(Box::new(ScoredPlacer::new(GpuClustering, TieBreak::First))),
         "fgd" => scored(Box::new(ScoredPlacer::new(
             Fgd::from_workload(workload),
+            TieBreak::First,
+        ))),
+        "fgd-sumsq" => scored(Box::new(ScoredPlacer::new(
+            SumOfSquares::tie_break_of(Fgd::from_workload(workload)),
             TieBreak::First,
         ))),
         "topo-pack" => scored(Box::new(TopoPack)),

@@ -812,6 +812,7 @@ impl Replay<'_> {
             unallocated_gpus_at_100: None,
             fallback_rate: None,
             declined_shares: None,
+            sum_of_squares_ties: None,
         }
     }
 }

@@ -14,6 +14,20 @@
 //! forecast to arrive over the idle GPUs; at 1 the idle GPUs will not hold it), the
 //! heuristic the search refines (as behaviour cloning warm-starts the network).
 //!
+//! With `share_ties`, the search also draws the head's share-ties switch
+//! (`marshal_model::policy::ShareTies`: FGD with sum-of-squares ties places the shares
+//! instead of the network while the workload's mix lies in a box), jointly, since the
+//! switch changes which shares open idle GPUs and so what declining pays. What is drawn
+//! is which training workloads the switch is on for: one Bernoulli bit per training
+//! trace (probability ½ at iteration 0, then the elite's share, kept within [0.05,
+//! 0.95]), beside the head's Gaussian weights. A draw's box is the tightest one around
+//! the workloads its bits hold, widened by `RANGE_SLACK`, and the draw runs with that
+//! box, so what the search scores is what is stored. Bounds drawn as numbers were tried
+//! first: a box must leave out *every* workload where the rule loses before it scores
+//! above no switch at all, which almost no draw of eight bounds did, and where bounds
+//! fall *between* training workloads is not something a search measures anyway; the
+//! tight box keeps the switch off for a mix unlike every workload it paid on.
+//!
 //! The result is checked on validation episodes: if it is worse than the network
 //! without a head by more than `tolerance` on any of them, no head is stored. Same seed
 //! and episodes ⇒ the same head.
@@ -23,12 +37,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use marshal_model::policy::{
-    DECLINE_FEATURES, DeclineHead, PolicyScorer, load_policy, write_decline_head,
+    DECLINE_FEATURES, DeclineHead, PolicyScorer, RANGE_SLACK, SHARE_TIES_BASE, SHARE_TIES_FEATURES,
+    ShareTies, load_policy, write_decline_head,
 };
 use marshal_scheduler::policies::learned::decline::{
-    MAX_WHOLE_GPU_PRESSURE, WorkloadMix, cpu_pressure,
+    MAX_WHOLE_GPU_PRESSURE, WorkloadMix, cpu_pressure, share_ties_features,
 };
-use marshal_scheduler::policies::learned::{Act, CLOSED_MARGIN, Gate};
+use marshal_scheduler::policies::learned::{Act, CLOSED_MARGIN, Gate, GateCounts};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -54,6 +69,8 @@ pub struct DeclineOptions {
     /// Largest relative loss against the network without a head allowed on any
     /// validation episode.
     pub tolerance: f64,
+    /// Search a share-ties switch with the head (needs FGD as the fallback).
+    pub share_ties: bool,
     pub threads: usize,
 }
 
@@ -67,6 +84,7 @@ impl Default for DeclineOptions {
             init_threshold: 1.0,
             init_std: 1.0,
             tolerance: 0.01,
+            share_ties: false,
             threads: 1,
         }
     }
@@ -122,6 +140,8 @@ pub struct DeclineRow {
     pub without: f64,
     pub with: f64,
     pub declined: u64,
+    /// Shares placed with sum-of-squares ties (the switch on).
+    pub sum_of_squares_ties: u64,
 }
 
 /// What the search found.
@@ -153,7 +173,7 @@ impl Runner {
         spec: &EpisodeSpec,
         index: usize,
         head: Option<&DeclineHead>,
-    ) -> Result<(f64, u64), String> {
+    ) -> Result<(f64, GateCounts), String> {
         let o = run_episode(
             spec,
             index,
@@ -165,7 +185,7 @@ impl Runner {
                 decline: head.cloned().map(Arc::new),
             },
         )?;
-        Ok((o.score, o.counts.declines))
+        Ok((o.score, o.counts))
     }
 }
 
@@ -219,6 +239,22 @@ fn input_range(train: &[EpisodeSpec]) -> Vec<[f32; 2]> {
     ]
 }
 
+/// The share-ties switch on for the workloads `held`: the tightest box around them,
+/// widened by [`RANGE_SLACK`]; `None` when there are none.
+pub fn box_around(held: &[[f32; SHARE_TIES_FEATURES]]) -> Option<ShareTies> {
+    if held.is_empty() {
+        return None;
+    }
+    let bounds = (0..SHARE_TIES_FEATURES)
+        .map(|k| {
+            let lo = held.iter().map(|x| x[k]).fold(f32::INFINITY, f32::min);
+            let hi = held.iter().map(|x| x[k]).fold(f32::NEG_INFINITY, f32::max);
+            [lo - RANGE_SLACK, hi + RANGE_SLACK]
+        })
+        .collect();
+    Some(ShareTies::new(bounds))
+}
+
 /// Whether a head is stored: it must beat having no head on the training episodes
 /// (`training_fitness` > 0; the search's mean can end on a head that never declines,
 /// which is not worth recording) and lose no more than `tolerance` on any validation
@@ -259,6 +295,11 @@ pub fn train_decline(
             s.name, s.fallback, train[0].name
         ));
     }
+    if opts.share_ties && fallback != SHARE_TIES_BASE {
+        return Err(format!(
+            "share ties break {SHARE_TIES_BASE}'s ties; the fallback here is {fallback}"
+        ));
+    }
     let artifact = load_policy(dir).map_err(|e| format!("policy model {}: {e}", dir.display()))?;
     let runner = Runner {
         scorer: Arc::new(artifact.scorer),
@@ -277,13 +318,31 @@ pub fn train_decline(
         .map(|r| r.map(|(score, _)| score))
         .collect::<Result<_, _>>()?;
     let range = input_range(train);
-    let fitness = |weights: &[f32]| -> Result<(f64, f64), String> {
-        let head = DeclineHead::new(
-            weights.to_vec(),
+    // One mix per training trace (its seeds share the pod list).
+    let mixes: Vec<[f32; SHARE_TIES_FEATURES]> = train
+        .iter()
+        .filter_map(|s| s.jobs_by_seed.first())
+        .zip(train)
+        .map(|((_, jobs), s)| share_ties_features(&s.topo, WorkloadMix::of(jobs)))
+        .collect();
+    let head_of = |weights: &[f32]| {
+        let mut head = DeclineHead::new(
+            weights[..DECLINE_FEATURES].to_vec(),
             range.clone(),
             fallback,
             runner.gate.margin_threshold,
         );
+        if opts.share_ties {
+            let held: Vec<_> = (mixes.iter().zip(&weights[DECLINE_FEATURES..]))
+                .filter(|(_, bit)| **bit >= 0.5)
+                .map(|(x, _)| *x)
+                .collect();
+            head.share_ties = box_around(&held);
+        }
+        head
+    };
+    let fitness = |weights: &[f32]| -> Result<(f64, f64), String> {
+        let head = head_of(weights);
         let gains: Vec<f64> = train_eps
             .iter()
             .zip(&without)
@@ -298,38 +357,58 @@ pub fn train_decline(
         Ok((g + 2.0 * worst.min(0.0), g))
     };
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0xdec1_1e00);
-    let mut mu = vec![0.0f32; DECLINE_FEATURES];
+    let dims = DECLINE_FEATURES + if opts.share_ties { mixes.len() } else { 0 };
+    let mut mu = vec![0.0f32; dims];
     // 20 · (pressure − threshold): p = ½ at the threshold, ≈ 0.12 at 0.1 below it.
     mu[7] = 20.0;
     mu[0] = -20.0 * opts.init_threshold;
     // Narrow ranges (one training workload) count as a tenth of the unit range.
-    let mut sigma: Vec<f32> = range
-        .iter()
-        .map(|[lo, hi]| opts.init_std / (hi - lo).max(0.1))
-        .collect();
+    let spread = |[lo, hi]: &[f32; 2]| opts.init_std / (hi - lo).max(0.1);
+    let mut sigma: Vec<f32> = range.iter().map(spread).collect();
     sigma[0] = opts.init_std;
+    // The bits: `mu` holds each one's probability; `sigma` is unused for them.
+    mu[DECLINE_FEATURES..].fill(0.5);
+    sigma.resize(dims, 0.0);
     let floor: Vec<f32> = sigma.iter().map(|s| s * 0.05).collect();
     let mut best: Option<(f64, Vec<f32>)> = None;
     let mut curve = Vec::new();
     for iteration in 0..opts.iterations {
         let mut draws: Vec<Vec<f32>> = (0..opts.population)
             .map(|_| {
-                mu.iter()
-                    .zip(&sigma)
-                    .map(|(m, s)| m + s * normal(&mut rng))
+                (0..dims)
+                    .map(|k| {
+                        if k < DECLINE_FEATURES {
+                            mu[k] + sigma[k] * normal(&mut rng)
+                        } else {
+                            f32::from(u8::from(rng.random::<f32>() < mu[k]))
+                        }
+                    })
                     .collect()
             })
             .collect();
-        // The current mean competes too, so a search that finds nothing better keeps it.
-        draws[0] = mu.clone();
+        // The current mean competes too (each bit its likelier value), so a search that
+        // finds nothing better keeps it.
+        draws[0] = (mu.iter().enumerate())
+            .map(|(k, &m)| {
+                if k < DECLINE_FEATURES {
+                    m
+                } else {
+                    f32::from(u8::from(m >= 0.5))
+                }
+            })
+            .collect();
         let scored: Vec<(f64, f64)> = par_map(&draws, opts.threads, |w| fitness(w))
             .into_iter()
             .collect::<Result<_, _>>()?;
         let mut order: Vec<usize> = (0..draws.len()).collect();
         order.sort_by(|&a, &b| scored[b].0.total_cmp(&scored[a].0).then(a.cmp(&b)));
         let elite: Vec<&Vec<f32>> = order[..opts.elite].iter().map(|&i| &draws[i]).collect();
-        for k in 0..DECLINE_FEATURES {
+        for k in 0..dims {
             let m = elite.iter().map(|w| w[k]).sum::<f32>() / elite.len() as f32;
+            if k >= DECLINE_FEATURES {
+                mu[k] = m.clamp(0.05, 0.95);
+                continue;
+            }
             let var = elite.iter().map(|w| (w[k] - m).powi(2)).sum::<f32>() / elite.len() as f32;
             mu[k] = m;
             // A floor (5 % of the initial spread) keeps the search from freezing.
@@ -360,16 +439,17 @@ pub fn train_decline(
         curve.push(row);
     }
     let (best_fitness, weights) = best.expect("at least one iteration ran");
-    let mut head = DeclineHead::new(weights, range, fallback, runner.gate.margin_threshold);
+    let mut head = head_of(&weights);
     let valid_eps = episodes(valid);
     let validation: Vec<DeclineRow> = par_map(&valid_eps, opts.threads, |(s, i)| {
         let (without, _) = runner.run(s, *i, None)?;
-        let (with, declined) = runner.run(s, *i, Some(&head))?;
+        let (with, counts) = runner.run(s, *i, Some(&head))?;
         Ok(DeclineRow {
             episode: format!("{} seed {}", s.name, s.jobs_by_seed[*i].0),
             without,
             with,
-            declined,
+            declined: counts.declines,
+            sum_of_squares_ties: counts.sum_of_squares_ties,
         })
     })
     .into_iter()
@@ -386,6 +466,10 @@ pub fn train_decline(
         ("init_threshold".to_string(), f64::from(opts.init_threshold)),
         ("init_std".to_string(), f64::from(opts.init_std)),
         ("tolerance".to_string(), opts.tolerance),
+        (
+            "share_ties".to_string(),
+            f64::from(u8::from(opts.share_ties)),
+        ),
         ("training_episodes".to_string(), train_eps.len() as f64),
         ("training_fitness".to_string(), best_fitness),
     ]);
@@ -395,6 +479,12 @@ pub fn train_decline(
         head.scores.insert(format!("{key}/with"), r.with);
         head.scores
             .insert(format!("{key}/declined"), r.declined as f64);
+        if opts.share_ties {
+            head.scores.insert(
+                format!("{key}/sum_of_squares_ties"),
+                r.sum_of_squares_ties as f64,
+            );
+        }
     }
     let stored = worth_storing(best_fitness, worst, opts.tolerance).then(|| head.clone());
     write_decline_head(dir, stored.clone())
@@ -608,6 +698,66 @@ mod tests {
         assert!(loses.curve[0].best < 0.0, "{:?}", loses.curve);
         assert!(loses.stored.is_none());
         assert_eq!(load_policy(tmp.path()).unwrap().meta.decline, None);
+    }
+
+    #[test]
+    fn the_share_ties_box_is_the_tightest_around_the_workloads_it_holds_widened() {
+        assert_eq!(box_around(&[]), None);
+        let ties = box_around(&[[0.7, 0.0, 0.07, 0.8], [0.7, 0.0, 0.07, 0.68]]).unwrap();
+        let want = [[0.65, 0.75], [-0.05, 0.05], [0.02, 0.12], [0.63, 0.85]];
+        for (got, want) in ties.bounds.iter().zip(want) {
+            assert!((got[0] - want[0]).abs() < 1e-6 && (got[1] - want[1]).abs() < 1e-6);
+        }
+        // Between the two CPU pressures: on; multigpu20's multi-GPU share: off.
+        assert!(ties.on(&[0.7, 0.0, 0.07, 0.75]));
+        assert!(!ties.on(&[0.756, 0.0, 0.204, 0.78]));
+    }
+
+    #[test]
+    fn a_share_ties_switch_is_searched_with_the_head_and_recorded_with_it() {
+        let tmp = artifact();
+        let search = train_decline(
+            tmp.path(),
+            &[slivers(&[1000])],
+            &[slivers(&[2000])],
+            &DeclineOptions {
+                share_ties: true,
+                ..options(0)
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        // On for the one training workload (the tight box around it) or off; the
+        // validation episodes, of the same workload, count its shares accordingly.
+        let mix = share_ties_features(
+            &slivers(&[1]).topo,
+            WorkloadMix::of(&slivers(&[1]).jobs_by_seed[0].1),
+        );
+        let on = search.head.share_ties.is_some();
+        if on {
+            assert_eq!(search.head.share_ties, box_around(&[mix]));
+        }
+        for row in &search.validation {
+            assert_eq!(row.sum_of_squares_ties > 0, on, "{row:?}");
+        }
+        assert_eq!(search.head.training.get("share_ties"), Some(&1.0));
+        let stored = search.stored.expect("it passed validation");
+        assert_eq!(load_policy(tmp.path()).unwrap().meta.decline, Some(stored));
+        // Only FGD's ties are switched.
+        let mut other = slivers(&[1]);
+        other.fallback = "best-fit".into();
+        let err = train_decline(
+            tmp.path(),
+            std::slice::from_ref(&other),
+            &[other.clone()],
+            &DeclineOptions {
+                share_ties: true,
+                ..options(0)
+            },
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(err.contains("fallback here is best-fit"), "{err}");
     }
 
     #[test]

@@ -152,7 +152,7 @@ pub fn run_episode(spec: &EpisodeSpec, index: usize, driver: &Driver) -> Result<
             let (policy, stats) = learned_policy(&spec.fallback, jobs, |fallback| {
                 let p = LearnedPlacer::new(fallback, jobs, model, *gate)
                     .with_candidates(*candidates)
-                    .with_decline(decline.clone());
+                    .with_decline(decline.clone(), jobs);
                 if *act == Act::Greedy {
                     p
                 } else {

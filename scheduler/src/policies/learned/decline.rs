@@ -1,7 +1,7 @@
 //! The inputs of the decline head (`marshal_model::policy::DeclineHead`): what the
 //! learned placer knows when a GPU share's placement would open an idle GPU.
 
-use marshal_model::policy::DECLINE_FEATURES;
+use marshal_model::policy::{DECLINE_FEATURES, SHARE_TIES_FEATURES};
 
 use crate::domain::{ClusterState, GpuDemand, GpuId, Job, Placement, Topology};
 
@@ -18,16 +18,21 @@ pub struct WorkloadMix {
     pub whole_given_models: f32,
     /// CPU milli requested per GPU requested (all tasks, CPU-only ones included).
     pub cpu_milli_per_gpu: f32,
+    /// Jobs of more than one GPU (whole GPUs; any number of workers).
+    pub multi_gpu: f32,
 }
 
 impl WorkloadMix {
     /// The mix of `workload` (all zero for a workload without GPU demand).
     pub fn of(workload: &[Job]) -> WorkloadMix {
-        let (mut any, mut given, mut all, mut cpu) = (0u64, 0u64, 0u64, 0u64);
+        let (mut any, mut given, mut all, mut cpu, mut multi) = (0u64, 0u64, 0u64, 0u64, 0u64);
         for job in workload {
             let milli = job.gpu_milli();
             all += milli;
             cpu += u64::from(job.cpu_milli) * u64::from(job.workers);
+            if job.gpu_count() > 1 {
+                multi += milli;
+            }
             if matches!(job.gpu, GpuDemand::Whole(_)) {
                 if job.gpu_models.is_any() {
                     any += milli;
@@ -41,6 +46,7 @@ impl WorkloadMix {
             whole_any_model: share(any),
             whole_given_models: share(given),
             cpu_milli_per_gpu: (cpu as f64 / (all.max(1) as f64 / 1000.0)) as f32,
+            multi_gpu: share(multi),
         }
     }
 }
@@ -82,6 +88,16 @@ pub fn cpu_pressure(topo: &Topology, mix: WorkloadMix) -> f32 {
     let cpu: u64 = topo.nodes().iter().map(|n| u64::from(n.cpu_milli)).sum();
     let per_gpu = cpu as f64 / f64::from(topo.gpu_count().max(1));
     (f64::from(mix.cpu_milli_per_gpu) / per_gpu.max(1.0)) as f32
+}
+
+/// The share-ties switch's inputs (order: `marshal_model::policy::SHARE_TIES_FEATURE_NAMES`).
+pub fn share_ties_features(topo: &Topology, mix: WorkloadMix) -> [f32; SHARE_TIES_FEATURES] {
+    [
+        mix.whole_any_model,
+        mix.whole_given_models,
+        mix.multi_gpu,
+        cpu_pressure(topo, mix),
+    ]
 }
 
 /// The head's inputs for a share that would open `gpu` (order:

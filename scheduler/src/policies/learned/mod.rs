@@ -24,14 +24,14 @@ use std::sync::{Arc, Mutex};
 
 use marshal_model::policy::{
     CandidateSet, DecisionFeatures, DeclineHead, DeclineVerdict, MAX_CANDIDATES, PolicyScorer,
-    load_policy,
+    ShareTies, load_policy,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{ClusterState, GpuDemand, Job, JobId, Placement};
-use crate::framework::{Context, Placer, Policy, Status};
-use crate::policies::{Fgd, UnknownPolicy, build};
+use crate::framework::{Context, Placer, Policy, ScoredPlacer, Status, TieBreak};
+use crate::policies::{Fgd, SumOfSquares, UnknownPolicy, build};
 
 pub use features::{Choice, NodeScores, featurise};
 pub use setup::{LearnedSetup, PolicyError, build_policy, check_name};
@@ -52,6 +52,9 @@ pub enum DecisionPath {
     OutOfDistribution,
     /// Scoring failed (a non-finite feature or logit).
     ScoringError,
+    /// A share the decline head's share-ties switch handed to FGD with sum-of-squares
+    /// ties.
+    ShareTies,
 }
 
 impl DecisionPath {
@@ -63,6 +66,7 @@ impl DecisionPath {
             DecisionPath::LowMargin => "fallback:low-margin",
             DecisionPath::OutOfDistribution => "fallback:out-of-distribution",
             DecisionPath::ScoringError => "fallback:scoring-error",
+            DecisionPath::ShareTies => "fallback:share-ties",
         }
     }
 
@@ -142,6 +146,7 @@ pub struct GateStats {
     waits: AtomicU64,
     declines: AtomicU64,
     decline_out_of_range: AtomicU64,
+    sum_of_squares_ties: AtomicU64,
 }
 
 /// A snapshot of [`GateStats`].
@@ -160,6 +165,10 @@ pub struct GateCounts {
     /// Shares the decline head abstained on: an input outside its trained range.
     #[serde(default)]
     pub decline_out_of_range: u64,
+    /// Shares placed by FGD with its ties broken by the sum-of-squares rule, not the
+    /// network (the decline head's share-ties switch was on): fallback decisions.
+    #[serde(default)]
+    pub sum_of_squares_ties: u64,
 }
 
 impl GateCounts {
@@ -168,7 +177,11 @@ impl GateCounts {
     }
 
     pub fn fallbacks(&self) -> u64 {
-        self.no_model + self.low_margin + self.out_of_distribution + self.scoring_error
+        self.no_model
+            + self.low_margin
+            + self.out_of_distribution
+            + self.scoring_error
+            + self.sum_of_squares_ties
     }
 
     /// Share of decisions the fallback made (0 when there were none).
@@ -185,6 +198,7 @@ impl GateStats {
             DecisionPath::LowMargin => &self.low_margin,
             DecisionPath::OutOfDistribution => &self.out_of_distribution,
             DecisionPath::ScoringError => &self.scoring_error,
+            DecisionPath::ShareTies => &self.sum_of_squares_ties,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -200,6 +214,7 @@ impl GateStats {
             waits: r(&self.waits),
             declines: r(&self.declines),
             decline_out_of_range: r(&self.decline_out_of_range),
+            sum_of_squares_ties: r(&self.sum_of_squares_ties),
         }
     }
 }
@@ -227,6 +242,9 @@ pub struct LearnedPlacer {
     calls: AtomicU64,
     candidates: CandidateSet,
     decline: Option<Arc<DeclineHead>>,
+    /// The decline head's share-ties switch and the placer it hands shares to
+    /// (`fgd-sumsq`).
+    share_ties: Option<(ShareTies, Box<dyn Placer>)>,
     mix: decline::WorkloadMix,
 }
 
@@ -250,6 +268,7 @@ impl LearnedPlacer {
             calls: AtomicU64::new(0),
             candidates: CandidateSet::Ranked,
             decline: None,
+            share_ties: None,
             mix: decline::WorkloadMix::of(workload),
         }
     }
@@ -257,10 +276,38 @@ impl LearnedPlacer {
     /// Lets `head` (when there is one) leave a share unplaced rather than open an idle GPU
     /// for it: the placement comes back as [`Status::Deferred`]. Only for the inflation
     /// objective, which it was trained on (in a replay or the service a declined share
-    /// would wait with nothing to bound its wait).
-    pub fn with_decline(mut self, head: Option<Arc<DeclineHead>>) -> Self {
+    /// would wait with nothing to bound its wait). A head with a share-ties switch also
+    /// hands a share to FGD with sum-of-squares ties, not the network, where the switch
+    /// says so (`workload` is the trace being scheduled, as for [`LearnedPlacer::new`];
+    /// the switch needs FGD as the fallback, which [`LearnedModel::decline_for`] checks).
+    pub fn with_decline(mut self, head: Option<Arc<DeclineHead>>, workload: &[Job]) -> Self {
+        self.share_ties = head
+            .as_ref()
+            .and_then(|h| h.share_ties.clone())
+            .map(|ties| {
+                let alternative: Box<dyn Placer> = Box::new(ScoredPlacer::new(
+                    SumOfSquares::tie_break_of(Fgd::from_workload(workload)),
+                    TieBreak::First,
+                ));
+                (ties, alternative)
+            });
         self.decline = head;
         self
+    }
+
+    /// FGD with sum-of-squares ties, if the share-ties switch hands `job` to it.
+    fn share_ties_placer(
+        &self,
+        job: &Job,
+        state: &ClusterState,
+        ctx: &Context,
+    ) -> Option<&dyn Placer> {
+        let (ties, alternative) = self.share_ties.as_ref()?;
+        // Like the decline head, only inside the inflation experiment it was searched on.
+        let on = matches!(job.gpu, GpuDemand::Milli(_))
+            && ctx.arrived_milli.is_some()
+            && ties.on(&decline::share_ties_features(state.topology(), self.mix));
+        on.then_some(alternative.as_ref())
     }
 
     /// Ranks `set`'s candidates (default [`CandidateSet::Ranked`]): the set the model was
@@ -448,6 +495,11 @@ impl LearnedPlacer {
         ctx: &mut Context,
     ) -> Result<Placement, Status> {
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        if let Some(sum_of_squares) = self.share_ties_placer(job, state, ctx) {
+            self.trace(job, DecisionPath::ShareTies, &[], None, None, None);
+            let placement = sum_of_squares.place(job, state, ctx);
+            return self.fall_back(DecisionPath::ShareTies, placement);
+        }
         let fallback = self.fallback.place(job, state, ctx);
         if matches!(fallback, Err(Status::Unresolvable(_) | Status::Error(_))) {
             return fallback;

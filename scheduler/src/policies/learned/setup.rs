@@ -101,7 +101,7 @@ pub fn build_policy(
     let (policy, stats) = learned_policy(&setup.fallback, jobs, |placer| {
         let placer = LearnedPlacer::new(placer, jobs, setup.model.scorer.clone(), setup.gate)
             .with_candidates(setup.model.candidates)
-            .with_decline(setup.decline.clone());
+            .with_decline(setup.decline.clone(), jobs);
         match &setup.trace {
             Some(sink) => placer.with_trace(sink.clone()),
             None => placer,

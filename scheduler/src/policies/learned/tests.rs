@@ -517,19 +517,20 @@ fn wide_range() -> Vec<[f32; 2]> {
     range
 }
 
+/// A placer on FGD behind an open gate with `model`, and `head`.
+fn with_head(
+    w: &[Job],
+    model: Result<Arc<PolicyScorer>, String>,
+    head: Option<Arc<DeclineHead>>,
+) -> LearnedPlacer {
+    LearnedPlacer::new(build("fgd", w).unwrap().placer, w, model, open_gate()).with_decline(head, w)
+}
+
 #[test]
 fn the_decline_head_leaves_only_shares_that_would_open_an_idle_gpu_unplaced() {
     let w = workload();
     let topo = cluster();
-    let placer = |head| {
-        LearnedPlacer::new(
-            build("fgd", &w).unwrap().placer,
-            &w,
-            Err("none".into()),
-            open_gate(),
-        )
-        .with_decline(head)
-    };
+    let placer = |head| with_head(&w, Err("none".into()), head);
     let share = |m| Job {
         gpu: GpuDemand::Milli(m),
         ..w[0].clone()
@@ -697,4 +698,74 @@ fn the_pressure_inputs_forecast_whole_gpu_demand_and_compare_cpu_per_gpu() {
     assert!((light - 120.0 / 28.9 / 16.0).abs() < 1e-5, "{light}");
     let doubled = decline::cpu_pressure(&topo, decline::WorkloadMix::of(&heavy));
     assert!((doubled - 2.0 * light).abs() < 1e-5);
+}
+
+/// A head that never declines, with a share-ties switch on inside `bounds`.
+fn ties_within(bounds: Vec<[f32; 2]>) -> Arc<DeclineHead> {
+    let mut weights = vec![0.0; marshal_model::policy::DECLINE_FEATURES];
+    weights[0] = -10.0;
+    let mut head = DeclineHead::new(weights, wide_range(), "fgd", 0.0);
+    head.share_ties = Some(ShareTies::new(bounds));
+    Arc::new(head)
+}
+
+#[test]
+fn the_share_ties_switch_hands_shares_to_fgd_sumsq_where_it_is_on_and_the_network_elsewhere() {
+    let w = workload();
+    let topo = cluster();
+    // A network that decides every decision it is asked (open gate).
+    let placer = |head| with_head(&w, Ok(random_scorer(3)), Some(head));
+    let everywhere = vec![[0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 10.0]];
+    let on = placer(ties_within(everywhere.clone()));
+    // The workload's multi-GPU share (half its GPU demand) lies outside this box.
+    let mut narrow = everywhere;
+    narrow[2] = [0.0, 0.4];
+    let off = placer(ties_within(narrow.clone()));
+    let network = placer(ties_within(narrow));
+    let sumsq = build("fgd-sumsq", &w).unwrap().placer;
+    let mut state = ClusterState::new(topo.clone());
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let (mut shares, mut differ) = (0, 0);
+    for (i, milli) in [
+        600, 300, 700, 200, 500, 400, 300, 600, 100, 800, 250, 450, 350,
+    ]
+    .into_iter()
+    .cycle()
+    .take(60)
+    .enumerate()
+    {
+        let job = Job {
+            id: JobId(1000 + i as u32),
+            gpu: GpuDemand::Milli(milli),
+            ..w[0].clone()
+        };
+        let mut ask = |p: &dyn Placer, state: &mut ClusterState| {
+            p.place(&job, state, &mut inflation_ctx(&mut rng)).unwrap()
+        };
+        let by_network = ask(&network, &mut state);
+        let by_sumsq = ask(sumsq.as_ref(), &mut state);
+        assert_eq!(ask(&on, &mut state), by_sumsq, "share {i}");
+        assert_eq!(ask(&off, &mut state), by_network, "share {i}");
+        // Outside the inflation experiment the pressure is unknown: off.
+        let outside = on
+            .place(&job, &mut state, &mut Context::new(0.0, &mut rng))
+            .unwrap();
+        assert_eq!(outside, by_network, "share {i}");
+        differ += usize::from(by_network != by_sumsq);
+        shares += 1;
+        state.allocate(&job, &by_network).unwrap();
+    }
+    assert!(
+        differ > 0,
+        "the network and fgd-sumsq chose alike on every share"
+    );
+    let counts = on.stats().snapshot();
+    assert_eq!(counts.sum_of_squares_ties, shares);
+    // Every share was a fallback decision; the network decided the rest.
+    assert_eq!(counts.fallbacks(), shares);
+    assert_eq!(off.stats().snapshot().sum_of_squares_ties, 0);
+    // Whole GPUs never consult the switch.
+    on.place(&w[1], &mut state, &mut inflation_ctx(&mut rng))
+        .unwrap();
+    assert_eq!(on.stats().snapshot().sum_of_squares_ties, shares);
 }
