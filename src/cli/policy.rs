@@ -506,8 +506,9 @@ pub struct TrainDeclineArgs {
     /// validation episode.
     #[arg(long, allow_negative_numbers = true, default_value_t = DeclineOptions::default().tolerance)]
     tolerance: f64,
-    /// Also search a share-ties switch with the head: per share, whether FGD's ties are
-    /// broken by the sum-of-squares rule (`fgd-sumsq`). Needs FGD as the fallback.
+    /// Also search a share-ties switch with the head: the workloads (a box around their
+    /// mixes) whose shares FGD with sum-of-squares ties (`fgd-sumsq`) places instead of
+    /// the network. Needs FGD as the fallback.
     #[arg(long)]
     share_ties: bool,
     /// Episodes run at once.

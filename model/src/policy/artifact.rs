@@ -469,6 +469,32 @@ mod tests {
         );
         write_decline_head(&dir, Some(head.clone())).unwrap();
         assert_eq!(load_policy(&dir).unwrap().meta.decline, Some(head.clone()));
+        // A share-ties switch with a damaged bound refuses the artifact too; one of
+        // another build's inputs leaves the head unused, kept.
+        let mut with_ties = head.clone();
+        with_ties.share_ties = Some(crate::policy::ShareTies::new(vec![[0.0, 1.0]; 4]));
+        write_decline_head(&dir, Some(with_ties.clone())).unwrap();
+        assert_eq!(load_policy(&dir).unwrap().meta.decline, Some(with_ties));
+        let text = fs::read_to_string(&path).unwrap();
+        let mut damaged: serde_json::Value = serde_json::from_str(&text).unwrap();
+        damaged["decline"]["share_ties"]["bounds"][1] = serde_json::json!([0.2, 0.1]);
+        fs::write(&path, damaged.to_string()).unwrap();
+        let err = load_policy(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("meta.json") && err.contains("share-ties bounds"),
+            "{err}"
+        );
+        let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+        older["decline"]["share_ties"]["bounds"]
+            .as_array_mut()
+            .unwrap()
+            .truncate(3);
+        fs::write(&path, older.to_string()).unwrap();
+        let kept = load_policy(&dir).unwrap().meta.decline.unwrap();
+        assert!(
+            kept.layout_error().unwrap().contains("3 bounds"),
+            "{kept:?}"
+        );
         // Removing it leaves an artifact that never declines.
         write_decline_head(&dir, None).unwrap();
         assert_eq!(load_policy(&dir).unwrap().meta.decline, None);

@@ -34,7 +34,7 @@
 //!   with its ties broken by the sum-of-squares rule of bin packing (`fgd-sumsq`) instead
 //!   of the network. That rule saves many GPUs on some workloads and loses up to a
 //!   quarter on others (README, "The sum-of-squares tie-break once more"), so it is
-//!   switched by the workload's mix and the moment, and searched jointly with the head
+//!   switched by the workload's mix, and searched jointly with the head
 //!   whose declines it changes. It is on while the workload's mix (four inputs, the
 //!   share of multi-GPU demand among them) lies in a box: the tightest box around the
 //!   training workloads it was searched to be on for, widened by [`RANGE_SLACK`]. A
@@ -144,19 +144,25 @@ impl ShareTies {
                 .all(|(x, [lo, hi])| *x >= *lo && *x <= *hi)
     }
 
-    fn validate(&self) -> std::result::Result<(), String> {
+    /// Why this build cannot use the switch, if it was made for other inputs.
+    fn layout_error(&self) -> Option<String> {
         if self.feature_names != SHARE_TIES_FEATURE_NAMES {
-            return Err(format!(
+            return Some(format!(
                 "share-ties inputs {:?} differ from this build's {:?}",
                 self.feature_names, SHARE_TIES_FEATURE_NAMES
             ));
         }
         if self.bounds.len() != SHARE_TIES_FEATURES {
-            return Err(format!(
+            return Some(format!(
                 "share ties have {} bounds; {SHARE_TIES_FEATURES} expected",
                 self.bounds.len()
             ));
         }
+        None
+    }
+
+    /// That every bound is usable (damage: the artifact is refused, like a damaged head).
+    fn validate(&self) -> std::result::Result<(), String> {
         if let Some([lo, hi]) = self
             .bounds
             .iter()
@@ -222,19 +228,7 @@ impl DeclineHead {
                 self.input_range.len()
             ));
         }
-        if let Some(ties) = &self.share_ties {
-            if self.fallback != SHARE_TIES_BASE {
-                return Some(format!(
-                    "share ties switch between {SHARE_TIES_BASE} and {SHARE_TIES_ALTERNATIVE}, \
-                     but the head was searched with fallback {}",
-                    self.fallback
-                ));
-            }
-            if let Err(e) = ties.validate() {
-                return Some(e);
-            }
-        }
-        None
+        self.share_ties.as_ref().and_then(ShareTies::layout_error)
     }
 
     /// Checks the layout and that every number is usable.
@@ -265,6 +259,16 @@ impl DeclineHead {
                 "decline head margin threshold {} must be a finite number, at least 0",
                 self.margin_threshold
             ));
+        }
+        if let Some(ties) = &self.share_ties {
+            if self.fallback != SHARE_TIES_BASE {
+                return Err(format!(
+                    "share ties switch between {SHARE_TIES_BASE} and {SHARE_TIES_ALTERNATIVE}, \
+                     but the head was searched with fallback {}",
+                    self.fallback
+                ));
+            }
+            ties.validate()?;
         }
         Ok(())
     }

@@ -3,10 +3,13 @@
 //! FGD's ties).
 //!
 //! With N(h) the number of partly used GPUs whose free capacity is h milli (per GPU
-//! model by default), a share of size s goes where it lowers Σ N(h)² most; idle and full
-//! GPUs are not counted. The rule keeps the population of gaps even, so that later
-//! shares find a gap of their size. Whole-GPU tasks change no partly used GPU and are left
-//! to the inner scorer, as is the choice among equal gains.
+//! model by default; GPUs a share cannot use, such as MIG-partitioned ones, are not
+//! counted), a share of size s goes where it lowers Σ N(h)² most; idle and full GPUs are
+//! not counted. The rule keeps the population of gaps even, so that later shares find a
+//! gap of their size. Among nodes it breaks the inner scorer's ties (its gain, weighted
+//! by 1e-5, stays below one of FGD's integer score steps while |gain| < 10⁵); inside the
+//! chosen node it picks the GPU by the gain alone (the first on ties), not by the inner
+//! scorer. Whole-GPU tasks change no partly used GPU and are left to the inner scorer.
 //!
 //! On openb it is no policy of its own: it saves GPUs on some workloads and loses up to
 //! a quarter on others (README, "The sum-of-squares tie-break once more"). The learned
@@ -51,7 +54,10 @@ pub fn gap_counts(state: &ClusterState, model: Option<GpuModelId>) -> Vec<i64> {
         if model.is_some() && node.model != model {
             continue;
         }
-        for g in node.gpu_ids() {
+        for g in node
+            .gpu_ids()
+            .filter(|&g| state.gpu_fits(g, GpuDemand::Milli(1)))
+        {
             counts[usize::from(state.free_milli(g))] += 1;
         }
     }
@@ -60,8 +66,10 @@ pub fn gap_counts(state: &ClusterState, model: Option<GpuModelId>) -> Vec<i64> {
     counts
 }
 
-/// −ΔΣN² of putting a share of `s` milli on a GPU with `h` free (higher is better).
+/// −ΔΣN² of putting a share of `s` milli on a GPU with `h` free (higher is better);
+/// `counts` as [`gap_counts`] gives them, `s ≤ h ≤ 1000`.
 pub fn sum_of_squares_gain(counts: &[i64], h: u16, s: u16) -> i64 {
+    debug_assert!(s <= h && h <= 1000 && counts.len() > 1000, "h {h}, s {s}");
     if s == 0 {
         return 0;
     }
@@ -95,10 +103,10 @@ impl<T: NodeScorer> SumOfSquares<T> {
         };
         let mut best: Option<(i64, usize)> = None;
         for (i, g) in state.topology().node(node).gpu_ids().enumerate() {
-            let h = state.free_milli(g);
-            if h < s {
+            if !state.gpu_fits(g, job.gpu) {
                 continue;
             }
+            let h = state.free_milli(g);
             let v = sum_of_squares_gain(counts, h, s);
             if best.is_none_or(|(b, _)| v > b) {
                 best = Some((v, i));

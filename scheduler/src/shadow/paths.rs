@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::domain::{ClusterState, Job, JobId, Placement};
 use crate::framework::{Context, Placer, Status};
-use crate::policies::learned::{GateCounts, GateStats};
+use crate::policies::learned::{DecisionPath, GateCounts, GateStats};
 
 /// Wraps a policy's placer and notes, for each job, the decision path of its first
 /// successful placement: `heuristic:<policy>` for a heuristic; for the learned policy
 /// `learned`, or `fallback:<reason>` when its gate let the fallback heuristic decide
-/// (`no-model`, `low-margin`, `out-of-distribution`, `scoring-error`; plain `fallback`
+/// (`no-model`, `low-margin`, `out-of-distribution`, `scoring-error`, `share-ties`; plain `fallback`
 /// when there was nothing to choose between).
 #[derive(Debug)]
 pub struct PathTracer {
@@ -61,6 +61,8 @@ impl PathTracer {
             "fallback:out-of-distribution".into()
         } else if a.scoring_error > b.scoring_error {
             "fallback:scoring-error".into()
+        } else if a.sum_of_squares_ties > b.sum_of_squares_ties {
+            DecisionPath::ShareTies.label().into()
         } else {
             "fallback".into()
         }

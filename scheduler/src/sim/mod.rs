@@ -164,8 +164,9 @@ pub struct SimResult {
     /// idle GPU for them (set by the caller, like `fallback_rate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declined_shares: Option<u64>,
-    /// For `learned` with a share-ties switch: GPU shares whose fallback answer broke
-    /// FGD's ties by the sum-of-squares rule (set by the caller, like `fallback_rate`).
+    /// For `learned` with a share-ties switch: GPU shares placed by FGD with
+    /// sum-of-squares ties instead of the network (set by the caller, like
+    /// `fallback_rate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sum_of_squares_ties: Option<u64>,
 }

@@ -321,9 +321,10 @@ pub fn train_decline(
     // One mix per training trace (its seeds share the pod list).
     let mixes: Vec<[f32; SHARE_TIES_FEATURES]> = train
         .iter()
-        .filter_map(|s| s.jobs_by_seed.first())
-        .zip(train)
-        .map(|((_, jobs), s)| share_ties_features(&s.topo, WorkloadMix::of(jobs)))
+        .filter_map(|s| {
+            let (_, jobs) = s.jobs_by_seed.first()?;
+            Some(share_ties_features(&s.topo, WorkloadMix::of(jobs)))
+        })
         .collect();
     let head_of = |weights: &[f32]| {
         let mut head = DeclineHead::new(

@@ -18,7 +18,7 @@ pub struct WorkloadMix {
     pub whole_given_models: f32,
     /// CPU milli requested per GPU requested (all tasks, CPU-only ones included).
     pub cpu_milli_per_gpu: f32,
-    /// Jobs of more than one GPU (whole GPUs; any number of workers).
+    /// Whole-GPU jobs of more than one GPU (in one worker or several).
     pub multi_gpu: f32,
 }
 
@@ -30,7 +30,7 @@ impl WorkloadMix {
             let milli = job.gpu_milli();
             all += milli;
             cpu += u64::from(job.cpu_milli) * u64::from(job.workers);
-            if job.gpu_count() > 1 {
+            if matches!(job.gpu, GpuDemand::Whole(_)) && job.gpu_count() > 1 {
                 multi += milli;
             }
             if matches!(job.gpu, GpuDemand::Whole(_)) {

@@ -8,7 +8,10 @@
 //! when the probability margin between the two best candidates is below the artifact's
 //! threshold, when the inputs are further from the training data than the artifact
 //! allows, when scoring fails, or when there is no usable model (missing, corrupt, another
-//! schema). Every decision is counted by path and reason ([`GateStats`]), so a run reports
+//! schema). In the inflation experiment, a decline head may leave a share unplaced, and
+//! its share-ties switch may hand the shares of a workload whose mix lies in its box to
+//! FGD with sum-of-squares ties (`marshal_model::policy::ShareTies`, path
+//! `fallback:share-ties`). Every decision is counted by path and reason ([`GateStats`]), so a run reports
 //! its fallback rate. Queue order and preemption are the fallback policy's. A wait comes
 //! back as [`Status::Deferred`]: the gang could start now, so the cycle does not preempt,
 //! move jobs or reserve nodes for it.
@@ -166,7 +169,8 @@ pub struct GateCounts {
     #[serde(default)]
     pub decline_out_of_range: u64,
     /// Shares placed by FGD with its ties broken by the sum-of-squares rule, not the
-    /// network (the decline head's share-ties switch was on): fallback decisions.
+    /// network (the decline head's share-ties switch was on for the workload): fallback
+    /// decisions.
     #[serde(default)]
     pub sum_of_squares_ties: u64,
 }
@@ -496,9 +500,13 @@ impl LearnedPlacer {
     ) -> Result<Placement, Status> {
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
         if let Some(sum_of_squares) = self.share_ties_placer(job, state, ctx) {
-            self.trace(job, DecisionPath::ShareTies, &[], None, None, None);
             let placement = sum_of_squares.place(job, state, ctx);
-            return self.fall_back(DecisionPath::ShareTies, placement);
+            // Counted as a decision only when there was one to make, as on the other paths.
+            if matches!(placement, Ok(_) | Err(Status::Deferred(_))) {
+                self.trace(job, DecisionPath::ShareTies, &[], None, None, None);
+                self.stats.count(DecisionPath::ShareTies);
+            }
+            return placement;
         }
         let fallback = self.fallback.place(job, state, ctx);
         if matches!(fallback, Err(Status::Unresolvable(_) | Status::Error(_))) {

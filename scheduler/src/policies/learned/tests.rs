@@ -700,11 +700,16 @@ fn the_pressure_inputs_forecast_whole_gpu_demand_and_compare_cpu_per_gpu() {
     assert!((doubled - 2.0 * light).abs() < 1e-5);
 }
 
-/// A head that never declines, with a share-ties switch on inside `bounds`.
-fn ties_within(bounds: Vec<[f32; 2]>) -> Arc<DeclineHead> {
+/// A head that never declines, without a share-ties switch.
+fn never_declines() -> DeclineHead {
     let mut weights = vec![0.0; marshal_model::policy::DECLINE_FEATURES];
     weights[0] = -10.0;
-    let mut head = DeclineHead::new(weights, wide_range(), "fgd", 0.0);
+    DeclineHead::new(weights, wide_range(), "fgd", 0.0)
+}
+
+/// A head that never declines, with a share-ties switch on inside `bounds`.
+fn ties_within(bounds: Vec<[f32; 2]>) -> Arc<DeclineHead> {
+    let mut head = never_declines();
     head.share_ties = Some(ShareTies::new(bounds));
     Arc::new(head)
 }
@@ -720,8 +725,8 @@ fn the_share_ties_switch_hands_shares_to_fgd_sumsq_where_it_is_on_and_the_networ
     // The workload's multi-GPU share (half its GPU demand) lies outside this box.
     let mut narrow = everywhere;
     narrow[2] = [0.0, 0.4];
-    let off = placer(ties_within(narrow.clone()));
-    let network = placer(ties_within(narrow));
+    let off = placer(ties_within(narrow));
+    let network = placer(Arc::new(never_declines()));
     let sumsq = build("fgd-sumsq", &w).unwrap().placer;
     let mut state = ClusterState::new(topo.clone());
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -768,4 +773,25 @@ fn the_share_ties_switch_hands_shares_to_fgd_sumsq_where_it_is_on_and_the_networ
     on.place(&w[1], &mut state, &mut inflation_ctx(&mut rng))
         .unwrap();
     assert_eq!(on.stats().snapshot().sum_of_squares_ties, shares);
+}
+
+#[test]
+fn the_share_ties_artifact_loads_with_its_switch_on_for_default_only_among_its_neighbours() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/policy-share-ties");
+    let model = LearnedModel::load(&dir);
+    assert!(model.scorer.is_ok(), "{:?}", model.scorer.err());
+    let (gate, warning) = model.gate_for("fgd");
+    assert_eq!(warning, None);
+    let (head, warning) = model.decline_for("fgd", gate.margin_threshold, "inflation");
+    assert_eq!(warning, None);
+    let ties = head
+        .unwrap()
+        .share_ties
+        .clone()
+        .expect("a share-ties switch");
+    // openb `default` (whole-GPU any-model share, given models, multi-GPU, CPU pressure)
+    // is inside; `multigpu20` and `gpuspec10` are not.
+    assert!(ties.on(&[0.715, 0.0, 0.073, 0.815]));
+    assert!(!ties.on(&[0.756, 0.0, 0.204, 0.780]));
+    assert!(!ties.on(&[0.632, 0.084, 0.073, 0.815]));
 }
