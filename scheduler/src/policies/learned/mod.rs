@@ -27,14 +27,14 @@ use std::sync::{Arc, Mutex};
 
 use marshal_model::policy::{
     CandidateSet, DecisionFeatures, DeclineHead, DeclineVerdict, MAX_CANDIDATES, PolicyScorer,
-    ShareTies, load_policy,
+    SHARE_TIES_ALTERNATIVE, ShareTies, load_policy,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{ClusterState, GpuDemand, Job, JobId, Placement};
-use crate::framework::{Context, Placer, Policy, ScoredPlacer, Status, TieBreak};
-use crate::policies::{Fgd, SumOfSquares, UnknownPolicy, build};
+use crate::framework::{Context, Placer, Policy, Status};
+use crate::policies::{Fgd, UnknownPolicy, build};
 
 pub use features::{Choice, NodeScores, featurise};
 pub use setup::{LearnedSetup, PolicyError, build_policy, check_name};
@@ -288,13 +288,8 @@ impl LearnedPlacer {
         self.share_ties = head
             .as_ref()
             .and_then(|h| h.share_ties.clone())
-            .map(|ties| {
-                let alternative: Box<dyn Placer> = Box::new(ScoredPlacer::new(
-                    SumOfSquares::tie_break_of(Fgd::from_workload(workload)),
-                    TieBreak::First,
-                ));
-                (ties, alternative)
-            });
+            .zip(build(SHARE_TIES_ALTERNATIVE, workload).ok())
+            .map(|(ties, alternative)| (ties, alternative.placer));
         self.decline = head;
         self
     }
