@@ -3,7 +3,8 @@
 //! can placement go on openb?"). Three studies, each over seeds `FIRST..FIRST+SEEDS`:
 //!
 //! * `failures POLICY FIRST SEEDS [TRACE]` (POLICY: a heuristic, `reserve-…` or
-//!   `learned[-sumsq][-nonet]`): every task that fails before 100 % arrived
+//!   `learned[-sumsq][-nonet]`, the artifact in `$MODEL`, by default
+//!   `models/policy-default`): every task that fails before 100 % arrived
 //!   load, by shape (a task a `reserve-…` rule declined is listed as declined), and where
 //!   the free GPUs sit at 100 % by their node's free CPU;
 //! * `bound SEED`: how well the shares that arrive before 100 % could be packed offline
@@ -311,9 +312,9 @@ fn fgd_sumsq(pods: &[Job], spare_idle_nodes: bool) -> Box<dyn Placer> {
     ))
 }
 
-/// `learned[-sumsq][-nonet]`: the model in `models/policy-default` (network and decline
-/// head) behind FGD or `fgd-sumsq` as its fallback; `-nonet`: the gate closed, so the
-/// fallback ranks and only the decline head is learned.
+/// `learned[-sumsq][-nonet]`: the model in `$MODEL` (default `models/policy-default`;
+/// network and decline head) behind FGD or `fgd-sumsq` as its fallback; `-nonet`: the
+/// gate closed, so the fallback ranks and only the decline head is learned.
 fn learned(pods: &[Job], name: &str) -> Policy {
     let (sumsq, nonet) = match name {
         "learned" => (false, false),
@@ -322,14 +323,12 @@ fn learned(pods: &[Job], name: &str) -> Policy {
         "learned-sumsq-nonet" => (true, true),
         _ => panic!("{name}: learned, learned-sumsq, learned-nonet or learned-sumsq-nonet"),
     };
-    let mut setup = LearnedSetup::load(Path::new("models/policy-default"), None, "inflation");
+    let dir = std::env::var("MODEL").unwrap_or_else(|_| "models/policy-default".into());
+    let mut setup = LearnedSetup::load(Path::new(&dir), None, "inflation");
     for warning in [&setup.gate_warning, &setup.decline_warning] {
         assert!(warning.is_none(), "{warning:?}");
     }
-    assert!(
-        setup.decline.is_some(),
-        "models/policy-default has no decline head"
-    );
+    assert!(setup.decline.is_some(), "{dir} has no decline head");
     if nonet {
         setup.gate.margin_threshold = f32::INFINITY;
     }
