@@ -27,7 +27,7 @@
 //!   of a whole-GPU task of the workload's mean CPU per GPU; `reserve-foreallwide-K-R` /
 //!   `reserve-foreallnarrow-K-R`: only while the GPU's node has at least / at most K
 //!   idle GPUs); any `fore…` rule takes `+OPTION`s (`+sumsq`: on `fgd-sumsq`, not FGD;
-//!   `+slope=K`, `+cpuslope=K`, `+usable`, `+keep=M`, `+sumsqfrom=P`, `+spare`: see
+//!   `+slope=K`, `+cpuslope=K`, `+usable`, `+keep=M`, `+at=M:R`, `+sumsqfrom=P`, `+spare`: see
 //!   `ForecastRule`).
 //!
 //! `cargo run -p marshal-scheduler --example inflation_study -- bound 42`
@@ -529,6 +529,9 @@ struct ForecastRule {
     usable_idle: bool,
     /// `+keep=M`: shares of M milli are never declined.
     keep: Option<u16>,
+    /// `+at=M:R`: shares of M milli are declined from pressure R (the slopes do not
+    /// apply to them).
+    at: Vec<(u16, f64)>,
     /// `+sumsq`: places with FGD whose ties the sum-of-squares rule breaks
     /// (`fgd-sumsq`), not FGD.
     sumsq: bool,
@@ -571,6 +574,12 @@ impl ForecastRule {
                 "cpuslope" => rule.cpu_slope = number(),
                 "usable" => rule.usable_idle = true,
                 "keep" => rule.keep = Some(value.parse().expect("keep=MILLI")),
+                "at" => {
+                    let (m, r) = value.split_once(':').expect("at=MILLI:R");
+                    let m = m.parse().expect("at=MILLI:R: MILLI an integer");
+                    rule.at
+                        .push((m, r.parse().expect("at=MILLI:R: R a number")));
+                }
                 "sumsq" => rule.sumsq = true,
                 "sumsqfrom" => rule.sumsq_from = Some(number()),
                 "spare" => rule.spare_idle_nodes = true,
@@ -656,6 +665,14 @@ impl Forecast {
 
     /// The pressure at which `job`, a share, is declined.
     fn threshold(&self, job: &Job, state: &ClusterState) -> f64 {
+        if let Some(&(_, r)) = self
+            .rule
+            .at
+            .iter()
+            .find(|(m, _)| *m == job.gpu.milli() as u16)
+        {
+            return r;
+        }
         let share = job.gpu.milli() as f64 / 1000.0;
         let mut threshold = self.rule.ratio + self.rule.share_slope * (1.0 - share);
         if self.rule.cpu_slope != 0.0 {
